@@ -1,0 +1,85 @@
+"""walchannel: a durable, replaying gRPC stream from a scan harness to its engine.
+
+Every up-message gets a monotonic seq and is committed to a per-run SQLite
+write-ahead log before it is written; the engine's cumulative ack truncates
+the log; drops and restarts replay from it. See SPEC.md / README.md.
+
+Names are re-exported lazily (PEP 562) so ``import walchannel`` stays cheap
+and loads grpc only when a gRPC name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "ApprovalTimeoutError": "walchannel.errors",
+    "BacklogFullError": "walchannel.errors",
+    "ChannelClosedError": "walchannel.errors",
+    "DiscoveryError": "walchannel.errors",
+    "EngineBehindError": "walchannel.errors",
+    "EngineUnavailableError": "walchannel.errors",
+    "PayloadError": "walchannel.errors",
+    "Row": "walchannel.log",
+    "RunCompletedError": "walchannel.errors",
+    "RunExpiredError": "walchannel.errors",
+    "RunLog": "walchannel.log",
+    "RunMeta": "walchannel.log",
+    "WalCorruptError": "walchannel.errors",
+    "WalLockedError": "walchannel.errors",
+    "WalWriteError": "walchannel.errors",
+    "WalchannelError": "walchannel.errors",
+}
+
+__all__ = [
+    "ApprovalTimeoutError",
+    "BacklogFullError",
+    "ChannelClosedError",
+    "DiscoveryError",
+    "EngineBehindError",
+    "EngineUnavailableError",
+    "PayloadError",
+    "Row",
+    "RunCompletedError",
+    "RunExpiredError",
+    "RunLog",
+    "RunMeta",
+    "WalCorruptError",
+    "WalLockedError",
+    "WalWriteError",
+    "WalchannelError",
+]
+
+if TYPE_CHECKING:
+    from walchannel.errors import (
+        ApprovalTimeoutError,
+        BacklogFullError,
+        ChannelClosedError,
+        DiscoveryError,
+        EngineBehindError,
+        EngineUnavailableError,
+        PayloadError,
+        RunCompletedError,
+        RunExpiredError,
+        WalchannelError,
+        WalCorruptError,
+        WalLockedError,
+        WalWriteError,
+    )
+    from walchannel.log import Row, RunLog, RunMeta
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'walchannel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

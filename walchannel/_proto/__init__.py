@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules (see tools/gen_proto.py)."""

@@ -1,0 +1,151 @@
+"""The exception tree of walchannel.
+
+Every public call raises only these (plus ``ValueError`` for bad arguments,
+which :class:`PayloadError` also is). grpc, sqlite3 and httpx exceptions are
+wrapped at the boundary with ``raise ... from exc`` and never escape raw.
+No message ever carries the run token (SPEC "Secrets").
+
+::
+
+    WalchannelError
+    ├── PayloadError (also ValueError)   payload refused before it is logged
+    ├── ChannelClosedError               send after send_done()/close()
+    ├── RunCompletedError                the run's Done was already applied
+    ├── RunExpiredError                  past hard_deadline
+    ├── EngineBehindError                engine lost rows this log deleted (FAILED)
+    ├── WalLockedError                   another owner holds the run's log
+    ├── WalCorruptError                  the log file is not a usable walchannel log
+    ├── WalWriteError                    a commit failed (disk full, I/O error)
+    ├── BacklogFullError                 max_unacked_bytes would be passed
+    ├── EngineUnavailableError           no answered handshake within the timeout
+    ├── DiscoveryError                   GET /grpc-address gave no usable address
+    └── ApprovalTimeoutError             no decision within timeout_ms
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApprovalTimeoutError",
+    "BacklogFullError",
+    "ChannelClosedError",
+    "DiscoveryError",
+    "EngineBehindError",
+    "EngineUnavailableError",
+    "PayloadError",
+    "RunCompletedError",
+    "RunExpiredError",
+    "WalCorruptError",
+    "WalLockedError",
+    "WalWriteError",
+    "WalchannelError",
+]
+
+
+class WalchannelError(Exception):
+    """Root of every error walchannel raises on purpose."""
+
+
+class PayloadError(WalchannelError, ValueError):
+    """A payload cannot travel: refused before it is logged and before a seq is used.
+
+    Attributes:
+        path: where the bad value sits, e.g. ``finding.evidence[3].id``.
+        reason: what is wrong with it.
+
+    SPEC "Payloads".
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class ChannelClosedError(WalchannelError):
+    """The channel (or its log) accepts no more messages: ``send_done`` or ``close`` ran."""
+
+
+class RunCompletedError(WalchannelError):
+    """The run's ``Done`` was applied: the log is a tombstone or the engine said "run completed".
+
+    A harness restarted after its run finished gets this and should exit
+    instead of scanning again. SPEC "Completion".
+    """
+
+
+class RunExpiredError(WalchannelError):
+    """The run passed its ``hard_deadline`` (the token's expiry)."""
+
+
+class EngineBehindError(WalchannelError):
+    """The engine's high-water is below the log's stored cursor.
+
+    The engine lost rows this log already deleted after the engine acked
+    them; they cannot be re-sent. The channel is ``FAILED``. SPEC "Dial".
+    """
+
+
+class WalLockedError(WalchannelError):
+    """Another owner holds the run's log (or this process is a forked child of the owner).
+
+    Attributes:
+        path: the log file.
+        pid: the owner's pid, when known.
+        host: the owner's host name, when known.
+    """
+
+    def __init__(
+        self, message: str, *, path: str, pid: int | None = None, host: str | None = None
+    ) -> None:
+        self.path = path
+        self.pid = pid
+        self.host = host
+        super().__init__(message)
+
+
+class WalCorruptError(WalchannelError):
+    """The file is not a usable walchannel log; it is left untouched.
+
+    Attributes:
+        path: the file.
+        reason: what check failed.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class WalWriteError(WalchannelError):
+    """A commit to the log failed (disk full, read-only file, I/O error).
+
+    Rows committed before stay intact and are still delivered; nothing of
+    the failed call was logged and no seq was used.
+
+    Attributes:
+        path: the log file.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class BacklogFullError(WalchannelError):
+    """Logging this message would pass ``max_unacked_bytes``; nothing was logged."""
+
+
+class EngineUnavailableError(WalchannelError):
+    """No engine answered the handshake within ``connect_timeout_ms``.
+
+    The channel stays usable and keeps dialing; sends are still logged.
+    """
+
+
+class DiscoveryError(WalchannelError):
+    """``GET {http_addr}/grpc-address`` gave no usable address (the last one is kept)."""
+
+
+class ApprovalTimeoutError(WalchannelError):
+    """No ``ApprovalDecision`` arrived within the request's ``timeout_ms``."""

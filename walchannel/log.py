@@ -1,0 +1,1037 @@
+"""RunLog: the per-run write-ahead log, SQLite in WAL mode with msgpack rows.
+
+One database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log")::
+
+    rows       (seq INTEGER PRIMARY KEY, kind TEXT, body BLOB, crc32 INTEGER,
+                appended_at REAL)                  -- the unacked messages
+    quarantine (seq, kind, body, crc32, appended_at, reason, quarantined_at)
+    meta       (one row: run identity, handshake, cursor, progress, status)
+
+``PRAGMA application_id`` marks the file as ours and ``PRAGMA user_version``
+holds the schema version. A row is committed before a seq is handed out;
+an ack deletes every row ``<= seq`` and stores the cursor in one
+transaction; the ack that deletes the ``done`` row turns the log into a
+tombstone. The log knows nothing of gRPC.
+
+Durability (https://sqlite.org/pragma.html#pragma_synchronous):
+``"process"`` is ``synchronous=NORMAL`` — a commit survives the process
+being killed, but a power loss may roll back the last commits (rows and
+progress marker together); ``"power"`` is ``synchronous=FULL`` — a commit
+survives power loss too. The folder must be on a local file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import sqlite3
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal, Self
+
+import msgpack
+
+from walchannel import files
+from walchannel.errors import (
+    ChannelClosedError,
+    PayloadError,
+    RunCompletedError,
+    WalCorruptError,
+    WalLockedError,
+    WalWriteError,
+)
+from walchannel.lock import OwnerLock
+from walchannel.protocol import next_seq_after, unverified_at_open, verification_shift
+
+__all__ = [
+    "APPLICATION_ID",
+    "Durability",
+    "ROW_LOST_TYPE",
+    "Row",
+    "RunLog",
+    "RunMeta",
+    "SCHEMA_VERSION",
+    "decode_row",
+]
+
+log = logging.getLogger(__name__)
+
+Durability = Literal["process", "power"]
+
+#: ``PRAGMA application_id`` of every walchannel log ("WALC").
+APPLICATION_ID: Final = 0x57414C43
+#: The schema this code writes and the newest it reads.
+SCHEMA_VERSION: Final = 1
+#: Event type that stands in, at the same seq, for a row that failed its checks.
+ROW_LOST_TYPE: Final = "walchannel.row_lost"
+
+_KINDS: Final = frozenset({"event", "finding", "approval_request", "done"})
+_SYNCHRONOUS: Final = {"process": "NORMAL", "power": "FULL"}
+_BATCH = 512
+# Keep the -wal file from staying large after a burst (bytes).
+_JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
+_BUSY_TIMEOUT_MS = 5000
+
+_SCHEMA = (
+    """CREATE TABLE rows (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        body BLOB NOT NULL,
+        crc32 INTEGER NOT NULL,
+        appended_at REAL NOT NULL)""",
+    """CREATE TABLE quarantine (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT,
+        body BLOB,
+        crc32 INTEGER,
+        appended_at REAL,
+        reason TEXT NOT NULL,
+        quarantined_at REAL NOT NULL)""",
+    """CREATE TABLE meta (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        schema_version INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        correlation_id TEXT NOT NULL,
+        connector_version TEXT,
+        harness_name TEXT,
+        harness_version TEXT,
+        last_acked_seq INTEGER NOT NULL DEFAULT 0,
+        high_water INTEGER NOT NULL DEFAULT 0,
+        unverified_from INTEGER,
+        progress TEXT,
+        token_sha256 TEXT,
+        owner_pid INTEGER,
+        owner_host TEXT,
+        last_engine_addr TEXT,
+        last_ack_at REAL,
+        last_error TEXT,
+        last_error_at REAL,
+        reconnects INTEGER NOT NULL DEFAULT 0,
+        failed_at REAL,
+        completed_at REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL)""",
+)
+
+_ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One logged message.
+
+    Attributes:
+        seq: its seq (>= 1).
+        kind: the ``UpMessage`` oneof name (``event``, ``finding``,
+            ``approval_request``, ``done``).
+        body: the inner message as a plain mapping (SPEC "Control vs data").
+        appended_at: when it was committed (unix seconds).
+        size: the size of its msgpack body (bytes).
+    """
+
+    seq: int
+    kind: str
+    body: dict[str, Any]
+    appended_at: float
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunMeta:
+    """The log's meta row (SPEC "The log"). Times are unix seconds.
+
+    ``progress`` is the harness's resume marker (decoded JSON), never a seq;
+    ``token_sha256`` is the sha256 of the run token, never the token;
+    ``failed_at`` is set when an engine was found behind the stored cursor.
+    """
+
+    schema_version: int
+    run_id: str
+    correlation_id: str
+    connector_version: str | None
+    harness_name: str | None
+    harness_version: str | None
+    last_acked_seq: int
+    high_water: int
+    unverified_from: int | None
+    progress: dict[str, Any] | None
+    token_sha256: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    last_engine_addr: str | None
+    last_ack_at: float | None
+    last_error: str | None
+    last_error_at: float | None
+    reconnects: int
+    failed_at: float | None
+    completed_at: float | None
+    created_at: float
+    updated_at: float
+
+
+_META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
+#: Meta fields callers may set with update_meta(); the rest are the log's own.
+WRITABLE_META: Final = frozenset(
+    {
+        "correlation_id",
+        "connector_version",
+        "harness_name",
+        "harness_version",
+        "token_sha256",
+        "last_engine_addr",
+        "last_ack_at",
+        "last_error",
+        "last_error_at",
+        "reconnects",
+        "failed_at",
+    }
+)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _encode_body(kind: str, body: Mapping[str, Any]) -> bytes:
+    try:
+        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
+        raise PayloadError(kind, f"msgpack cannot encode the body: {exc}") from None
+
+
+def _encode_progress(progress: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(progress, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError("progress", f"not JSON-like: {exc}") from None
+
+
+def row_lost_body(seq: int, reason: str) -> dict[str, Any]:
+    """The body of the ``walchannel.row_lost`` event that replaces a damaged row."""
+    return {
+        "type": ROW_LOST_TYPE,
+        "severity": "error",
+        "payload": {"seq": seq, "reason": reason},
+        "ts": _now_iso(),
+    }
+
+
+def decode_row(
+    seq: int, kind: str, blob: bytes, crc: int, appended_at: float
+) -> tuple[Row, str | None]:
+    """Check and decode one stored row.
+
+    Returns:
+        ``(row, None)`` for a good row; ``(substitute, reason)`` for a row
+        whose CRC, msgpack or kind does not check out, where the substitute
+        is the ``walchannel.row_lost`` event at the same seq.
+    """
+    reason: str | None = None
+    body: Any = None
+    if not isinstance(blob, bytes):
+        reason = f"body is {type(blob).__name__}, not a blob"
+    elif zlib.crc32(blob) != crc:
+        reason = f"crc32 mismatch (stored {crc}, computed {zlib.crc32(blob)})"
+    elif kind not in _KINDS:
+        reason = f"unknown kind {kind!r}"
+    else:
+        try:
+            body = msgpack.unpackb(blob, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            reason = f"msgpack does not decode: {exc}"
+        else:
+            if not isinstance(body, dict):
+                reason = f"body decodes to {type(body).__name__}, not a mapping"
+    if reason is not None:
+        lost = row_lost_body(seq, reason)
+        size = len(msgpack.packb(lost, use_bin_type=True))
+        return Row(seq, "event", lost, appended_at, size), reason
+    return Row(seq, kind, body, appended_at, len(blob)), None
+
+
+def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> None:
+    """Check that ``conn`` holds a walchannel log of this schema (and this run, if given).
+
+    Reads only: the file is left untouched whatever it holds.
+
+    Raises:
+        WalCorruptError: not a walchannel log, a newer schema, another run's
+            log, or a broken header, schema or meta row (path and reason).
+    """
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id != APPLICATION_ID:
+            tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+            what = "an empty file" if tables == 0 else f"application_id {app_id:#x}"
+            raise WalCorruptError(str(path), f"not a walchannel log ({what})")
+        if version > SCHEMA_VERSION:
+            raise WalCorruptError(
+                str(path),
+                f"newer schema version {version} (this walchannel reads up to {SCHEMA_VERSION})",
+            )
+        if version < 1:
+            raise WalCorruptError(str(path), f"broken header: schema version {version}")
+        for table, wanted in (("rows", _ROW_COLUMNS), ("meta", _META_FIELDS)):
+            cols = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})"))
+            missing = [c for c in wanted if c not in cols]
+            if missing:
+                raise WalCorruptError(
+                    str(path), f"broken schema: table {table} lacks {', '.join(missing)}"
+                )
+        metas = conn.execute("SELECT run_id, schema_version FROM meta").fetchall()
+        if len(metas) != 1:
+            raise WalCorruptError(str(path), f"broken meta: {len(metas)} meta rows, expected 1")
+        stored_run, stored_version = metas[0]
+        if stored_version != version:
+            raise WalCorruptError(
+                str(path),
+                f"broken meta: schema version {stored_version} != header {version}",
+            )
+        if run_id is not None and stored_run != run_id:
+            raise WalCorruptError(str(path), f"belongs to run {stored_run!r}, not {run_id!r}")
+    except sqlite3.DatabaseError as exc:
+        raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+
+
+def read_meta(conn: sqlite3.Connection) -> RunMeta:
+    """Read the meta row (after :func:`check_header`)."""
+    cur = conn.execute(f"SELECT {', '.join(_META_FIELDS)} FROM meta WHERE id = 1")  # noqa: S608
+    values = dict(zip(_META_FIELDS, cur.fetchone(), strict=True))
+    raw = values["progress"]
+    values["progress"] = json.loads(raw) if raw is not None else None
+    return RunMeta(**values)
+
+
+class RunLog:
+    """The write-ahead log of one run. Open it with :meth:`RunLog.open`.
+
+    One owner at a time (an OFD lock on ``<log>.lock``); use it from one
+    thread. Every write returns only once committed. Context manager:
+    ``with RunLog.open(...) as wal: ...`` closes it.
+
+    SPEC "The log".
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        lock: OwnerLock,
+        meta: RunMeta,
+        durability: Durability,
+    ) -> None:
+        self._conn = conn
+        self._path = path
+        self._lock = lock
+        self._durability = durability
+        self._run_id = meta.run_id
+        self._last_acked = meta.last_acked_seq
+        self._completed = meta.completed_at is not None
+        self._progress = meta.progress
+        self._unverified_from = meta.unverified_from
+        top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
+        high = max(meta.high_water, top[0] if top else 0)
+        self._next_seq = next_seq_after(high, self._last_acked)
+        self._done_seq: int | None = top[0] if top and top[1] == "done" else None
+        self._unacked_bytes: int | None = None
+        self._closed = False
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        wal_dir: str | os.PathLike[str] | None,
+        run_id: str,
+        *,
+        correlation_id: str,
+        durability: Durability = "process",
+    ) -> RunLog:
+        """Create or re-open the log of ``run_id`` and take its owner lock.
+
+        A new log is built under a temporary name (schema and meta
+        committed), then linked into place, so a crash never leaves a
+        half-made log; stale temporaries of this run are removed first.
+        Completed logs (tombstones) open too: refusing them is the channel's
+        job.
+
+        Args:
+            wal_dir: the log folder (None: the default, see
+                :func:`walchannel.files.default_wal_dir`); created 0700.
+            run_id: the run; must be a safe file name.
+            correlation_id: stored; a different one on reopen is logged at
+                WARNING and stored.
+            durability: ``"process"`` (``synchronous=NORMAL``) or
+                ``"power"`` (``synchronous=FULL``).
+
+        Returns:
+            The open log, owned by this process.
+
+        Raises:
+            ValueError: unsafe ``run_id``, empty ``correlation_id`` or
+                unknown ``durability``; nothing is created.
+            WalLockedError: another owner holds the log (names its pid).
+            WalCorruptError: the file is a symlink, not a walchannel log,
+                of a newer schema, another run's, or broken.
+            WalWriteError: the folder or file cannot be created or written.
+        """
+        files.check_run_id(run_id)
+        if not isinstance(correlation_id, str) or not correlation_id:
+            raise ValueError("correlation_id must be a non-empty str")
+        if durability not in _SYNCHRONOUS:
+            raise ValueError(f"durability must be 'process' or 'power', got {durability!r}")
+        try:
+            folder = files.ensure_wal_dir(wal_dir)
+        except OSError as exc:
+            raise WalWriteError(f"cannot create the log folder: {exc}", path=str(wal_dir)) from None
+        path = files.log_path(folder, run_id)
+        try:
+            lock = OwnerLock.acquire(files.lock_path(path), log=path)
+        except WalLockedError:
+            raise
+        except OSError as exc:
+            raise WalWriteError(f"cannot take the owner lock: {exc}", path=str(path)) from None
+        try:
+            return cls._open_locked(path, lock, run_id, correlation_id, durability)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open_locked(
+        cls,
+        path: Path,
+        lock: OwnerLock,
+        run_id: str,
+        correlation_id: str,
+        durability: Durability,
+    ) -> RunLog:
+        cls._remove_stale_temporaries(path)
+        if path.is_symlink():
+            raise WalCorruptError(str(path), "is a symbolic link; refusing to follow it")
+        if not path.exists():
+            cls._create(path, run_id, correlation_id)
+        try:
+            conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(path), f"cannot open: {exc}") from None
+        try:
+            check_header(conn, path, run_id)
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise WalCorruptError(str(path), f"cannot use WAL mode (journal_mode={mode})")
+            conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[durability]}")
+            conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT}")
+            meta = read_meta(conn)
+            wal = cls(conn, path, lock, meta, durability)
+            wal._claim(meta, correlation_id)
+            return wal
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+
+    @staticmethod
+    def _remove_stale_temporaries(path: Path) -> None:
+        # Called with the owner lock held: no other opener is building this log.
+        for candidate in path.parent.glob(f".{path.name}*"):
+            if files.is_temporary_for(candidate, path):
+                log.info("removing stale temporary %s of an interrupted log creation", candidate)
+                with contextlib.suppress(FileNotFoundError):
+                    candidate.unlink()
+
+    @staticmethod
+    def _create(path: Path, run_id: str, correlation_id: str) -> None:
+        tmp = files.temporary_path(path, f"{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            # Create the file 0600 ourselves (the umask cannot widen it);
+            # SQLite gives its -wal and -shm the same mode.
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+            conn = sqlite3.connect(str(tmp), isolation_level=None)
+            try:
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                now = time.time()
+                conn.execute(
+                    "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
+                    " created_at, updated_at) VALUES (1, ?, ?, ?, ?, ?)",
+                    (SCHEMA_VERSION, run_id, correlation_id, now, now),
+                )
+                conn.execute("COMMIT")
+            finally:
+                conn.close()  # checkpoints and removes the temporary's -wal
+            # link() fails if the name exists: a log is never clobbered.
+            os.link(tmp, path)
+            os.unlink(tmp)
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except (OSError, sqlite3.Error) as exc:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            raise WalWriteError(f"cannot create the log: {exc}", path=str(path)) from None
+
+    def _claim(self, meta: RunMeta, correlation_id: str) -> None:
+        """Record the owner and ``unverified_from`` at open (one transaction)."""
+        if meta.correlation_id != correlation_id:
+            log.warning(
+                "run %s: correlation_id changed from %r to %r on reopen; storing the new one",
+                self._run_id,
+                meta.correlation_id,
+                correlation_id,
+            )
+        self._unverified_from = unverified_at_open(meta.unverified_from, self._next_seq)
+        owner = self._lock.owner
+        self._write(
+            "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
+            " owner_host = ?, updated_at = ? WHERE id = 1",
+            (correlation_id, self._unverified_from, owner.pid, owner.host, time.time()),
+            what="record the owner at open",
+        )
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The log file, ``<wal_dir>/<run_id>.wal.sqlite3``."""
+        return self._path
+
+    @property
+    def run_id(self) -> str:
+        """The run this log belongs to."""
+        return self._run_id
+
+    @property
+    def durability(self) -> Durability:
+        """``"process"`` or ``"power"`` (see the module doc)."""
+        return self._durability
+
+    @property
+    def last_acked_seq(self) -> int:
+        """The stored ack cursor: every seq ``<=`` it is deleted."""
+        return self._last_acked
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next committed row gets."""
+        return self._next_seq
+
+    @property
+    def high_water(self) -> int:
+        """The highest seq ever used by this log (0 for a new one)."""
+        return self._next_seq - 1
+
+    @property
+    def unverified_from(self) -> int | None:
+        """Rows at or above it were never written after an answered handshake.
+
+        None once the first answered handshake verified them.
+        """
+        return self._unverified_from
+
+    @property
+    def unacked_count(self) -> int:
+        """Rows not yet covered by the stored cursor (from seqs, not a scan)."""
+        return self._next_seq - 1 - self._last_acked
+
+    @property
+    def unacked_bytes(self) -> int:
+        """Total msgpack size of the unacked rows (bytes).
+
+        Summed from disk on first use, then kept current in memory.
+        """
+        if self._unacked_bytes is None:
+            self._check_open()
+            total = self._conn.execute(
+                "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ?",
+                (self._last_acked,),
+            ).fetchone()[0]
+            self._unacked_bytes = int(total)
+        return self._unacked_bytes
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The last committed harness progress marker (None for a new run)."""
+        return self._progress
+
+    @property
+    def completed(self) -> bool:
+        """True once the ack covering the ``done`` row was stored (a tombstone)."""
+        return self._completed
+
+    @property
+    def done_seq(self) -> int | None:
+        """The seq of the unacked ``done`` row, if one is logged."""
+        return self._done_seq
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def meta(self) -> RunMeta:
+        """Return the meta row as stored now.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: the meta row cannot be read.
+        """
+        self._check_open()
+        try:
+            return read_meta(self._conn)
+        except sqlite3.DatabaseError as exc:
+            raise WalCorruptError(str(self._path), f"cannot read meta: {exc}") from None
+
+    # -- writes ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: the log {self._path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._lock.forked:
+            raise WalLockedError(
+                f"{self._path}: this process is a forked child of the log's owner "
+                f"({self._lock.owner.describe()}); it may not write",
+                path=str(self._path),
+                pid=self._lock.owner.pid,
+                host=self._lock.owner.host,
+            )
+
+    def _check_appendable(self) -> None:
+        self._check_writable()
+        if self._completed:
+            raise RunCompletedError(f"run {self._run_id}: completed (its Done was acked)")
+        if self._done_seq is not None:
+            raise ChannelClosedError(
+                f"run {self._run_id}: Done is logged at seq {self._done_seq}; no new rows"
+            )
+
+    def _write(self, sql: str, params: tuple[Any, ...], *, what: str) -> int:
+        try:
+            return self._conn.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            raise WalWriteError(
+                f"run {self._run_id}: cannot {what}: {exc}", path=str(self._path)
+            ) from None
+
+    def _fail_transaction(self, exc: sqlite3.Error, what: str) -> WalWriteError:
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+        self._resync_next_seq()
+        return WalWriteError(f"run {self._run_id}: cannot {what}: {exc}", path=str(self._path))
+
+    def _resync_next_seq(self) -> None:
+        # A failed commit may, on an I/O error after the commit frame reached
+        # the WAL, still have landed: never hand out a seq the disk holds.
+        try:
+            top = self._conn.execute("SELECT max(seq) FROM rows").fetchone()[0]
+        except sqlite3.Error:
+            return
+        if top is not None and top >= self._next_seq:
+            log.error(
+                "run %s: a failed commit landed rows up to seq %d; continuing after it",
+                self._run_id,
+                top,
+            )
+            self._next_seq = top + 1
+            self._unacked_bytes = None
+
+    def append(
+        self, kind: str, body: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """Commit one row (and the progress marker, if given) and return its seq.
+
+        Args:
+            kind: ``event``, ``finding``, ``approval_request`` or ``done``.
+            body: the body mapping (SPEC "Control vs data").
+            progress: the harness's resume marker, committed in the same
+                transaction; None leaves it unchanged.
+
+        Returns:
+            The row's seq, once committed. A failed commit uses no seq.
+
+        Raises:
+            ValueError: unknown ``kind``.
+            PayloadError: msgpack cannot encode the body, or ``progress`` is
+                not JSON-like.
+            ChannelClosedError: the log is closed or holds an unacked ``done``.
+            RunCompletedError: the log is a tombstone.
+            WalLockedError: this process is a forked child of the owner.
+            WalWriteError: the commit failed (disk full, I/O error).
+        """
+        return self.append_many(((kind, body),), progress=progress)[0]
+
+    def append_many(
+        self,
+        items: Iterable[tuple[str, Mapping[str, Any]]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Commit several rows in one transaction: all of them, or none.
+
+        Args:
+            items: ``(kind, body)`` pairs, in order.
+            progress: as in :meth:`append`.
+
+        Returns:
+            Their seqs, consecutive, once committed.
+
+        Raises:
+            As :meth:`append`; ``ValueError`` for an empty ``items``.
+        """
+        self._check_appendable()
+        now = time.time()
+        seq = self._next_seq
+        rows: list[tuple[int, str, bytes, int, float]] = []
+        done_at: int | None = None
+        for kind, body in items:
+            if kind not in _KINDS:
+                raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
+            if done_at is not None:
+                raise ChannelClosedError(
+                    f"run {self._run_id}: rows after Done (seq {done_at}) are refused"
+                )
+            blob = _encode_body(kind, body)
+            rows.append((seq, kind, blob, zlib.crc32(blob), now))
+            if kind == "done":
+                done_at = seq
+            seq += 1
+        if not rows:
+            raise ValueError(f"run {self._run_id}: append_many() got no rows")
+        marker = _encode_progress(progress) if progress is not None else None
+        conn = self._conn
+        try:
+            if marker is None and len(rows) == 1:
+                # A lone statement in autocommit mode is its own transaction.
+                conn.execute("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows[0])
+            else:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows)
+                if marker is not None:
+                    conn.execute(
+                        "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1",
+                        (marker, now),
+                    )
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            what = f"append {len(rows)} row(s) at seq {self._next_seq}"
+            raise self._fail_transaction(exc, what) from None
+        first = self._next_seq
+        self._next_seq = seq
+        if progress is not None:
+            self._progress = json.loads(marker) if marker is not None else None
+        if done_at is not None:
+            self._done_seq = done_at
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += sum(len(r[2]) for r in rows)
+        return list(range(first, seq))
+
+    def ack(self, seq: int) -> int:
+        """Store a cumulative ack: delete every row ``<= seq`` and the cursor, in one transaction.
+
+        The ack that covers the ``done`` row also sets ``completed_at``: the
+        log becomes a tombstone (rows gone, meta kept). An ack at or below
+        the stored cursor changes nothing.
+
+        Args:
+            seq: the acked seq.
+
+        Returns:
+            How many rows were deleted.
+
+        Raises:
+            ValueError: ``seq`` is above the high-water mark (never applied).
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        if seq <= self._last_acked:
+            return 0
+        if seq > self.high_water:
+            raise ValueError(
+                f"run {self._run_id}: ack {seq} is above the high-water mark {self.high_water}"
+            )
+        return self._store_ack(seq, shift=0)
+
+    def verify(self, engine_high: int) -> int:
+        """Apply the verification rule for the first answered handshake ``Ack(h)``.
+
+        In one transaction: when the engine holds seqs at or above
+        ``unverified_from``, the unverified rows move to ``h+1, h+2, …``
+        (a constant shift, order kept) and the high-water becomes at least
+        ``h``; ``unverified_from`` is cleared; then ``Ack(h)`` is stored as
+        any ack is. The caller checks first that ``h`` is not below the
+        stored cursor (the engine-behind rule). SPEC "Dial".
+
+        Args:
+            engine_high: ``h``, the engine's answer.
+
+        Returns:
+            The shift applied to the unverified rows (0 for none).
+
+        Raises:
+            ValueError: ``h`` is below the stored cursor, or the log is
+                already verified (``unverified_from`` is None).
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        if self._unverified_from is None:
+            raise ValueError(f"run {self._run_id}: the log is already verified")
+        if engine_high < self._last_acked:
+            raise ValueError(
+                f"run {self._run_id}: engine high {engine_high} is below the stored "
+                f"cursor {self._last_acked}"
+            )
+        shift = verification_shift(self._unverified_from, engine_high)
+        self._store_ack(engine_high, shift=shift, verify=True)
+        return shift
+
+    def _store_ack(self, seq: int, *, shift: int, verify: bool = False) -> int:
+        conn = self._conn
+        now = time.time()
+        start = self._unverified_from
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if shift:
+                assert start is not None
+                # Two passes keep the primary key unique at every step.
+                conn.execute("UPDATE rows SET seq = -(seq + ?) WHERE seq >= ?", (shift, start))
+                conn.execute("UPDATE rows SET seq = -seq WHERE seq < 0")
+                conn.execute(
+                    "UPDATE quarantine SET seq = -(seq + ?) WHERE seq >= ?", (shift, start)
+                )
+                conn.execute("UPDATE quarantine SET seq = -seq WHERE seq < 0")
+            new_next = self._next_seq + shift
+            high = max(new_next - 1, seq)
+            acked = max(self._last_acked, seq)
+            gone_bytes = 0
+            if self._unacked_bytes is not None and acked > self._last_acked:
+                gone_bytes = conn.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq <= ?", (acked,)
+                ).fetchone()[0]
+            deleted = conn.execute("DELETE FROM rows WHERE seq <= ?", (acked,)).rowcount
+            done_seq = self._done_seq + shift if self._done_seq is not None else None
+            completed = done_seq is not None and acked >= done_seq
+            conn.execute(
+                "UPDATE meta SET last_acked_seq = ?, high_water = max(high_water, ?),"
+                " unverified_from = CASE WHEN ? THEN NULL ELSE unverified_from END,"
+                " completed_at = CASE WHEN ? THEN ? ELSE completed_at END,"
+                " updated_at = ? WHERE id = 1",
+                (acked, high, verify, completed, now, now),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail_transaction(exc, f"store ack {seq}") from None
+        self._next_seq = high + 1
+        self._last_acked = acked
+        if verify:
+            self._unverified_from = None
+        if completed:
+            self._completed = True
+            self._done_seq = None
+        else:
+            self._done_seq = done_seq
+        if self._unacked_bytes is not None:
+            self._unacked_bytes -= int(gone_bytes)
+        return deleted
+
+    def update_meta(self, **values: Any) -> None:
+        """Store meta fields (one transaction); names as in :class:`RunMeta`.
+
+        Only the caller-owned fields may be set: the handshake fields,
+        ``correlation_id``, ``token_sha256``, ``last_engine_addr``,
+        ``last_ack_at``, ``last_error``, ``last_error_at``, ``reconnects``
+        and ``failed_at``. The cursor, high-water, progress and completion
+        belong to the log's own operations.
+
+        Raises:
+            ValueError: an unknown or log-owned field name.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        bad = sorted(set(values) - WRITABLE_META)
+        if bad:
+            raise ValueError(f"update_meta(): not a writable meta field: {', '.join(bad)}")
+        if not values:
+            return
+        self._check_writable()
+        names = sorted(values)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        params = (*(values[name] for name in names), time.time())
+        self._write(
+            f"UPDATE meta SET {assignments}, updated_at = ? WHERE id = 1",  # noqa: S608
+            params,
+            what=f"update meta ({', '.join(names)})",
+        )
+
+    # -- reads -------------------------------------------------------------
+
+    def unacked(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Row]:
+        """Yield the unacked rows above ``after_seq`` in seq order, a batch at a time.
+
+        A row whose CRC, msgpack or kind does not check out is moved to the
+        ``quarantine`` table, logged at ERROR, and comes out as its
+        ``walchannel.row_lost`` substitute at the same seq (SPEC "The log").
+
+        Args:
+            after_seq: yield rows with ``seq > after_seq`` (and above the
+                stored cursor).
+            limit: stop after this many rows (None: all).
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        self._check_open()
+        cursor = max(after_seq, self._last_acked)
+        remaining = math.inf if limit is None else limit
+        while remaining > 0:
+            size = int(min(_BATCH, remaining))
+            try:
+                batch = self._conn.execute(
+                    "SELECT seq, kind, body, crc32, appended_at FROM rows"
+                    " WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (cursor, size),
+                ).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
+            for raw in batch:
+                row, reason = decode_row(*raw)
+                if reason is not None:
+                    row = self._quarantine(raw, row, reason)
+                yield row
+            if len(batch) < size:
+                return
+            remaining -= len(batch)
+            cursor = batch[-1][0]
+
+    def _quarantine(self, raw: tuple[Any, ...], substitute: Row, reason: str) -> Row:
+        seq = raw[0]
+        log.error(
+            "run %s: row seq %d in %s is damaged (%s); quarantined, sending %s instead",
+            self._run_id,
+            seq,
+            self._path,
+            reason,
+            ROW_LOST_TYPE,
+        )
+        if self._lock.forked:
+            return substitute
+        blob = msgpack.packb(substitute.body, use_bin_type=True)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*raw, reason, time.time()),
+            )
+            conn.execute(
+                "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
+                (blob, zlib.crc32(blob), seq),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # The substitute still goes out; the damaged row stays for next time.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            log.error("run %s: cannot quarantine seq %d: %s", self._run_id, seq, exc)
+            return substitute
+        if raw[1] == "done" and self._done_seq == seq:
+            self._done_seq = None
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
+        return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
+
+    def quarantined(self) -> list[tuple[int, str]]:
+        """Return ``(seq, reason)`` of every quarantined row."""
+        self._check_open()
+        return [
+            (int(s), str(r))
+            for s, r in self._conn.execute("SELECT seq, reason FROM quarantine ORDER BY seq")
+        ]
+
+    def quick_check(self) -> list[str]:
+        """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.
+
+        Returns:
+            An empty list when the file is sound, else SQLite's messages.
+        """
+        self._check_open()
+        try:
+            answers = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as exc:
+            return [str(exc)]
+        return [] if answers == ["ok"] else answers
+
+    def checkpoint(self) -> None:
+        """Checkpoint the WAL into the database, truncate the ``-wal`` and reclaim freed pages.
+
+        For idle moments: disk stays bounded by the unacked backlog. Errors
+        are logged, never raised (it changes no data).
+        """
+        if self._closed or self._lock.forked:
+            return
+        try:
+            free = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+            if free:
+                self._conn.execute("PRAGMA incremental_vacuum")
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            log.warning("run %s: checkpoint of %s failed: %s", self._run_id, self._path, exc)
+
+    # -- closing -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the database and release the owner lock (idempotent).
+
+        In a forked child the parent's database handle is left alone.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if not self._lock.forked:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+        self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"next_seq={self._next_seq}"
+        return f"<RunLog run_id={self._run_id!r} {state} acked={self._last_acked}>"
+
+
+def owner_host() -> str:
+    """This host's name, as stored in the lock sidecar and meta."""
+    return socket.gethostname()

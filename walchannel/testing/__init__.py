@@ -1,0 +1,1 @@
+"""Test doubles and a real local engine for harness authors (SPEC "Test doubles")."""
