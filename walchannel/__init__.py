@@ -16,18 +16,26 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "ApprovalDecision": "walchannel.interface",
     "ApprovalTimeoutError": "walchannel.errors",
     "BacklogFullError": "walchannel.errors",
+    "Backoff": "walchannel.config",
     "ChannelClosedError": "walchannel.errors",
+    "ChannelState": "walchannel.protocol",
+    "ChannelStats": "walchannel.interface",
     "DiscoveryError": "walchannel.errors",
     "EngineBehindError": "walchannel.errors",
+    "EngineChannel": "walchannel.interface",
     "EngineUnavailableError": "walchannel.errors",
+    "GrpcChannelConfig": "walchannel.config",
+    "GrpcEngineChannel": "walchannel.channel",
     "PayloadError": "walchannel.errors",
     "Row": "walchannel.log",
     "RunCompletedError": "walchannel.errors",
     "RunExpiredError": "walchannel.errors",
     "RunLog": "walchannel.log",
     "RunMeta": "walchannel.log",
+    "SyncEngineChannel": "walchannel.interface",
     "WalCorruptError": "walchannel.errors",
     "WalLockedError": "walchannel.errors",
     "WalWriteError": "walchannel.errors",
@@ -35,18 +43,26 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "ApprovalDecision",
     "ApprovalTimeoutError",
     "BacklogFullError",
+    "Backoff",
     "ChannelClosedError",
+    "ChannelState",
+    "ChannelStats",
     "DiscoveryError",
     "EngineBehindError",
+    "EngineChannel",
     "EngineUnavailableError",
+    "GrpcChannelConfig",
+    "GrpcEngineChannel",
     "PayloadError",
     "Row",
     "RunCompletedError",
     "RunExpiredError",
     "RunLog",
     "RunMeta",
+    "SyncEngineChannel",
     "WalCorruptError",
     "WalLockedError",
     "WalWriteError",
@@ -54,6 +70,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from walchannel.channel import GrpcEngineChannel
+    from walchannel.config import Backoff, GrpcChannelConfig
     from walchannel.errors import (
         ApprovalTimeoutError,
         BacklogFullError,
@@ -69,7 +87,14 @@ if TYPE_CHECKING:
         WalLockedError,
         WalWriteError,
     )
+    from walchannel.interface import (
+        ApprovalDecision,
+        ChannelStats,
+        EngineChannel,
+        SyncEngineChannel,
+    )
     from walchannel.log import Row, RunLog, RunMeta
+    from walchannel.protocol import ChannelState
 
 
 def __getattr__(name: str) -> Any:

@@ -594,6 +594,11 @@ class RunLog:
         """True after :meth:`close`."""
         return self._closed
 
+    @property
+    def writable(self) -> bool:
+        """True while open and owned by this process (False in a forked child)."""
+        return not self._closed and not self._lock.forked
+
     def meta(self) -> RunMeta:
         """Return the meta row as stored now.
 

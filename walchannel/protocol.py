@@ -10,7 +10,25 @@ pattern). The storage layer (:mod:`walchannel.log`) and the channel
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
 __all__ = [
+    "ACK_STORE_AFTER_MS",
+    "ACK_STORE_EVERY",
+    "AckKind",
+    "Answer",
+    "AnswerKind",
+    "ChannelState",
+    "Cursor",
+    "EndKind",
+    "ReconnectPolicy",
+    "STABLE_STREAM_MS",
+    "StateError",
+    "StateMachine",
+    "classify_end",
+    "is_too_many_pings",
     "next_seq_after",
     "unverified_at_open",
     "verification_shift",
@@ -52,3 +70,347 @@ def verification_shift(unverified_from: int | None, engine_high: int) -> int:
     if unverified_from is None or engine_high < unverified_from:
         return 0
     return engine_high + 1 - unverified_from
+
+
+# -- channel states ----------------------------------------------------------
+
+
+class ChannelState(enum.Enum):
+    """Where a channel is. ``CLOSED`` is final; ``EXPIRED`` and ``FAILED`` only lead to it."""
+
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    BACKOFF = "backoff"
+    EXPIRED = "expired"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+_S = ChannelState
+_LEGAL: dict[ChannelState, frozenset[ChannelState]] = {
+    _S.IDLE: frozenset({_S.CONNECTING, _S.EXPIRED, _S.CLOSED}),
+    _S.CONNECTING: frozenset({_S.STREAMING, _S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.STREAMING: frozenset({_S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.BACKOFF: frozenset({_S.CONNECTING, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.EXPIRED: frozenset({_S.CLOSED}),
+    _S.FAILED: frozenset({_S.CLOSED}),
+    _S.CLOSED: frozenset(),
+}
+
+
+class StateError(RuntimeError):
+    """An illegal state transition: a bug in walchannel, never a user error."""
+
+
+class StateMachine:
+    """The channel's state with its legal transitions (the h11 ``_state`` idea)."""
+
+    def __init__(self) -> None:
+        self.state = ChannelState.IDLE
+
+    def can_move(self, new: ChannelState) -> bool:
+        """Tell whether ``new`` is reachable from the current state in one step."""
+        return new is self.state or new in _LEGAL[self.state]
+
+    def move(self, new: ChannelState) -> ChannelState:
+        """Move to ``new`` (staying put is allowed) and return the previous state.
+
+        Raises:
+            StateError: the move is not legal (e.g. out of ``CLOSED``).
+        """
+        old = self.state
+        if not self.can_move(new):
+            raise StateError(f"illegal channel state change {old.name} -> {new.name}")
+        self.state = new
+        return old
+
+    @property
+    def final(self) -> bool:
+        """True in ``EXPIRED``, ``FAILED`` and ``CLOSED``: the connection loop is over."""
+        return self.state in (ChannelState.EXPIRED, ChannelState.FAILED, ChannelState.CLOSED)
+
+
+# -- the ack cursor ---------------------------------------------------------------
+
+#: Store a received ack after this many acks ...
+ACK_STORE_EVERY = 256
+#: ... or this long after the first unstored one (ms), whichever comes first.
+ACK_STORE_AFTER_MS = 100.0
+
+
+class AnswerKind(enum.Enum):
+    """What the engine's answer ``Ack(h)`` to a handshake means."""
+
+    VERIFY = "verify"  # first answer since open: apply the verification rule
+    RESUME = "resume"  # replay from the cursor
+    BEHIND = "behind"  # h below the stored cursor: the engine lost deleted rows
+    FORGOT = "forgot"  # h below an ack received but not yet stored: re-send from h+1
+    AHEAD = "ahead"  # h above the high-water (verified log): a protocol error
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The decision for a handshake answer; ``replay_from`` is the first seq to write."""
+
+    kind: AnswerKind
+    replay_from: int
+
+
+class AckKind(enum.Enum):
+    """What a received ``Ack(seq)`` does."""
+
+    ADVANCE = "advance"  # moves the cursor
+    STALE = "stale"  # at or below the cursor: nothing to do
+    ABOVE_HIGH_WATER = "above_high_water"  # protocol error: never applied
+
+
+@dataclass(slots=True)
+class Cursor:
+    """The sans-I/O ack cursor and write position of one open log.
+
+    Attributes:
+        high_water: the highest committed seq.
+        acked: the highest seq received in an ack (the channel's counters
+            and limits use it).
+        stored: the ack the log stores (rows ``<=`` it are deleted).
+        unverified_from: see :func:`unverified_at_open`; None once verified.
+        done_seq: the seq of the logged ``Done``, if any.
+        write_pos: the next seq to write on the live stream (0: no stream).
+    """
+
+    high_water: int
+    acked: int
+    stored: int
+    unverified_from: int | None
+    done_seq: int | None = None
+    completed: bool = False
+    write_pos: int = 0
+    pending_count: int = 0
+    pending_since_ms: float | None = None
+    # (first, end, shift): seqs in [first, end) handed out before a
+    # verification shift now live at seq + shift.
+    provisional: tuple[int, int, int] | None = None
+
+    # -- rows ----------------------------------------------------------------
+
+    def on_commit(self, last_seq: int, *, done: bool = False) -> None:
+        """Rows up to ``last_seq`` were committed (``done``: the last is ``Done``)."""
+        self.high_water = max(self.high_water, last_seq)
+        if done:
+            self.done_seq = last_seq
+
+    @property
+    def unacked(self) -> int:
+        """Rows not covered by a received ack."""
+        return self.high_water - self.acked
+
+    def translate(self, seq: int) -> int:
+        """Map a seq handed out before a verification shift to where its row lives now."""
+        if self.provisional is not None:
+            first, end, shift = self.provisional
+            if first <= seq < end:
+                return seq + shift
+        return seq
+
+    # -- handshake answer ----------------------------------------------------
+
+    def on_answer(self, engine_high: int) -> Answer:
+        """Decide what the engine's handshake answer ``Ack(h)`` means. SPEC "Dial".
+
+        Pure: the caller carries it out (``RunLog.verify``, then
+        :meth:`on_verified`; or :meth:`on_ack`; or ``FAILED``).
+        """
+        if engine_high < self.stored:
+            return Answer(AnswerKind.BEHIND, 0)
+        if self.unverified_from is not None:
+            shift = verification_shift(self.unverified_from, engine_high)
+            high = max(self.high_water + shift, engine_high)
+            return Answer(AnswerKind.VERIFY, min(engine_high, high) + 1)
+        if engine_high > self.high_water:
+            return Answer(AnswerKind.AHEAD, self.acked + 1)
+        if engine_high < self.acked:
+            return Answer(AnswerKind.FORGOT, engine_high + 1)
+        return Answer(AnswerKind.RESUME, engine_high + 1)
+
+    def on_verified(self, engine_high: int, shift: int) -> None:
+        """The log applied the verification rule for ``h`` with ``shift``; follow it."""
+        if shift:
+            assert self.unverified_from is not None
+            self.provisional = (self.unverified_from, self.high_water + 1, shift)
+            if self.done_seq is not None and self.done_seq >= self.unverified_from:
+                self.done_seq += shift
+            self.high_water += shift
+        self.high_water = max(self.high_water, engine_high)
+        self.unverified_from = None
+        self.acked = max(self.acked, engine_high)
+        self.stored = max(self.stored, engine_high)
+        self._clear_pending()
+        self._check_completed()
+
+    def on_forgot(self, engine_high: int) -> None:
+        """The engine answered below acks it gave that are not stored yet: re-send them."""
+        self.acked = max(engine_high, self.stored)
+        self._clear_pending()
+
+    # -- acks ------------------------------------------------------------------
+
+    def on_ack(self, seq: int, now_ms: float) -> AckKind:
+        """Apply a received cumulative ``Ack(seq)`` (``acked = max(acked, seq)``).
+
+        Returns:
+            ``ADVANCE`` when it moved the cursor (see :meth:`ack_to_store`),
+            ``STALE`` when it did not, ``ABOVE_HIGH_WATER`` for an ack of a
+            seq never logged: a protocol error, never applied.
+        """
+        if seq > self.high_water:
+            return AckKind.ABOVE_HIGH_WATER
+        if seq <= self.acked:
+            return AckKind.STALE
+        self.acked = seq
+        self.pending_count += 1
+        if self.pending_since_ms is None:
+            self.pending_since_ms = now_ms
+        return AckKind.ADVANCE
+
+    def ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
+        """Return the ack to store in the log now, or None to keep coalescing.
+
+        Acks are stored every :data:`ACK_STORE_EVERY` acks or
+        :data:`ACK_STORE_AFTER_MS` after the first unstored one; an ack
+        covering ``Done`` is stored at once; ``force`` (close, limits) too.
+        """
+        if self.acked <= self.stored:
+            return None
+        covers_done = self.done_seq is not None and self.acked >= self.done_seq
+        waited = now_ms - self.pending_since_ms if self.pending_since_ms is not None else 0.0
+        if (
+            force
+            or covers_done
+            or self.pending_count >= ACK_STORE_EVERY
+            or waited >= ACK_STORE_AFTER_MS
+        ):
+            return self.acked
+        return None
+
+    def on_stored(self, seq: int) -> None:
+        """The log stored ``Ack(seq)``."""
+        self.stored = max(self.stored, seq)
+        if self.stored >= self.acked:
+            self._clear_pending()
+        self._check_completed()
+
+    def _clear_pending(self) -> None:
+        self.pending_count = 0
+        self.pending_since_ms = None
+
+    def _check_completed(self) -> None:
+        if self.done_seq is not None and self.stored >= self.done_seq:
+            self.completed = True
+
+    # -- the writer --------------------------------------------------------------
+
+    def start_stream(self, replay_from: int) -> None:
+        """A stream is up: write from ``replay_from`` (never below the received ack)."""
+        self.write_pos = max(replay_from, self.acked + 1)
+
+    def end_stream(self) -> None:
+        """The stream is gone: nothing is being written."""
+        self.write_pos = 0
+
+    def next_to_write(self) -> int | None:
+        """Return the next seq to write on the live stream, or None when caught up."""
+        if self.write_pos and self.write_pos <= self.high_water:
+            return self.write_pos
+        return None
+
+    def on_written(self, seq: int) -> None:
+        """``seq`` was written to the stream."""
+        self.write_pos = seq + 1
+
+    def rewind(self) -> int:
+        """Rewind the writer to the received ack; return how many rows it will re-send."""
+        if self.write_pos:
+            self.write_pos = self.acked + 1
+        return self.high_water - self.acked
+
+
+# -- reconnect policy ------------------------------------------------------------
+
+#: A stream up this long resets the backoff attempt counter (ms).
+STABLE_STREAM_MS = 30_000.0
+
+
+@dataclass(slots=True)
+class ReconnectPolicy:
+    """When the backoff attempt counter resets. SPEC "Reconnect".
+
+    Only after an ack covering a seq written on this stream, or after the
+    stream has been up for :data:`STABLE_STREAM_MS`: an engine that answers
+    the handshake and drops at once must not make a tight loop.
+    """
+
+    attempt: int = 0
+    first_written: int | None = None
+    up_since_ms: float | None = None
+
+    def on_stream_up(self, now_ms: float) -> None:
+        """The handshake was answered (or written, without answers): the stream is up."""
+        self.up_since_ms = now_ms
+        self.first_written = None
+
+    def on_written(self, seq: int) -> None:
+        """A data row was written on this stream."""
+        if self.first_written is None:
+            self.first_written = seq
+
+    def on_ack(self, seq: int) -> None:
+        """An ack arrived on this stream: reset when it covers a row written here."""
+        if self.first_written is not None and seq >= self.first_written:
+            self.attempt = 0
+
+    def next_delay_ms(self, now_ms: float, delay_ms: Callable[[int], float]) -> float:
+        """The stream (or dial) ended: return the delay before the next dial.
+
+        Args:
+            now_ms: the current time (ms, any monotonic origin).
+            delay_ms: ``attempt -> delay`` (``Backoff.delay_ms`` with its rng).
+        """
+        if self.up_since_ms is not None and now_ms - self.up_since_ms >= STABLE_STREAM_MS:
+            self.attempt = 0
+        delay = delay_ms(self.attempt)
+        self.attempt += 1
+        self.up_since_ms = None
+        self.first_written = None
+        return delay
+
+
+# -- how a stream ended -----------------------------------------------------------
+
+
+class EndKind(enum.Enum):
+    """What the end of a stream means for the connection loop."""
+
+    RECONNECT = "reconnect"
+    RUN_COMPLETED = "run_completed"
+
+
+RUN_COMPLETED_DETAILS = "run completed"
+
+
+def classify_end(code: str | None, details: str | None) -> EndKind:
+    """Classify a stream's end from its gRPC status name and details.
+
+    Every status reconnects (INTERNAL and UNKNOWN too: proxies report cuts
+    that way; UNAUTHENTICATED too: a replacement engine may not know the run
+    yet) except FAILED_PRECONDITION "run completed". SPEC "Reconnect".
+    """
+    if code == "FAILED_PRECONDITION" and RUN_COMPLETED_DETAILS in (details or "").lower():
+        return EndKind.RUN_COMPLETED
+    return EndKind.RECONNECT
+
+
+def is_too_many_pings(text: str) -> bool:
+    """Tell whether a status's details/debug text reports a GOAWAY ``too_many_pings``."""
+    lowered = text.lower()
+    return "too_many_pings" in lowered or "too many pings" in lowered

@@ -1,0 +1,466 @@
+"""GrpcEngineChannel against the real LocalEngine on loopback (SPEC "The channel")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import shutil
+import socket
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from walchannel import (
+    ApprovalTimeoutError,
+    BacklogFullError,
+    ChannelClosedError,
+    ChannelState,
+    EngineBehindError,
+    EngineUnavailableError,
+    GrpcEngineChannel,
+    PayloadError,
+    RunCompletedError,
+    RunLog,
+)
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
+
+
+def new_run(engine: LocalEngine, prefix: str = "run") -> tuple[str, str]:
+    run_id = f"{prefix}-{secrets.token_hex(4)}"
+    token = "tok-" + secrets.token_urlsafe(16)
+    engine.register_run(run_id, token)
+    return run_id, token
+
+
+def channel_for(
+    engine: LocalEngine, wal: Path, run_id: str, token: str, **kw: Any
+) -> GrpcEngineChannel:
+    return GrpcEngineChannel(local_channel_config(engine, wal, run_id, token, **kw))
+
+
+async def eventually(check: Any, timeout: float = 10.0, what: str = "") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.02)
+
+
+def finding(i: int) -> dict[str, Any]:
+    return {"n": i, "path": f"src/file_{i}.py", "line": i * 3}
+
+
+@pytest.mark.asyncio
+async def test_round_trip_and_bodies(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    ch = engine_channel
+    run_id = ch.config.run_id
+    early = ch.send_event("started", "info", {"files": 3})  # before the handshake
+    await ch.handshake("1.0", "test-harness", "0.1")
+    assert ch.state is ChannelState.STREAMING
+    seqs = [ch.send_finding(finding(i)) for i in range(5)]
+    seqs += ch.send_findings([finding(i) for i in range(5, 8)], progress={"next": 8})
+    assert [early, *seqs] == list(range(1, 10))
+    assert await ch.wait_acked(timeout_ms=5000)
+    assert ch.last_acked_seq == 9 and ch.unacked_count == 0
+    assert local_engine.accepted(run_id) == list(range(1, 10))
+    bodies = local_engine.bodies(run_id)
+    assert bodies[0]["kind"] == "event" and bodies[0]["body"]["payload"] == {"files": 3.0}
+    assert bodies[1]["body"] == {"fields": {"n": 0.0, "path": "src/file_0.py", "line": 0.0}}
+    assert ch.progress() == {"next": 8}
+    assert await ch.send_done("completed", 8, ["src"], "")
+    assert local_engine.done(run_id) == {
+        "seq": 10,
+        "status": "completed",
+        "findings": 8,
+        "coverage": ["src"],
+        "exit_reason": "",
+    }
+    stats = ch.stats()
+    assert stats.acked == 10 and stats.unacked_count == 0 and stats.sent >= 10
+    with pytest.raises(ChannelClosedError):
+        ch.send_finding(finding(99))
+
+
+@pytest.mark.asyncio
+async def test_bad_payload_uses_no_seq_and_good_ones_keep_order(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    ch = engine_channel
+    await ch.handshake("1", "h", "1")
+    assert ch.send_finding({"ok": 1}) == 1
+    with pytest.raises(PayloadError, match=r"finding\.bad\[1\]"):
+        ch.send_finding({"bad": [1, float("nan")]})
+    with pytest.raises(PayloadError, match="max_message_bytes"):
+        ch.send_finding({"huge": "x" * (4 * 1024 * 1024)})
+    with pytest.raises(PayloadError, match=r"event\.ts"):
+        ch.send_event("t", "info", {}, ts="yesterday")
+    assert ch.send_finding({"ok": 2}) == 2
+    assert await ch.wait_acked(timeout_ms=5000)
+    assert local_engine.accepted(ch.config.run_id) == [1, 2]
+
+
+@pytest.mark.asyncio
+async def test_engine_killed_and_replaced_keeps_the_count_rising(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    ch = channel_for(local_engine, tmp_path / "wal", run_id, token)
+    async with ch:
+        await ch.handshake("1", "seed", "1")
+        counts = []
+        for i in range(60):
+            ch.send_finding(finding(i))
+            await asyncio.sleep(0.005)
+        await eventually(lambda: len(local_engine.accepted(run_id)) > 10, what="first findings")
+        old_addr = local_engine.grpc_addr
+        await local_engine.kill()
+        counts.append(len(local_engine.accepted(run_id)))
+        for i in range(60, 120):
+            ch.send_finding(finding(i))  # logged while no engine is up
+        await local_engine.replace()
+        assert local_engine.grpc_addr != old_addr
+        for i in range(120, 150):
+            ch.send_finding(finding(i))
+            await asyncio.sleep(0.002)
+        assert await ch.wait_acked(timeout_ms=15_000)
+        counts.append(len(local_engine.accepted(run_id)))
+        assert counts[1] > counts[0]
+        assert local_engine.accepted(run_id) == list(range(1, 151))
+        assert local_engine.gaps(run_id) == []
+        assert ch.stats().reconnects >= 1
+        assert ch.log.meta().last_engine_addr == local_engine.grpc_addr
+
+
+@pytest.mark.asyncio
+async def test_resume_after_all_acked_continues_seqs_without_false_duplicates(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        for i in range(5):
+            ch.send_finding(finding(i))
+        assert await ch.wait_acked(timeout_ms=5000)
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        assert ch.send_finding(finding(5)) == 6
+        await ch.handshake("1", "h", "1")
+        assert ch.send_finding(finding(6)) == 7
+        assert await ch.wait_acked(timeout_ms=5000)
+    assert local_engine.accepted(run_id) == list(range(1, 8))
+    assert local_engine.duplicates(run_id) == 0
+
+
+@pytest.mark.asyncio
+async def test_unacked_rows_replay_on_the_next_open(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        for i in range(20):
+            ch.send_finding(finding(i))  # never handshaken: nothing sent
+        assert ch.unacked_count == 20
+    assert local_engine.accepted(run_id) == []
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(timeout_ms=5000)
+        assert ch.send_finding(finding(20)) == 21
+        assert await ch.wait_acked(timeout_ms=5000)
+    assert local_engine.accepted(run_id) == list(range(1, 22))
+
+
+@pytest.mark.parametrize("damage", ["rolled-back", "deleted"])
+@pytest.mark.asyncio
+async def test_lost_commits_get_seqs_past_the_engine(
+    local_engine: LocalEngine, tmp_path: Path, damage: str
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    backup = tmp_path / "backup.sqlite3"
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        for i in range(3):
+            ch.send_finding(finding(i))
+        assert await ch.wait_acked(timeout_ms=5000)
+        log_path = ch.log.path
+        src = sqlite3.connect(log_path)
+        dst = sqlite3.connect(backup)
+        src.backup(dst)  # an older copy: the engine will hold more than it
+        src.close()
+        dst.close()
+        for i in range(3, 8):
+            ch.send_finding(finding(i))
+        assert await ch.wait_acked(timeout_ms=5000)
+    assert local_engine.accepted(run_id) == list(range(1, 9))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{log_path}{suffix}").unlink(missing_ok=True)
+    if damage == "rolled-back":
+        shutil.copyfile(backup, log_path)
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        before = ch.send_finding({"n": "before-handshake"})
+        await ch.handshake("1", "h", "1")
+        after = ch.send_finding({"n": "after-handshake"})
+        assert after == 10
+        assert await ch.wait_acked(before, timeout_ms=5000)
+        assert await ch.wait_acked(after, timeout_ms=5000)
+    assert local_engine.accepted(run_id) == list(range(1, 11))
+    assert local_engine.duplicates(run_id) == 0
+    contents = [b["body"]["fields"]["n"] for b in local_engine.bodies(run_id)]
+    assert contents[-2:] == ["before-handshake", "after-handshake"]
+
+
+@pytest.mark.asyncio
+async def test_completed_run_is_refused_by_the_engine_and_the_tombstone(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        ch.send_finding(finding(0))
+        assert await ch.send_done("completed", 1, [], "")
+        assert ch.log.completed
+    with pytest.raises(RunCompletedError):
+        channel_for(local_engine, wal, run_id, token)
+    # Pruned tombstone: the engine's answer covers it.
+    for p in wal.iterdir():
+        p.unlink()
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        with pytest.raises(RunCompletedError):
+            await ch.handshake("1", "h", "1")
+        assert ch.state is ChannelState.FAILED
+        with pytest.raises(RunCompletedError):
+            ch.send_finding(finding(1))
+
+
+@pytest.mark.asyncio
+async def test_engine_behind_the_cursor_fails_and_deletes_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "engine.sqlite3"
+    wal = tmp_path / "wal"
+    engine = LocalEngine(store)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        async with channel_for(engine, wal, run_id, token) as ch:
+            await ch.handshake("1", "h", "1")
+            for i in range(5):
+                ch.send_finding(finding(i))
+            assert await ch.wait_acked(timeout_ms=5000)
+            ch.send_finding(finding(5))  # unacked: the engine is gone before it
+            await engine.kill()
+        await engine.stop()
+        # The engine lost its store: a new one knows only the run.
+        store.unlink()
+        engine = LocalEngine(store)
+        await engine.start()
+        engine.register_run(run_id, token)
+        async with channel_for(engine, wal, run_id, token) as ch:
+            with pytest.raises(EngineBehindError):
+                await ch.handshake("1", "h", "1")
+            assert ch.state is ChannelState.FAILED
+            with pytest.raises(EngineBehindError):
+                ch.send_finding(finding(6))
+            assert "below the stored cursor" in (ch.stats().last_error or "")
+            assert [r.seq for r in ch.log.unacked()] == [6]
+            assert ch.log.meta().failed_at is not None
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_send_done_times_out_then_replays_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    engine = LocalEngine(tmp_path / "store.sqlite3")
+    await engine.start()
+    wal = tmp_path / "wal"
+    try:
+        run_id, token = new_run(engine)
+        async with channel_for(engine, wal, run_id, token, done_ack_timeout_ms=300) as ch:
+            await ch.handshake("1", "h", "1")
+            ch.send_finding(finding(0))
+            assert await ch.wait_acked(timeout_ms=5000)
+            await engine.kill()
+            assert await ch.send_done("completed", 1, [], "") is False
+            assert ch.log.done_seq == 2
+            with pytest.raises(ChannelClosedError):
+                await ch.send_done("completed", 1, [], "")
+        await engine.replace()
+        async with channel_for(engine, wal, run_id, token) as ch:
+            await ch.handshake("1", "h", "1")
+            # The log holds Done: no new row, wait on it.
+            assert await ch.send_done("ignored", 0, [], "")
+            assert ch.log.completed
+        assert engine.done(run_id)["status"] == "completed"  # type: ignore[index]
+        assert engine.accepted(run_id) == [1, 2]
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_close_during_a_reconnect_loop_is_prompt_and_leaves_nothing(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    engine = LocalEngine()
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        threads_before = set(threading.enumerate())
+        tasks_before = asyncio.all_tasks()
+        ch = channel_for(
+            engine,
+            tmp_path / "wal",
+            run_id,
+            token,
+            grpc_addr=dead,
+            http_addr=None,
+            connect_timeout_ms=300,
+            close_timeout_ms=500,
+        )
+        with pytest.raises(EngineUnavailableError):
+            await ch.handshake("1", "h", "1")
+        ch.send_finding(finding(0))
+        await asyncio.sleep(0.3)
+        assert ch.state in (ChannelState.BACKOFF, ChannelState.CONNECTING)
+        start = asyncio.get_running_loop().time()
+        await ch.close()
+        assert asyncio.get_running_loop().time() - start < 0.5 + 2.0
+        assert ch.state is ChannelState.CLOSED
+        await ch.close()
+        await asyncio.sleep(0.1)
+        assert asyncio.all_tasks() - tasks_before <= {asyncio.current_task()}
+        extra = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+        assert not [t for t in extra if not t.daemon], extra
+        with RunLog.open(tmp_path / "wal", run_id, correlation_id="x") as wal:
+            assert wal.unacked_count == 1  # unacked rows stay on disk
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_stop_approval_and_budget_round_trips(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    ch = engine_channel
+    run_id = ch.config.run_id
+    stops: list[str] = []
+    budgets: list[tuple[str, dict[str, Any]]] = []
+
+    def broken(reason: str) -> None:
+        raise RuntimeError("callback bug")
+
+    ch.on_stop(broken)
+    ch.on_stop(stops.append)
+    ch.on_budget_update(lambda m, d: budgets.append((m, d)))
+    await ch.handshake("1", "h", "1")
+    await local_engine.send_stop(run_id, "operator")
+    await local_engine.send_stop(run_id, "operator")
+    await local_engine.send_budget_update(run_id, "80% of budget", {"used": 0.8})
+    await eventually(lambda: stops and budgets, what="stop and budget")
+    assert stops == ["operator"]
+    assert budgets == [("80% of budget", {"used": 0.8})]
+    assert "callback bug" in caplog.text
+
+    async def decide_later() -> None:
+        await eventually(
+            lambda: any(b["kind"] == "approval_request" for b in local_engine.bodies(run_id))
+        )
+        await local_engine.decide_approval(run_id, "req-1", True, "fine")
+
+    task = asyncio.create_task(decide_later())
+    decision = await ch.request_approval(
+        "exploit", {"target": "x"}, request_id="req-1", timeout_ms=5000
+    )
+    await task
+    assert (decision.request_id, decision.approved, decision.reason) == ("req-1", True, "fine")
+    rows = ch.unacked_count
+    again = await ch.request_approval("exploit", {"target": "x"}, request_id="req-1")
+    assert again == decision and ch.unacked_count == rows
+    with pytest.raises(ApprovalTimeoutError, match="req-2"):
+        await ch.request_approval("scan", {}, request_id="req-2", timeout_ms=200)
+    # A reconnect re-sends Stop: the callback still fires only once.
+    await local_engine.end_streams(run_id, None)
+    await eventually(lambda: ch.stats().reconnects >= 1, what="reconnect")
+    await asyncio.sleep(0.2)
+    assert stops == ["operator"]
+
+
+@pytest.mark.asyncio
+async def test_pending_approval_fails_on_close(engine_channel: GrpcEngineChannel) -> None:
+    ch = engine_channel
+    await ch.handshake("1", "h", "1")
+    waiter = asyncio.create_task(ch.request_approval("x", {}))
+    await asyncio.sleep(0.2)
+    await ch.close()
+    with pytest.raises(ChannelClosedError):
+        await waiter
+
+
+@pytest.mark.asyncio
+async def test_backlog_limit_refuses_without_dropping(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    async with channel_for(
+        local_engine, tmp_path / "wal", run_id, token, max_unacked_bytes=400
+    ) as ch:
+        sent = 0
+        while ch.log.unacked_bytes + 40 <= 400:
+            ch.send_finding(finding(sent))
+            sent += 1
+        with pytest.raises(BacklogFullError, match="max_unacked_bytes"):
+            ch.send_finding({"blob": "x" * 100})
+        assert 0 < sent < 100
+        assert ch.unacked_count == sent
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(timeout_ms=5000)
+        ch.send_finding(finding(100))  # room again
+        assert await ch.send_done("completed", sent + 1, [], "")
+        assert local_engine.accepted(run_id) == list(range(1, sent + 3))
+
+
+@pytest.mark.asyncio
+async def test_token_never_appears_in_logs_errors_or_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = LocalEngine(reject_tokens_for_ms=300)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        wal = tmp_path / "wal"
+        texts: list[str] = []
+        with caplog.at_level(logging.DEBUG):
+            ch = channel_for(engine, wal, run_id, token)
+            texts.append(repr(ch))
+            texts.append(repr(ch.config))
+            try:
+                await ch.handshake("1", "h", "1")
+            except EngineUnavailableError as exc:
+                texts.append(str(exc))
+            for i in range(10):
+                ch.send_finding(finding(i))
+            await eventually(lambda: ch.state is ChannelState.STREAMING, what="streaming")
+            await engine.end_streams(run_id, None)
+            await engine.kill()
+            await engine.replace()
+            assert await ch.wait_acked(timeout_ms=10_000)
+            texts.append(str(ch.stats()))
+            await ch.close()
+        assert engine.accepted(run_id) == list(range(1, 11))
+        texts.append(caplog.text)
+        blob = b"".join(p.read_bytes() for p in wal.iterdir() if p.is_file())
+        assert token.encode() not in blob
+        for text in texts:
+            assert token not in text
+        assert "UNAUTHENTICATED" in caplog.text or "unauthenticated" in caplog.text.lower()
+    finally:
+        await engine.stop()

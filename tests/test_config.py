@@ -1,0 +1,145 @@
+"""GrpcChannelConfig and Backoff: every rule of SPEC's table, each naming the field."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from walchannel.config import Backoff, GrpcChannelConfig
+
+TOKEN = "tok-SECRET-4f1c"
+
+
+def build(**overrides: Any) -> GrpcChannelConfig:
+    values: dict[str, Any] = {
+        "grpc_addr": "127.0.0.1:50051",
+        "run_id": "run-1",
+        "correlation_id": "corr-1",
+        "run_token": TOKEN,
+    }
+    values.update(overrides)
+    return GrpcChannelConfig(**values)
+
+
+def test_defaults_are_the_spec_table() -> None:
+    c = build()
+    assert (c.keepalive_ms, c.connect_timeout_ms, c.engine_acks_handshake) == (25_000, 10_000, True)
+    assert (c.done_ack_timeout_ms, c.close_timeout_ms) == (5_000, 2_000)
+    assert c.backoff == Backoff(initial_ms=500, multiplier=2, max_ms=15_000, jitter_ms=250)
+    assert c.max_message_bytes == 4 * 1024 * 1024
+    assert c.max_unacked_bytes is None and c.dead_stream_ms is None
+    assert c.durability == "process" and c.hard_deadline is None
+
+
+def test_token_never_in_repr_or_str() -> None:
+    c = build()
+    assert TOKEN not in repr(c) and TOKEN not in str(c)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("grpc_addr", ""),
+        ("grpc_addr", "localhost"),
+        ("grpc_addr", "http://h:1"),
+        ("grpc_addr", "h:0"),
+        ("grpc_addr", "h:70000"),
+        ("grpc_addr", "h:port"),
+        ("grpc_addr", "::1:50"),
+        ("run_id", ""),
+        ("run_id", "a/b"),
+        ("correlation_id", ""),
+        ("run_token", ""),
+        ("run_token", "a\nb"),
+        ("keepalive_ms", 999),
+        ("keepalive_ms", 0),
+        ("keepalive_ms", 1.5e3),
+        ("connect_timeout_ms", 0),
+        ("connect_timeout_ms", -1),
+        ("engine_acks_handshake", 1),
+        ("dead_stream_ms", 0),
+        ("http_addr", "ftp://x"),
+        ("http_addr", "engine:8080"),
+        ("http_addr", "http://"),
+        ("http_addr", "http://h:99999"),
+        ("http_addr", "http://h/?q=1"),
+        ("durability", "disk"),
+        ("done_ack_timeout_ms", 0),
+        ("close_timeout_ms", -5),
+        ("max_message_bytes", 0),
+        ("max_unacked_bytes", 0),
+        ("tls_server_name", ""),
+        ("allowed_hosts", "engine"),
+        ("allowed_hosts", ["ok", ""]),
+        ("allowed_hosts", ["bad host!"]),
+        ("hard_deadline", datetime(2030, 1, 1)),
+        ("hard_deadline", "2030-01-01"),
+        ("backoff", {"initial_ms": 1}),
+    ],
+)
+def test_each_rule_raises_value_error_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        build(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("initial_ms", 0), ("multiplier", 0), ("max_ms", -1), ("jitter_ms", -1), ("initial_ms", True)],
+)
+def test_backoff_rules(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        Backoff(**{field: value})
+
+
+def test_jitter_zero_is_valid() -> None:
+    assert Backoff(jitter_ms=0).jitter_ms == 0
+
+
+def test_keepalive_below_ten_seconds_is_accepted_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+        assert build(keepalive_ms=1000).keepalive_ms == 1000
+    assert "too_many_pings" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+        build(keepalive_ms=10_000)
+    assert caplog.text == ""
+
+
+def test_plaintext_discovery_without_allowed_hosts_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+        build(http_addr="http://engines.internal:8080")
+    assert "allowed_hosts" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+        build(http_addr="http://engines.internal:8080", allowed_hosts=["10.0.0.0/8"])
+        build(http_addr="https://engines.internal")
+    assert caplog.text == ""
+
+
+def test_allowed_hosts_are_normalized() -> None:
+    c = build(allowed_hosts=["Engine.Internal.", "10.0.0.0/8", "127.0.0.1", "::1"])
+    assert c.allowed == (
+        "engine.internal",
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("127.0.0.1/32"),
+        ipaddress.ip_network("::1/128"),
+    )
+
+
+def test_good_values_pass() -> None:
+    c = build(
+        grpc_addr="[::1]:443",
+        http_addr="https://h.example:8443/base/",
+        dead_stream_ms=3000,
+        durability="power",
+        max_unacked_bytes=1,
+        tls_server_name="engine.local",
+        hard_deadline=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    assert c.durability == "power"

@@ -1,0 +1,1305 @@
+"""GrpcEngineChannel: the durable stream over ``grpc.aio`` (SPEC "The channel").
+
+Buffer first: ``send_*`` validates, commits the row to the run's log and
+only then hands it to the writer; it never waits on the network. The log is
+the queue: the one writer task takes rows in seq order from a small
+in-memory tail of committed rows, or from disk, so replay and live sends
+never interleave and memory stays flat. The connection loop dials, sends
+the handshake (seq 0), waits for the engine's ``Ack(h)``, applies the
+verification rule, replays, and on any end of stream backs off, rediscovers
+and dials again, until ``close()``, ``hard_deadline`` or a failure.
+
+Decisions (seq, cursor, replay position, verification, backoff reset,
+states) come from :mod:`walchannel.protocol`; storage is
+:class:`~walchannel.log.RunLog`; discovery is :mod:`walchannel.discovery`.
+Everything runs on the event loop's thread; ``BlockingEngineChannel``
+serves other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Self
+
+import grpc
+import grpc.aio
+import httpx
+import msgpack
+
+from walchannel import _killpoints, messages, wire
+from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.config import GrpcChannelConfig
+from walchannel.discovery import discover
+from walchannel.errors import (
+    ApprovalTimeoutError,
+    BacklogFullError,
+    ChannelClosedError,
+    DiscoveryError,
+    EngineBehindError,
+    EngineUnavailableError,
+    PayloadError,
+    RunCompletedError,
+    RunExpiredError,
+    WalchannelError,
+    WalWriteError,
+)
+from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
+from walchannel.log import RunLog
+from walchannel.payload import check_text
+from walchannel.protocol import (
+    ACK_STORE_AFTER_MS,
+    AckKind,
+    AnswerKind,
+    ChannelState,
+    Cursor,
+    EndKind,
+    ReconnectPolicy,
+    StateMachine,
+    classify_end,
+    is_too_many_pings,
+)
+
+__all__ = ["GrpcEngineChannel"]
+
+log = logging.getLogger(__name__)
+
+METHOD = "/EngineChannel/Open"
+#: gRPC keepalive ping timeout (ms), as in the design note.
+KEEPALIVE_TIMEOUT_MS = 10_000
+#: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
+MAX_KEEPALIVE_MS = 300_000
+#: The in-memory tail of committed rows the writer reads before disk.
+TAIL_ROWS = 1024
+TAIL_BYTES = 4 * 1024 * 1024
+#: Rows read from disk at a time when the writer is behind the tail.
+READAHEAD_ROWS = 256
+#: Idle time after which the log is checkpointed (ms).
+CHECKPOINT_IDLE_MS = 10_000
+
+_trace_warned = False
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _warn_grpc_trace() -> None:
+    # gRPC's C core prints call metadata, the bearer token included, under
+    # these tracers; it is outside this library's reach, so say it once.
+    global _trace_warned
+    if _trace_warned:
+        return
+    tracers = {t.strip().lower() for t in os.environ.get("GRPC_TRACE", "").split(",")}
+    if tracers & {"api", "all"}:
+        _trace_warned = True
+        log.warning(
+            "GRPC_TRACE=%s: gRPC's own tracers print call metadata, including the run "
+            "token, from C code that walchannel cannot filter; do not enable them in "
+            "production",
+            os.environ.get("GRPC_TRACE"),
+        )
+
+
+class _StreamEnded(Exception):
+    """Why one stream ended (internal: the loop reconnects).
+
+    ``code`` and ``details`` carry the gRPC status when one is known.
+    """
+
+    def __init__(self, message: str, code: str | None = None, details: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+class _Stream:
+    """One dial: its grpc.aio channel and call, its tasks, and why it ended."""
+
+    def __init__(self, addr: str, channel: grpc.aio.Channel, call: Any, loop: Any) -> None:
+        self.addr = addr
+        self.channel = channel
+        self.call = call
+        self.answer: asyncio.Future[int] = loop.create_future()
+        self.ended = asyncio.Event()
+        self.reason: BaseException | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.last_down_ms = _now_ms()
+        self.heartbeats_since_down = 0
+
+    def finish(self, reason: BaseException | None) -> None:
+        if not self.ended.is_set():
+            self.reason = reason
+            self.ended.set()
+        if not self.answer.done():
+            self.answer.set_exception(reason or _StreamEnded("stream ended"))
+            self.answer.exception()  # retrieved: nobody may be waiting
+
+
+class GrpcEngineChannel:
+    """The durable channel of one run. Construct, ``await handshake(...)``, send, close.
+
+    The constructor opens the run's log (so ``RunCompletedError``,
+    ``WalLockedError`` and ``WalCorruptError`` surface there) and touches no
+    network; ``handshake()`` starts the connection loop. Use it from the
+    event loop's thread only. ``async with`` closes it (without a handshake).
+
+    Args:
+        config: the run's :class:`~walchannel.GrpcChannelConfig`.
+        rng: the random source for backoff jitter (inject a seeded one in
+            tests; default: a fresh ``random.Random``).
+
+    Raises:
+        RunCompletedError: the log is a tombstone: the run already finished.
+        WalLockedError: another process (or channel) owns the run's log.
+        WalCorruptError: the log file is not usable.
+        WalWriteError: the log cannot be created.
+
+    SPEC "The channel".
+    """
+
+    def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
+        if not isinstance(config, GrpcChannelConfig):
+            raise TypeError("config must be a GrpcChannelConfig")
+        _warn_grpc_trace()
+        self._config = config
+        self._run_id = config.run_id
+        self._rng = rng or random.Random()
+        self._log = RunLog.open(
+            config.wal_dir,
+            config.run_id,
+            correlation_id=config.correlation_id,
+            durability=config.durability,
+        )
+        try:
+            if self._log.completed:
+                raise RunCompletedError(
+                    f"run {self._run_id}: completed (its Done was acked); the log "
+                    f"{self._log.path} is a tombstone"
+                )
+            token_hash = hashlib.sha256(config.run_token.encode("utf-8")).hexdigest()
+            meta = self._log.meta()
+            if meta.token_sha256 != token_hash:
+                self._log.update_meta(token_sha256=token_hash)
+            self._handshake_fields: tuple[str, str, str] | None = None
+            if meta.harness_name is not None:
+                self._handshake_fields = (
+                    meta.connector_version or "",
+                    meta.harness_name or "",
+                    meta.harness_version or "",
+                )
+        except BaseException:
+            self._log.close()
+            raise
+        self._cursor = Cursor(
+            high_water=self._log.high_water,
+            acked=self._log.last_acked_seq,
+            stored=self._log.last_acked_seq,
+            unverified_from=self._log.unverified_from,
+            done_seq=self._log.done_seq,
+        )
+        self._sm = StateMachine()
+        self._reconnect = ReconnectPolicy()
+        self._metadata = (("authorization", f"Bearer {config.run_token}"),)
+        self._addr = config.grpc_addr
+        self._keepalive_ms = config.keepalive_ms
+        self._pings_warned = False
+        # The tail: the newest committed rows as encoded messages (seq, bytes).
+        self._tail: deque[tuple[int, bytes]] = deque()
+        self._tail_bytes = 0
+        self._readahead: deque[tuple[int, bytes]] = deque()
+        self._wakeup = asyncio.Event()
+        self._up = asyncio.Event()
+        self._over = asyncio.Event()
+        self._acked_changed = asyncio.Event()
+        self._stream: _Stream | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._http: httpx.AsyncClient | None = config.http_client
+        self._own_http = False
+        self._closed = False
+        self._closing = False
+        self._done_sent = False
+        self._failure: WalchannelError | None = None
+        self._stop_callbacks: list[StopCallback] = []
+        self._budget_callbacks: list[BudgetCallback] = []
+        self._stop_fired = False
+        self._decisions: dict[str, ApprovalDecision] = {}
+        self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
+        self._sent = 0
+        self._replayed = 0
+        self._max_written = 0
+        self._reconnects = 0
+        self._streams_up = 0
+        self._protocol_errors = 0
+        self._last_error: str | None = None
+        self._last_checkpoint_ms = _now_ms()
+
+    # -- read-outs ------------------------------------------------------------
+
+    @property
+    def config(self) -> GrpcChannelConfig:
+        """The configuration (its ``repr`` never shows the token)."""
+        return self._config
+
+    @property
+    def state(self) -> ChannelState:
+        """The channel's :class:`~walchannel.ChannelState`."""
+        return self._sm.state
+
+    @property
+    def last_acked_seq(self) -> int:
+        """The highest seq received in an ack (the log stores it within ~100 ms)."""
+        return self._cursor.acked
+
+    @property
+    def unacked_count(self) -> int:
+        """Logged rows not covered by a received ack."""
+        return self._cursor.unacked
+
+    @property
+    def log(self) -> RunLog:
+        """The run's log (read it; the channel owns its writes)."""
+        return self._log
+
+    def progress(self) -> Mapping[str, Any] | None:
+        """Return the last committed harness progress marker (None for a new run).
+
+        SPEC "Harness progress": resume a restarted scan from it.
+        """
+        return self._log.progress
+
+    def stats(self) -> ChannelStats:
+        """Return a :class:`~walchannel.ChannelStats` snapshot."""
+        self._store_ack(force=True)
+        oldest: float | None = None
+        if self._cursor.unacked and not self._log.closed:
+            for row in self._log.unacked(after_seq=self._cursor.acked, limit=1):
+                oldest = max(0.0, time.time() - row.appended_at)
+        return ChannelStats(
+            state=self._sm.state,
+            sent=self._sent,
+            acked=self._cursor.acked,
+            replayed=self._replayed,
+            reconnects=self._reconnects,
+            unacked_count=self._cursor.unacked,
+            unacked_bytes=self._log.unacked_bytes if not self._log.closed else 0,
+            oldest_unacked_age_s=oldest,
+            protocol_errors=self._protocol_errors,
+            last_error=self._last_error,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<GrpcEngineChannel run_id={self._run_id!r} state={self._sm.state.name} "
+            f"addr={self._addr!r} acked={self._cursor.acked} high={self._cursor.high_water}>"
+        )
+
+    # -- callbacks ----------------------------------------------------------------
+
+    def on_stop(self, callback: StopCallback) -> None:
+        """Call ``callback(reason)`` when the engine sends ``Stop``.
+
+        Fires once per channel however often the engine repeats it; the
+        channel does not close itself. A callback that raises is logged and
+        does not stop the others.
+        """
+        self._stop_callbacks.append(callback)
+
+    def on_budget_update(self, callback: BudgetCallback) -> None:
+        """Call ``callback(message, details)`` for each ``BudgetUpdate`` (advisory only)."""
+        self._budget_callbacks.append(callback)
+
+    def _call_back(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("run %s: callback %r raised; ignored", self._run_id, callback)
+
+    # -- sending --------------------------------------------------------------------
+
+    def _check_sendable(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
+        if self._done_sent:
+            raise ChannelClosedError(f"run {self._run_id}: send_done() was called; no new rows")
+        if self._expired():
+            self._expire()
+            raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        if self._failure is not None:
+            raise self._failure
+
+    def _expired(self) -> bool:
+        deadline = self._config.hard_deadline
+        return deadline is not None and datetime.now(UTC) >= deadline
+
+    def _checked_message(self, kind: str, body: dict[str, Any]) -> pb.UpMessage:
+        msg = wire.up_message(self._run_id, self._config.correlation_id, 0, kind, body)
+        # + 11: the seq's tag and varint are not set yet.
+        size = msg.ByteSize() + 11
+        if size > self._config.max_message_bytes:
+            raise PayloadError(
+                kind,
+                f"encoded message is {size} bytes, over max_message_bytes "
+                f"{self._config.max_message_bytes}; it could never be delivered",
+            )
+        return msg
+
+    def _check_backlog(self, added: int) -> None:
+        limit = self._config.max_unacked_bytes
+        if limit is None:
+            return
+        self._store_ack(force=True)
+        if self._log.unacked_bytes + added > limit:
+            raise BacklogFullError(
+                f"run {self._run_id}: {self._log.unacked_bytes} unacked bytes + {added} "
+                f"would pass max_unacked_bytes {limit}; nothing was logged"
+            )
+
+    def _log_rows(
+        self,
+        items: list[tuple[str, dict[str, Any], pb.UpMessage]],
+        progress: Mapping[str, Any] | None,
+        *,
+        exempt_from_backlog: bool = False,
+    ) -> list[int]:
+        marker = messages.progress_marker(progress)
+        if self._config.max_unacked_bytes is not None and not exempt_from_backlog:
+            self._check_backlog(sum(len(msgpack.packb(body)) for _, body, _ in items))
+        seqs = self._log.append_many([(kind, body) for kind, body, _ in items], progress=marker)
+        _killpoints.reached("after_commit")
+        for seq, (_, _, msg) in zip(seqs, items, strict=True):
+            msg.seq = seq
+            self._enqueue(seq, msg.SerializeToString())
+        self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
+        self._wakeup.set()
+        return seqs
+
+    def _enqueue(self, seq: int, data: bytes) -> None:
+        tail = self._tail
+        if tail and tail[-1][0] + 1 != seq:
+            tail.clear()
+            self._tail_bytes = 0
+        tail.append((seq, data))
+        self._tail_bytes += len(data)
+        while len(tail) > TAIL_ROWS or (self._tail_bytes > TAIL_BYTES and len(tail) > 1):
+            self._tail_bytes -= len(tail.popleft()[1])
+
+    def send_event(
+        self,
+        type: str,
+        severity: str,
+        payload: Mapping[str, Any],
+        ts: datetime | str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Commit an ``Event`` (and ``progress``) and return its seq.
+
+        Args:
+            type: the event type, e.g. ``"progress"``.
+            severity: free text, e.g. ``"info"``.
+            payload: a JSON-like mapping (SPEC "Payloads").
+            ts: an aware datetime, an RFC 3339 str, or None (now); sent in UTC.
+            progress: the harness's resume marker, committed with the row.
+
+        Returns:
+            The row's seq (provisional until the first answered handshake:
+            see ``wait_acked``).
+
+        Raises:
+            PayloadError: a bad field or payload, or an encoded message over
+                ``max_message_bytes`` (nothing logged, no seq used).
+            BacklogFullError: ``max_unacked_bytes`` would be passed.
+            ChannelClosedError: after ``send_done`` or ``close``.
+            RunExpiredError: past ``hard_deadline``.
+            EngineBehindError: the channel is ``FAILED``.
+            RunCompletedError: the engine said the run is completed.
+            WalWriteError: the commit failed (disk full); retry later.
+        """
+        self._check_sendable()
+        body = messages.event_body(type, severity, payload, ts)
+        return self._log_rows([("event", body, self._checked_message("event", body))], progress)[0]
+
+    def send_finding(
+        self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """Commit a ``FindingDraft`` (and ``progress``) and return its seq.
+
+        Args:
+            finding: the finding's fields, a JSON-like mapping.
+            progress: the harness's resume marker, committed with the row.
+
+        Returns:
+            The row's seq.
+
+        Raises:
+            As :meth:`send_event`.
+        """
+        self._check_sendable()
+        body = messages.finding_body(finding)
+        return self._log_rows(
+            [("finding", body, self._checked_message("finding", body))], progress
+        )[0]
+
+    def send_findings(
+        self,
+        findings: Iterable[Mapping[str, Any]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Commit several findings in one transaction (all logged, or none).
+
+        Args:
+            findings: the findings, in order.
+            progress: the harness's resume marker, committed with them.
+
+        Returns:
+            Their seqs, consecutive; ``[]`` for no findings (then nothing,
+            not even ``progress``, is written).
+
+        Raises:
+            As :meth:`send_event`; a bad finding names its index
+            (``finding``) and nothing of the batch is logged.
+        """
+        self._check_sendable()
+        items = []
+        for finding in findings:
+            body = messages.finding_body(finding)
+            items.append(("finding", body, self._checked_message("finding", body)))
+        if not items:
+            return []
+        return self._log_rows(items, progress)
+
+    async def send_done(
+        self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
+    ) -> bool:
+        """Commit and write ``Done``, then wait up to ``done_ack_timeout_ms`` for its ack.
+
+        On a log that already holds an unacked ``Done`` (a restarted
+        harness) it waits on that row instead of logging another. After it,
+        ``send_*`` raise ``ChannelClosedError``.
+
+        Args:
+            status: free text; ``completed``, ``failed`` or ``stopped`` suggested.
+            findings: how many findings the run produced.
+            coverage: what was scanned (e.g. paths).
+            exit_reason: free text.
+
+        Returns:
+            True once the ack and the tombstone are stored; False when no
+            ack came in time (the row stays for a resume or ``flush``), or at
+            once past ``hard_deadline``.
+
+        Raises:
+            PayloadError: a bad field.
+            ChannelClosedError: after ``close`` or a previous ``send_done``.
+            EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``.
+
+        SPEC "Shutdown order".
+        """
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
+        if self._done_sent:
+            raise ChannelClosedError(f"run {self._run_id}: send_done() was already called")
+        if self._expired():
+            self._expire()
+            return False
+        if self._failure is not None:
+            raise self._failure
+        if self._cursor.done_seq is None:
+            body = messages.done_body(status, findings, coverage, exit_reason)
+            self._log_rows(
+                [("done", body, self._checked_message("done", body))],
+                None,
+                exempt_from_backlog=True,
+            )
+        self._done_sent = True
+        _killpoints.reached("in_send_done")
+        return await self._wait_for(
+            lambda: self._cursor.completed, self._config.done_ack_timeout_ms
+        )
+
+    async def request_approval(
+        self,
+        action: str,
+        details: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+    ) -> ApprovalDecision:
+        """Log an ``ApprovalRequest`` and wait for the engine's decision.
+
+        Decisions are cached by ``request_id``: an id already decided (in
+        this channel, or re-sent by the engine after a handshake) resolves at
+        once without logging a new row. Pass a stable ``request_id`` to
+        survive a harness restart.
+
+        Args:
+            action: what the harness wants to do.
+            details: a JSON-like mapping.
+            request_id: default a uuid4.
+            timeout_ms: how long to wait (None: until close).
+
+        Returns:
+            The :class:`~walchannel.ApprovalDecision`.
+
+        Raises:
+            ApprovalTimeoutError: no decision within ``timeout_ms`` (the
+                request stays logged; a later call with the id waits again).
+            ChannelClosedError: the channel closed while waiting.
+            PayloadError, and the errors of ``send_event``.
+        """
+        rid = request_id if request_id is not None else str(uuid.uuid4())
+        decided = self._decisions.get(rid)
+        if decided is not None:
+            return decided
+        future = self._approvals.get(rid)
+        if future is None or future.done():
+            self._check_sendable()
+            body = messages.approval_body(rid, action, details)
+            self._log_rows(
+                [("approval_request", body, self._checked_message("approval_request", body))],
+                None,
+            )
+            future = asyncio.get_running_loop().create_future()
+            self._approvals[rid] = future
+        try:
+            if timeout_ms is None:
+                return await asyncio.shield(future)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_ms / 1000)
+        except TimeoutError:
+            raise ApprovalTimeoutError(
+                f"run {self._run_id}: no decision for approval request {rid!r} "
+                f"within {timeout_ms} ms"
+            ) from None
+
+    async def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool:
+        """Wait until the engine acked ``seq`` (default: the newest logged row).
+
+        A seq returned before the first answered handshake is provisional:
+        if the verification rule moved its row, this follows it.
+
+        Args:
+            seq: the seq to wait for.
+            timeout_ms: bound (None: until acked or closed).
+
+        Returns:
+            True when acked, False on timeout or close.
+        """
+        target = self._cursor.high_water if seq is None else seq
+        return await self._wait_for(
+            lambda: self._cursor.acked >= self._cursor.translate(target), timeout_ms
+        )
+
+    async def _wait_for(self, condition: Callable[[], bool], timeout_ms: float | None) -> bool:
+        deadline = None if timeout_ms is None else _now_ms() + timeout_ms
+        while not condition():
+            if self._closed:
+                return False
+            remaining = None if deadline is None else (deadline - _now_ms()) / 1000
+            if remaining is not None and remaining <= 0:
+                return False
+            self._acked_changed.clear()
+            try:
+                await asyncio.wait_for(self._acked_changed.wait(), remaining)
+            except TimeoutError:
+                return condition()
+        return True
+
+    def replay_unacked(self) -> int:
+        """Rewind the writer to the cursor; return how many rows it will re-send.
+
+        The rows above the received ack are written again (the engine drops
+        duplicates by seq). Without a live stream nothing moves: the next
+        dial replays from the cursor anyway.
+        """
+        self._readahead.clear()
+        count = self._cursor.rewind()
+        self._wakeup.set()
+        return count
+
+    # -- handshake and the connection loop ----------------------------------------------
+
+    async def handshake(
+        self, connector_version: str, harness_name: str, harness_version: str
+    ) -> None:
+        """Store the handshake, start the connection loop, and wait for the engine's answer.
+
+        Every dial sends ``authorization: Bearer <run_token>`` metadata and
+        this handshake (seq 0); with ``engine_acks_handshake`` the engine's
+        ``Ack(h)`` answer is awaited before any row is written. Sends made
+        before this are delivered once connected.
+
+        Args:
+            connector_version, harness_name, harness_version: the handshake fields.
+
+        Raises:
+            EngineUnavailableError: no answered handshake within
+                ``connect_timeout_ms``; the channel stays usable and keeps dialing.
+            RunCompletedError: the engine (or the log) says the run is completed.
+            EngineBehindError: the engine lost rows this log already deleted.
+            RunExpiredError: past ``hard_deadline``.
+            ChannelClosedError: the channel is closed.
+            PayloadError: a field is not a valid str.
+
+        SPEC "Dial".
+        """
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
+        for name, value in (
+            ("connector_version", connector_version),
+            ("harness_name", harness_name),
+            ("harness_version", harness_version),
+        ):
+            check_text(value, f"handshake.{name}")
+        if self._failure is not None:
+            raise self._failure
+        if self._expired():
+            self._expire()
+            raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        self._handshake_fields = (connector_version, harness_name, harness_version)
+        self._log.update_meta(
+            connector_version=connector_version,
+            harness_name=harness_name,
+            harness_version=harness_version,
+        )
+        self._start()
+        if self._sm.state is ChannelState.STREAMING:
+            return
+        up = asyncio.ensure_future(self._up.wait())
+        over = asyncio.ensure_future(self._over.wait())
+        try:
+            await asyncio.wait(
+                (up, over),
+                timeout=self._config.connect_timeout_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            up.cancel()
+            over.cancel()
+        if self.state is ChannelState.STREAMING:
+            return
+        if self._failure is not None:
+            raise self._failure
+        if self.state is ChannelState.EXPIRED:
+            raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: closed during the handshake")
+        raise EngineUnavailableError(
+            f"run {self._run_id}: no engine answered the handshake within "
+            f"{self._config.connect_timeout_ms} ms (last error: {self._last_error}); "
+            "still dialing"
+        )
+
+    def _start(self) -> None:
+        if self._runner is not None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = self._config.hard_deadline
+        if deadline is not None:
+            delay = (deadline - datetime.now(UTC)).total_seconds()
+            self._deadline_timer = loop.call_later(max(0.0, delay), self._expire)
+        self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
+
+    def _move(self, state: ChannelState) -> None:
+        if self._sm.state is state:
+            return
+        self._sm.move(state)
+        if state is ChannelState.STREAMING:
+            self._up.set()
+        else:
+            self._up.clear()
+        if self._sm.final:
+            self._over.set()
+            self._wakeup.set()
+            self._acked_changed.set()
+
+    def _expire(self) -> None:
+        if self._sm.final:
+            return
+        log.error("run %s: hard_deadline passed; the channel stops", self._run_id)
+        self._set_error("hard_deadline passed")
+        self._move(ChannelState.EXPIRED)
+        if self._stream is not None:
+            self._stream.finish(_StreamEnded("hard_deadline passed"))
+
+    def _fail(self, error: WalchannelError) -> None:
+        log.error("%s", error)
+        self._failure = error
+        self._set_error(str(error), failed=isinstance(error, EngineBehindError))
+        if not self._sm.final:
+            self._move(ChannelState.FAILED)
+
+    def _set_error(self, message: str, *, failed: bool = False) -> None:
+        text = message.replace(self._config.run_token, "***")
+        self._last_error = text
+        if not self._log.writable:
+            return
+        fields: dict[str, Any] = {"last_error": text, "last_error_at": time.time()}
+        if failed:
+            fields["failed_at"] = time.time()
+        try:
+            self._log.update_meta(**fields)
+        except WalchannelError as exc:
+            log.warning("run %s: cannot record the last error: %s", self._run_id, exc)
+
+    async def _run(self) -> None:
+        try:
+            first = True
+            while not self._sm.final and not self._closing:
+                if not first and self._config.http_addr is not None:
+                    await self._rediscover()
+                    if self._closing or self._sm.final:
+                        break
+                first = False
+                self._move(ChannelState.CONNECTING)
+                await self._stream_once(self._addr)
+                if self._closing or self._sm.final:
+                    break
+                self._move(ChannelState.BACKOFF)
+                delay = self._reconnect.next_delay_ms(
+                    _now_ms(), lambda attempt: self._config.backoff.delay_ms(attempt, self._rng)
+                )
+                log.info(
+                    "run %s: reconnecting in %.0f ms (attempt %d)",
+                    self._run_id,
+                    delay,
+                    self._reconnect.attempt,
+                )
+                await self._sleep(delay / 1000)
+        except Exception as exc:
+            # A bug, not a network condition: fail loudly rather than spin.
+            log.exception("run %s: the connection loop failed", self._run_id)
+            self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._over.wait(), seconds)
+
+    async def _rediscover(self) -> None:
+        http_addr = self._config.http_addr
+        assert http_addr is not None
+        if self._http is None:
+            self._http = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+            self._own_http = True
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            addr = await asyncio.wait_for(
+                discover(
+                    self._http,
+                    http_addr,
+                    allowed_hosts=self._config.allowed,
+                    timeout_s=timeout_s,
+                ),
+                timeout_s,
+            )
+        except DiscoveryError as exc:
+            log.warning("run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc)
+            self._set_error(f"discovery: {exc}")
+            return
+        except TimeoutError:
+            log.warning("run %s: discovery timed out, keeping %s", self._run_id, self._addr)
+            self._set_error(f"discovery: no answer from {http_addr} within {timeout_s:.1f} s")
+            return
+        if addr != self._addr:
+            log.info(
+                "run %s: discovery moved the engine from %s to %s", self._run_id, self._addr, addr
+            )
+            self._addr = addr
+
+    def _channel_options(self) -> list[tuple[str, Any]]:
+        options: list[tuple[str, Any]] = [
+            ("grpc.keepalive_time_ms", self._keepalive_ms),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Replay is ours: gRPC's transparent retries would reorder nothing
+            # useful and hide drops.
+            ("grpc.enable_retries", 0),
+            ("grpc.max_send_message_length", self._config.max_message_bytes + 64),
+        ]
+        if self._config.tls_server_name is not None:
+            options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
+        return options
+
+    async def _stream_once(self, addr: str) -> None:
+        """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
+        loop = asyncio.get_running_loop()
+        creds = self._config.credentials
+        options = self._channel_options()
+        if creds is None:
+            channel = grpc.aio.insecure_channel(addr, options=options)
+        else:
+            channel = grpc.aio.secure_channel(addr, creds, options=options)
+        call = channel.stream_stream(
+            METHOD, request_serializer=_identity, response_deserializer=pb.DownMessage.FromString
+        )(metadata=self._metadata)
+        stream = _Stream(addr, channel, call, loop)
+        self._stream = stream
+        stream.tasks.append(loop.create_task(self._read_loop(stream)))
+        try:
+            await self._open(stream)
+            if stream.ended.is_set() or self._sm.final:
+                return
+            await stream.ended.wait()
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._cursor.end_stream()
+            self._readahead.clear()
+            await self._teardown(stream)
+            self._stream = None
+            if not self._closing:
+                self._record_end(stream)
+
+    async def _open(self, stream: _Stream) -> None:
+        """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
+        fields = self._handshake_fields or ("", "", "")
+        hello = wire.handshake_message(
+            self._run_id, self._config.correlation_id, *fields
+        ).SerializeToString()
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                await stream.call.write(hello)
+                if self._config.engine_acks_handshake:
+                    engine_high = await stream.answer
+                else:
+                    engine_high = None
+        except TimeoutError:
+            stream.finish(
+                _StreamEnded(f"no handshake answer from {stream.addr} within {timeout_s:.1f} s")
+            )
+            return
+        except Exception as exc:
+            stream.finish(exc)
+            return
+        if stream.ended.is_set():
+            return
+        if engine_high is None:
+            replay_from = self._cursor.acked + 1
+        else:
+            replay_from_or_none = self._take_answer(engine_high)
+            if replay_from_or_none is None:
+                stream.finish(_StreamEnded("handshake answer refused"))
+                return
+            replay_from = replay_from_or_none
+        self._streams_up += 1
+        if self._streams_up > 1:
+            self._reconnects += 1
+        self._move(ChannelState.STREAMING)
+        self._reconnect.on_stream_up(_now_ms())
+        self._record_up(stream.addr)
+        self._cursor.start_stream(replay_from)
+        loop = asyncio.get_running_loop()
+        stream.tasks.append(loop.create_task(self._write_loop(stream)))
+        if self._config.dead_stream_ms is not None:
+            stream.tasks.append(loop.create_task(self._watchdog(stream)))
+
+    def _take_answer(self, engine_high: int) -> int | None:
+        """Carry out the decision for the handshake answer; None ends the stream."""
+        answer = self._cursor.on_answer(engine_high)
+        kind = answer.kind
+        if kind is AnswerKind.BEHIND:
+            self._fail(
+                EngineBehindError(
+                    f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
+                    f"the stored cursor {self._cursor.stored}; it lost rows this log already "
+                    "deleted, which cannot be re-sent"
+                )
+            )
+            return None
+        if kind is AnswerKind.VERIFY:
+            try:
+                shift = self._log.verify(engine_high)
+            except WalWriteError as exc:
+                self._set_error(str(exc))
+                return None
+            if shift:
+                log.warning(
+                    "run %s: the engine already holds seqs up to %d, at or above this log's "
+                    "unverified rows (from %s); moved them by %d to follow it",
+                    self._run_id,
+                    engine_high,
+                    self._cursor.unverified_from,
+                    shift,
+                )
+                self._tail.clear()
+                self._tail_bytes = 0
+            self._cursor.on_verified(engine_high, shift)
+            self._after_ack()
+            return engine_high + 1
+        if kind is AnswerKind.AHEAD:
+            self._protocol_error(
+                f"handshake answer Ack({engine_high}) is above the high-water "
+                f"{self._cursor.high_water}; not applied"
+            )
+            return answer.replay_from
+        if kind is AnswerKind.FORGOT:
+            log.warning(
+                "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
+                self._run_id,
+                engine_high,
+                self._cursor.acked,
+                engine_high + 1,
+            )
+            self._cursor.on_forgot(engine_high)
+            return answer.replay_from
+        self._on_ack(engine_high)
+        return answer.replay_from
+
+    def _record_up(self, addr: str) -> None:
+        log.info("run %s: streaming to %s", self._run_id, addr)
+        try:
+            self._log.update_meta(last_engine_addr=addr, reconnects=self._reconnects)
+        except WalchannelError as exc:
+            log.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
+
+    def _record_end(self, stream: _Stream) -> None:
+        reason = stream.reason
+        code: str | None = None
+        details = ""
+        debug = ""
+        if isinstance(reason, grpc.aio.AioRpcError):
+            code = reason.code().name
+            details = reason.details() or ""
+            debug = reason.debug_error_string() or ""
+        elif isinstance(reason, _StreamEnded):
+            code, details = reason.code, reason.details
+        text = f"{code}: {details}" if code else str(reason or "stream ended")
+        if is_too_many_pings(f"{details} {debug}"):
+            self._double_keepalive()
+        if classify_end(code, details) is EndKind.RUN_COMPLETED:
+            self._fail(
+                RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
+            )
+            return
+        if self._sm.final:
+            return
+        log.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
+        self._set_error(f"{stream.addr}: {text}")
+
+    def _double_keepalive(self) -> None:
+        doubled = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
+        if not self._pings_warned:
+            self._pings_warned = True
+            log.warning(
+                "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
+                "the rest of the run",
+                self._run_id,
+                self._keepalive_ms,
+                doubled,
+            )
+        self._keepalive_ms = doubled
+
+    async def _teardown(self, stream: _Stream) -> None:
+        for task in stream.tasks:
+            task.cancel()
+        for task in stream.tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        stream.call.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(stream.channel.close(grace=None), 2.0)
+
+    # -- the stream's tasks ------------------------------------------------------------
+
+    async def _read_loop(self, stream: _Stream) -> None:
+        call = stream.call
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    code = await call.code()
+                    details = await call.details() or ""
+                    if code is grpc.StatusCode.OK:
+                        stream.finish(_StreamEnded("the engine ended the stream (status OK)"))
+                    else:
+                        stream.finish(_StreamEnded(f"{code.name}: {details}", code.name, details))
+                    return
+                stream.last_down_ms = _now_ms()
+                stream.heartbeats_since_down = 0
+                self._on_down(stream, msg)
+        except asyncio.CancelledError:
+            stream.finish(_StreamEnded("cancelled"))
+            raise
+        except grpc.aio.AioRpcError as exc:
+            stream.finish(exc)
+        except Exception as exc:
+            log.exception("run %s: reading the stream failed", self._run_id)
+            stream.finish(exc)
+
+    def _on_down(self, stream: _Stream, msg: pb.DownMessage) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "ack":
+            if not stream.answer.done() and self._config.engine_acks_handshake:
+                stream.answer.set_result(int(msg.ack.seq))
+                return
+            self._on_ack(int(msg.ack.seq))
+        elif kind == "stop":
+            self._on_stop(msg.stop.reason)
+        elif kind == "approval_decision":
+            d = msg.approval_decision
+            self._on_decision(ApprovalDecision(d.request_id, d.approved, d.reason))
+        elif kind == "budget_update":
+            details = wire.struct_to_dict(msg.budget_update.details)
+            for callback in list(self._budget_callbacks):
+                self._call_back(callback, msg.budget_update.message, details)
+        else:
+            log.warning("run %s: ignoring a down message with an unknown body", self._run_id)
+
+    def _protocol_error(self, message: str) -> None:
+        self._protocol_errors += 1
+        log.error("run %s: protocol error: %s", self._run_id, message)
+        self._last_error = f"protocol error: {message}"
+
+    def _on_ack(self, seq: int) -> None:
+        kind = self._cursor.on_ack(seq, _now_ms())
+        if kind is AckKind.ABOVE_HIGH_WATER:
+            self._protocol_error(
+                f"Ack({seq}) is above the high-water {self._cursor.high_water}; not applied"
+            )
+            return
+        self._reconnect.on_ack(seq)
+        if kind is AckKind.ADVANCE:
+            _killpoints.reached("after_ack_received")
+            self._after_ack()
+
+    def _after_ack(self) -> None:
+        acked = self._cursor.acked
+        tail = self._tail
+        while tail and tail[0][0] <= acked:
+            self._tail_bytes -= len(tail.popleft()[1])
+        self._store_ack()
+        self._acked_changed.set()
+
+    def _store_ack(self, *, force: bool = False) -> None:
+        seq = self._cursor.ack_to_store(_now_ms(), force=force)
+        if seq is None:
+            if self._cursor.pending_since_ms is not None and self._ack_timer is None:
+                with contextlib.suppress(RuntimeError):
+                    self._ack_timer = asyncio.get_running_loop().call_later(
+                        ACK_STORE_AFTER_MS / 1000, self._ack_timer_fired
+                    )
+            return
+        if not self._log.writable:
+            return
+        try:
+            self._log.ack(seq)
+        except WalchannelError as exc:
+            # Not stored: the rows stay and are re-sent after a crash (harmless).
+            log.error("run %s: cannot store ack %d: %s", self._run_id, seq, exc)
+            self._last_error = str(exc)
+            return
+        self._cursor.on_stored(seq)
+        if self._cursor.completed:
+            log.info("run %s: Done acked; the log is now a tombstone", self._run_id)
+            self._acked_changed.set()
+        self._maybe_checkpoint()
+
+    def _ack_timer_fired(self) -> None:
+        self._ack_timer = None
+        self._store_ack()
+
+    def _maybe_checkpoint(self) -> None:
+        now = _now_ms()
+        if self._cursor.unacked == 0 and now - self._last_checkpoint_ms >= CHECKPOINT_IDLE_MS:
+            self._last_checkpoint_ms = now
+            self._log.checkpoint()
+
+    def _on_stop(self, reason: str) -> None:
+        if self._stop_fired:
+            return
+        self._stop_fired = True
+        log.info("run %s: the engine sent Stop(%r)", self._run_id, reason)
+        for callback in list(self._stop_callbacks):
+            self._call_back(callback, reason)
+
+    def _on_decision(self, decision: ApprovalDecision) -> None:
+        self._decisions[decision.request_id] = decision
+        future = self._approvals.pop(decision.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(decision)
+        elif future is None:
+            log.info(
+                "run %s: decision for approval request %r that this channel is not "
+                "waiting on; cached",
+                self._run_id,
+                decision.request_id,
+            )
+
+    def _row_bytes(self, seq: int) -> bytes:
+        tail = self._tail
+        if tail and tail[0][0] <= seq <= tail[-1][0]:
+            return tail[seq - tail[0][0]][1]
+        ahead = self._readahead
+        while ahead and ahead[0][0] < seq:
+            ahead.popleft()
+        if not ahead or ahead[0][0] != seq:
+            ahead.clear()
+            budget = TAIL_BYTES
+            for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
+                msg = wire.up_message(
+                    self._run_id, self._config.correlation_id, row.seq, row.kind, row.body
+                )
+                data = msg.SerializeToString()
+                ahead.append((row.seq, data))
+                budget -= len(data)
+                if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
+                    break
+        if not ahead or ahead[0][0] != seq:
+            raise _StreamEnded(f"row seq {seq} is not in the log")
+        return ahead.popleft()[1]
+
+    async def _write_loop(self, stream: _Stream) -> None:
+        call = stream.call
+        cursor = self._cursor
+        keepalive_s = self._keepalive_ms / 1000
+        next_beat = time.monotonic() + keepalive_s
+        try:
+            while True:
+                seq = cursor.next_to_write()
+                if seq is None:
+                    self._wakeup.clear()
+                    if cursor.next_to_write() is None and not self._sm.final:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(
+                                self._wakeup.wait(), max(0.0, next_beat - time.monotonic())
+                            )
+                    if self._sm.final:
+                        return
+                else:
+                    data = self._row_bytes(seq)
+                    replay = seq <= self._max_written
+                    if replay:
+                        _killpoints.reached("in_replay")
+                    await call.write(data)
+                    cursor.on_written(seq)
+                    self._reconnect.on_written(seq)
+                    self._sent += 1
+                    if replay:
+                        self._replayed += 1
+                    else:
+                        self._max_written = seq
+                    _killpoints.reached("after_write")
+                if time.monotonic() >= next_beat:
+                    stream.heartbeats_since_down += 1
+                    beat = wire.heartbeat_message(
+                        self._run_id, self._config.correlation_id, messages.now_rfc3339()
+                    )
+                    await call.write(beat.SerializeToString())
+                    next_beat = time.monotonic() + keepalive_s
+        except asyncio.CancelledError:
+            raise
+        except (
+            grpc.aio.AioRpcError,
+            grpc.aio.UsageError,
+            asyncio.InvalidStateError,
+            _StreamEnded,
+        ) as exc:
+            stream.finish(exc)
+        except WalchannelError as exc:
+            log.error("run %s: cannot read the log to write: %s", self._run_id, exc)
+            stream.finish(exc)
+        except Exception as exc:
+            log.exception("run %s: writing the stream failed", self._run_id)
+            stream.finish(exc)
+
+    async def _watchdog(self, stream: _Stream) -> None:
+        dead_ms = self._config.dead_stream_ms
+        assert dead_ms is not None
+        period = max(0.05, min(dead_ms, self._keepalive_ms) / 4000)
+        while not stream.ended.is_set():
+            await asyncio.sleep(period)
+            silent = _now_ms() - stream.last_down_ms
+            if silent >= dead_ms and stream.heartbeats_since_down > 0:
+                log.warning(
+                    "run %s: no down message from %s for %.0f ms while heartbeats went out: "
+                    "the stream is dead",
+                    self._run_id,
+                    stream.addr,
+                    silent,
+                )
+                stream.finish(_StreamEnded(f"dead stream: no down message for {silent:.0f} ms"))
+                return
+
+    # -- closing --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the channel: half-close, wait up to ``close_timeout_ms``, tear down.
+
+        Marks the channel closed first (so the teardown is not mistaken for
+        a drop), half-closes the stream, waits up to ``close_timeout_ms`` for
+        its end, then stops every task and closes the gRPC channel, stores
+        the latest ack, and closes the log. Idempotent; never hangs; unacked
+        rows stay on disk for a resume or ``flush``. Pending approvals fail
+        with ``ChannelClosedError``. SPEC "Shutdown order".
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._closing = True
+        _killpoints.reached("in_close")
+        for timer in (self._deadline_timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ack_timer = None
+        budget_s = self._config.close_timeout_ms / 1000
+        stream = self._stream
+        if stream is not None and not stream.ended.is_set():
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._half_close(stream), budget_s)
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._runner, budget_s + 2.5)
+        if self._stream is not None:
+            with contextlib.suppress(BaseException):
+                await self._teardown(self._stream)
+        self._store_ack(force=True)
+        self._move(ChannelState.CLOSED)
+        for rid, future in list(self._approvals.items()):
+            if not future.done():
+                future.set_exception(
+                    ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
+                )
+                future.exception()
+        self._approvals.clear()
+        self._acked_changed.set()
+        if self._own_http and self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._http.aclose()
+        self._log.close()
+
+    async def _half_close(self, stream: _Stream) -> None:
+        # close() is not a flush (send_done is the ordered shutdown): stop the
+        # writer, half-close, and wait for the engine to end the stream.
+        for task in stream.tasks[1:]:
+            task.cancel()
+        for task in stream.tasks[1:]:
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            await stream.call.done_writing()
+        await stream.ended.wait()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

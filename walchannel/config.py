@@ -1,0 +1,233 @@
+"""Channel configuration: frozen, keyword-only, validated when built.
+
+Durations are milliseconds, as in the design note and in gRPC's option names
+(``keepalive_ms`` maps to ``grpc.keepalive_time_ms``). An invalid value
+raises ``ValueError`` naming the field when the config is built, never when
+it is first used. SPEC "The channel" (configuration table).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
+
+from walchannel import files
+from walchannel.address import AllowedHost, parse_allowed_hosts, parse_host_port
+
+if TYPE_CHECKING:
+    import grpc
+    import httpx
+
+__all__ = ["DEFAULT_BACKOFF", "Backoff", "GrpcChannelConfig"]
+
+log = logging.getLogger(__name__)
+
+#: gRPC's default receive limit: larger messages can never be delivered.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: Below this keepalive many engines (gRPC servers) answer with GOAWAY too_many_pings.
+KEEPALIVE_WARN_BELOW_MS = 10_000
+
+
+def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """Reconnect delays: ``min(max_ms, initial_ms * multiplier**attempt) + uniform(0, jitter_ms)``.
+
+    Attempt 0 waits ``initial_ms`` (plus jitter). The arithmetic is pure;
+    sleeping is the channel's (the urllib3 ``Retry.get_backoff_time`` split).
+    SPEC "Reconnect".
+
+    Attributes:
+        initial_ms: first delay (ms), > 0.
+        multiplier: growth per attempt, > 0.
+        max_ms: cap before jitter (ms), > 0.
+        jitter_ms: most random delay added (ms), >= 0.
+    """
+
+    initial_ms: float = 500
+    multiplier: float = 2
+    max_ms: float = 15_000
+    jitter_ms: float = 250
+
+    def __post_init__(self) -> None:
+        _positive("backoff.initial_ms", self.initial_ms)
+        _positive("backoff.multiplier", self.multiplier)
+        _positive("backoff.max_ms", self.max_ms)
+        if isinstance(self.jitter_ms, bool) or not isinstance(self.jitter_ms, (int, float)):
+            raise ValueError("backoff.jitter_ms must be a number")
+        if not math.isfinite(self.jitter_ms) or self.jitter_ms < 0:
+            raise ValueError(f"backoff.jitter_ms must be >= 0, got {self.jitter_ms!r}")
+
+    def delay_ms(self, attempt: int, rng: random.Random) -> float:
+        """Return the delay before reconnect ``attempt`` (0-based), in ms.
+
+        Args:
+            attempt: how many reconnects failed since the last reset.
+            rng: the random source for the jitter (inject a seeded one in tests).
+        """
+        try:
+            base = min(self.max_ms, self.initial_ms * self.multiplier ** max(attempt, 0))
+        except OverflowError:
+            base = self.max_ms
+        return float(base) + (rng.uniform(0, self.jitter_ms) if self.jitter_ms else 0.0)
+
+
+DEFAULT_BACKOFF = Backoff()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpcChannelConfig:
+    """Everything a :class:`~walchannel.GrpcEngineChannel` needs. Durations in ms.
+
+    Attributes:
+        grpc_addr: the engine, ``host:port``.
+        run_id: the run; a safe file name (it names the log).
+        correlation_id: carried on every message.
+        run_token: the run's bearer token; only ever sent as call metadata,
+            never logged, stored or shown (not in ``repr``).
+        keepalive_ms: heartbeat and gRPC keepalive period, >= 1000
+            (WARNING below 10 000: engines commonly refuse faster pings).
+        connect_timeout_ms: bounds each dial and ``handshake()``.
+        engine_acks_handshake: False only for an engine that does not answer
+            the handshake with ``Ack(h)`` (no verification rule then).
+        dead_stream_ms: with a value, a stream with no down message for this
+            long while heartbeats go out is dead (needs heartbeat acks).
+        http_addr: the stable engine base URL for discovery
+            (``GET {http_addr}/grpc-address``), ``http://`` or ``https://``.
+        http_client: an ``httpx.AsyncClient`` to reuse for discovery.
+        wal_dir: the log folder (None: the default, see
+            :func:`walchannel.files.default_wal_dir`).
+        durability: ``"process"`` or ``"power"`` (SPEC "The log").
+        done_ack_timeout_ms: how long ``send_done`` waits for its ack.
+        close_timeout_ms: how long ``close`` waits for the stream's end.
+        backoff: reconnect delays.
+        max_message_bytes: largest encoded ``UpMessage`` accepted (bytes).
+        max_unacked_bytes: refuse sends past this backlog (bytes; None: no limit).
+        credentials: ``grpc.ChannelCredentials`` (None: plaintext).
+        tls_server_name: the name to check the engine's certificate against
+            when the address is an IP (``grpc.ssl_target_name_override``).
+        allowed_hosts: host names or IP networks discovery may send the
+            harness to (None: any; WARNING when ``http_addr`` is plaintext).
+        hard_deadline: aware datetime, the token's expiry: the run ends there.
+
+    Raises:
+        ValueError: naming the field, when a value breaks its rule.
+    """
+
+    grpc_addr: str
+    run_id: str
+    correlation_id: str
+    run_token: str = field(repr=False)
+    keepalive_ms: int = 25_000
+    connect_timeout_ms: int = 10_000
+    engine_acks_handshake: bool = True
+    dead_stream_ms: int | None = None
+    http_addr: str | None = None
+    http_client: httpx.AsyncClient | None = field(default=None, repr=False, compare=False)
+    wal_dir: str | os.PathLike[str] | None = None
+    durability: Literal["process", "power"] = "process"
+    done_ack_timeout_ms: int = 5_000
+    close_timeout_ms: int = 2_000
+    backoff: Backoff = DEFAULT_BACKOFF
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_unacked_bytes: int | None = None
+    credentials: grpc.ChannelCredentials | None = field(default=None, repr=False, compare=False)
+    tls_server_name: str | None = None
+    allowed_hosts: Sequence[AllowedHost] | None = None
+    hard_deadline: datetime | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("grpc_addr", "run_id", "correlation_id", "run_token"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty str")
+        parse_host_port(self.grpc_addr, what="grpc_addr")
+        files.check_run_id(self.run_id)
+        if any(c in self.run_token for c in "\r\n\x00"):
+            raise ValueError("run_token must not hold line breaks or NUL")
+        if isinstance(self.keepalive_ms, bool) or not isinstance(self.keepalive_ms, int):
+            raise ValueError("keepalive_ms must be an int (ms)")
+        if self.keepalive_ms < 1000:
+            raise ValueError(f"keepalive_ms must be >= 1000, got {self.keepalive_ms}")
+        if self.keepalive_ms < KEEPALIVE_WARN_BELOW_MS:
+            log.warning(
+                "keepalive_ms=%d is below %d: engines commonly refuse pings that fast "
+                "(GOAWAY too_many_pings)",
+                self.keepalive_ms,
+                KEEPALIVE_WARN_BELOW_MS,
+            )
+        _positive("connect_timeout_ms", self.connect_timeout_ms)
+        if not isinstance(self.engine_acks_handshake, bool):
+            raise ValueError("engine_acks_handshake must be a bool")
+        _positive("dead_stream_ms", self.dead_stream_ms, allow_none=True)
+        if self.http_addr is not None:
+            self._check_http_addr(self.http_addr)
+        if self.durability not in ("process", "power"):
+            raise ValueError(f"durability must be 'process' or 'power', got {self.durability!r}")
+        _positive("done_ack_timeout_ms", self.done_ack_timeout_ms)
+        _positive("close_timeout_ms", self.close_timeout_ms)
+        if not isinstance(self.backoff, Backoff):
+            raise ValueError("backoff must be a walchannel.Backoff")
+        for name in ("max_message_bytes", "max_unacked_bytes"):
+            value = getattr(self, name)
+            if value is None and name == "max_unacked_bytes":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be an int > 0 (bytes), got {value!r}")
+        if self.tls_server_name is not None and (
+            not isinstance(self.tls_server_name, str) or not self.tls_server_name
+        ):
+            raise ValueError("tls_server_name must be a non-empty str or None")
+        if self.allowed_hosts is not None:
+            try:
+                normalized = parse_allowed_hosts(self.allowed_hosts)
+            except ValueError as exc:
+                raise ValueError(f"allowed_hosts: {exc}") from None
+            object.__setattr__(self, "allowed_hosts", normalized)
+        elif self.http_addr is not None and self.http_addr.startswith("http://"):
+            log.warning(
+                "http_addr %s is plaintext and allowed_hosts is None: a forged discovery "
+                "answer could send run %s anywhere; set allowed_hosts",
+                self.http_addr,
+                self.run_id,
+            )
+        if self.hard_deadline is not None and (
+            not isinstance(self.hard_deadline, datetime) or self.hard_deadline.tzinfo is None
+        ):
+            raise ValueError("hard_deadline must be an aware datetime (with tzinfo)")
+
+    @staticmethod
+    def _check_http_addr(url: object) -> None:
+        if not isinstance(url, str) or not url:
+            raise ValueError("http_addr must be a non-empty str URL")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"http_addr {url!r} must start with http:// or https://")
+        if not parts.hostname:
+            raise ValueError(f"http_addr {url!r} has no host")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"http_addr {url!r} must be a base URL (no query, fragment or user)")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"http_addr {url!r}: {exc}") from None
+
+    @property
+    def allowed(self) -> tuple[AllowedHost, ...] | None:
+        """``allowed_hosts`` as normalized at build time (a tuple, or None)."""
+        return None if self.allowed_hosts is None else tuple(self.allowed_hosts)

@@ -1,0 +1,128 @@
+"""Engine discovery: ``GET {http_addr}/grpc-address`` over httpx.
+
+The answer is ``host:port`` as the body, or JSON ``{"grpcAddr": "host:port"}``.
+At most 1 KiB is read; a redirect is followed only to the same host (and
+scheme and port); the address is validated and checked against
+``allowed_hosts`` before it is returned, so a hostile answer is never
+dialled. On any failure :class:`~walchannel.errors.DiscoveryError` says
+why and the caller keeps its last address. SPEC "Reconnect".
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from walchannel.address import AllowedHost, host_allowed, parse_host_port
+from walchannel.errors import DiscoveryError
+
+__all__ = ["MAX_ANSWER_BYTES", "discover", "discovery_url"]
+
+#: Most bytes of a discovery answer ever read.
+MAX_ANSWER_BYTES = 1024
+_MAX_REDIRECTS = 3
+
+
+def discovery_url(http_addr: str) -> str:
+    """Return ``{http_addr}/grpc-address`` (a trailing slash on the base is fine)."""
+    return http_addr.rstrip("/") + "/grpc-address"
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
+def parse_answer(body: bytes) -> str:
+    """Return the ``host:port`` text of a discovery answer body.
+
+    Raises:
+        DiscoveryError: empty, not UTF-8, or JSON of the wrong shape.
+    """
+    try:
+        text = body.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise DiscoveryError("discovery answer is not UTF-8 text") from None
+    if not text:
+        raise DiscoveryError("discovery answer is empty")
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise DiscoveryError(f"discovery answer is not valid JSON: {exc}") from None
+        addr = data.get("grpcAddr") if isinstance(data, dict) else None
+        if not isinstance(addr, str):
+            raise DiscoveryError('discovery JSON answer has no string "grpcAddr"')
+        return addr.strip()
+    return text
+
+
+async def discover(
+    client: httpx.AsyncClient,
+    http_addr: str,
+    *,
+    allowed_hosts: tuple[AllowedHost, ...] | None,
+    timeout_s: float,
+) -> str:
+    """Ask the stable engine URL for the live engine's gRPC address.
+
+    Args:
+        client: the httpx client (redirects are handled here, not by it).
+        http_addr: the base URL (``http://`` or ``https://``).
+        allowed_hosts: the hosts the answer may name (None: any).
+        timeout_s: bound for the whole exchange (seconds).
+
+    Returns:
+        A validated ``host:port``.
+
+    Raises:
+        DiscoveryError: refused, timed out, non-200, over 1 KiB, a redirect
+            to another host, unparsable, or a host outside ``allowed_hosts``.
+    """
+    url = discovery_url(http_addr)
+    origin = _origin(url)
+    timeout = httpx.Timeout(timeout_s)
+    for _ in range(_MAX_REDIRECTS + 1):
+        try:
+            async with client.stream(
+                "GET",
+                url,
+                timeout=timeout,
+                follow_redirects=False,
+                # No compression: the 1 KiB bound is on what we decode.
+                headers={"accept-encoding": "identity"},
+            ) as resp:
+                if resp.is_redirect:
+                    location = resp.headers.get("location", "")
+                    target = urljoin(url, location)
+                    if _origin(target) != origin:
+                        raise DiscoveryError(
+                            f"{url} redirects to another host ({urlsplit(target).netloc}); "
+                            "not followed"
+                        )
+                    url = target
+                    continue
+                if resp.status_code != 200:
+                    raise DiscoveryError(f"{url} answered HTTP {resp.status_code}")
+                body = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise DiscoveryError(
+                            f"{url} answer is over {MAX_ANSWER_BYTES} bytes; not read further"
+                        )
+        except httpx.HTTPError as exc:
+            raise DiscoveryError(f"{url}: {type(exc).__name__}: {exc}") from None
+        text = parse_answer(bytes(body))
+        try:
+            host, port = parse_host_port(text, what="discovered address")
+        except ValueError as exc:
+            raise DiscoveryError(f"{url}: {exc}") from None
+        if not host_allowed(host, allowed_hosts):
+            raise DiscoveryError(
+                f"{url} named {text!r}, whose host is not in allowed_hosts; not dialled"
+            )
+        return text if not text.startswith("[") else f"[{host}]:{port}"
+    raise DiscoveryError(f"{http_addr}: more than {_MAX_REDIRECTS} redirects")

@@ -1,0 +1,172 @@
+"""InMemoryEngineChannel: an :class:`~walchannel.EngineChannel` that keeps what it gets.
+
+For unit tests of harness code that need no engine, no socket and no disk.
+It checks every input exactly as the real channel does (the same
+``PayloadError`` for the same bad payload) and exposes what it got as
+``events``, ``findings``, ``approvals`` (lists of the body mappings, shapes
+as in SPEC "Control vs data") and ``done``. For durability tests use the
+real channel against :class:`~walchannel.testing.LocalEngine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from walchannel import messages
+from walchannel.errors import ChannelClosedError
+from walchannel.interface import ApprovalDecision, StopCallback
+from walchannel.payload import check_text
+
+__all__ = ["InMemoryEngineChannel"]
+
+log = logging.getLogger(__name__)
+
+
+class InMemoryEngineChannel:
+    """A test double of the channel: sends are recorded in memory, seqs count from 1.
+
+    Attributes:
+        events: the ``event`` bodies, in order.
+        findings: the ``finding`` bodies (``{"fields": {...}}``), in order.
+        approvals: the ``approval_request`` bodies, in order.
+        done: the ``done`` body, once ``send_done`` ran.
+        handshakes: the ``(connector_version, harness_name, harness_version)`` calls.
+        closed: True after ``close()``.
+    """
+
+    def __init__(self, *, progress: Mapping[str, Any] | None = None, approve: bool = True) -> None:
+        """Args:
+        progress: a marker to start from, as a resumed run would have.
+        approve: the decision ``request_approval`` answers with.
+        """
+        self._approve = approve
+        self.events: list[dict[str, Any]] = []
+        self.findings: list[dict[str, Any]] = []
+        self.approvals: list[dict[str, Any]] = []
+        self.done: dict[str, Any] | None = None
+        self.handshakes: list[tuple[str, str, str]] = []
+        self.closed = False
+        self._progress = messages.progress_marker(progress)
+        self._seq = 0
+        self._stop_callbacks: list[StopCallback] = []
+        self._stopped = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ChannelClosedError("the in-memory channel is closed")
+        if self.done is not None:
+            raise ChannelClosedError("send_done() was called; no new messages")
+
+    def _commit(self, count: int, progress: Mapping[str, Any] | None) -> list[int]:
+        marker = messages.progress_marker(progress)
+        first = self._seq + 1
+        self._seq += count
+        if marker is not None:
+            self._progress = marker
+        return list(range(first, self._seq + 1))
+
+    async def handshake(
+        self, connector_version: str, harness_name: str, harness_version: str
+    ) -> None:
+        """Record the handshake (no network)."""
+        if self.closed:
+            raise ChannelClosedError("the in-memory channel is closed")
+        for name, value in (
+            ("connector_version", connector_version),
+            ("harness_name", harness_name),
+            ("harness_version", harness_version),
+        ):
+            check_text(value, f"handshake.{name}")
+        self.handshakes.append((connector_version, harness_name, harness_version))
+
+    def send_event(
+        self,
+        type: str,
+        severity: str,
+        payload: Mapping[str, Any],
+        ts: datetime | str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record an event and return its seq (checks as the real channel)."""
+        self._check_open()
+        body = messages.event_body(type, severity, payload, ts)
+        messages.progress_marker(progress)
+        self.events.append(body)
+        return self._commit(1, progress)[0]
+
+    def send_finding(
+        self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """Record a finding and return its seq."""
+        self._check_open()
+        body = messages.finding_body(finding)
+        messages.progress_marker(progress)
+        self.findings.append(body)
+        return self._commit(1, progress)[0]
+
+    def send_findings(
+        self,
+        findings: Iterable[Mapping[str, Any]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Record several findings (all, or none on a bad one) and return their seqs."""
+        self._check_open()
+        bodies = [messages.finding_body(f) for f in findings]
+        messages.progress_marker(progress)
+        if not bodies:
+            return []
+        self.findings.extend(bodies)
+        return self._commit(len(bodies), progress)
+
+    async def send_done(
+        self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
+    ) -> bool:
+        """Record ``Done``; always acked at once (returns True)."""
+        self._check_open()
+        self.done = messages.done_body(status, findings, coverage, exit_reason)
+        self._commit(1, None)
+        return True
+
+    async def request_approval(
+        self,
+        action: str,
+        details: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+    ) -> ApprovalDecision:
+        """Record an approval request and answer it with the ``approve`` policy at once."""
+        self._check_open()
+        rid = request_id if request_id is not None else str(uuid.uuid4())
+        self.approvals.append(messages.approval_body(rid, action, details))
+        self._commit(1, None)
+        return ApprovalDecision(rid, self._approve, "in-memory policy")
+
+    def progress(self) -> Mapping[str, Any] | None:
+        """The last marker passed with ``progress=`` (or given at construction)."""
+        return self._progress
+
+    def on_stop(self, callback: StopCallback) -> None:
+        """Register a Stop callback; :meth:`stop` fires them (once)."""
+        self._stop_callbacks.append(callback)
+
+    def stop(self, reason: str) -> None:
+        """Act as the engine sending ``Stop(reason)``: call the callbacks once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for callback in list(self._stop_callbacks):
+            try:
+                callback(reason)
+            except Exception:
+                log.exception("on_stop callback %r raised; ignored", callback)
+
+    async def close(self) -> None:
+        """Mark the channel closed (idempotent)."""
+        self.closed = True

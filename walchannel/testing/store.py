@@ -1,0 +1,507 @@
+"""EngineStore: the local engine's SQLite store of runs and applied messages.
+
+In memory (``path=None``: one connection, gone with the object) or a file
+shared by several engine processes (WAL mode, ``busy_timeout`` 10 s)::
+
+    runs      (run_id PRIMARY KEY, token_sha256, h, completed_at, stop_reason,
+               duplicates, registered_at)
+    messages  (run_id, seq, kind, body JSON text, applied_at;
+               PRIMARY KEY (run_id, seq))
+    gaps      (run_id, expected, received, at)
+    decisions (run_id, request_id, approved, reason, decided_at;
+               PRIMARY KEY (run_id, request_id))
+    engines   (id, grpc_addr, pid, started_at)   -- the newest row is discovery's answer
+
+Every up-message is accepted in one ``BEGIN IMMEDIATE`` transaction (read
+``h``, compare the seq, insert, bump ``h``, commit), so two streams or two
+engine processes can never both apply a seq (SPEC "Test doubles and the
+local engine"). The store keeps the sha256 of a run token, never the token.
+
+The object is thread-safe (one lock around its one connection), so an
+engine can run its transactions on a worker thread while a test reads the
+read-outs from its own thread. Times are unix seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+__all__ = [
+    "AcceptResult",
+    "Decision",
+    "EngineStore",
+    "RunState",
+    "StoreClosedError",
+    "token_sha256",
+]
+
+log = logging.getLogger(__name__)
+
+#: How long a transaction waits for another engine process's write lock.
+BUSY_TIMEOUT_MS: Final = 10_000
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL,
+        h INTEGER NOT NULL DEFAULT 0,
+        completed_at REAL,
+        stop_reason TEXT,
+        duplicates INTEGER NOT NULL DEFAULT 0,
+        registered_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS messages (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL,
+        applied_at REAL NOT NULL,
+        PRIMARY KEY (run_id, seq)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS gaps (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        expected INTEGER NOT NULL,
+        received INTEGER NOT NULL,
+        at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS decisions (
+        run_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        approved INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        decided_at REAL NOT NULL,
+        PRIMARY KEY (run_id, request_id)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS engines (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        grpc_addr TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at REAL NOT NULL)""",
+)
+
+Outcome = Literal["applied", "duplicate", "gap", "completed", "unknown_run"]
+
+
+class StoreClosedError(RuntimeError):
+    """The store was closed (its engine stopped); read a store file with a new EngineStore."""
+
+
+def token_sha256(run_token: str) -> str:
+    """Return the hex sha256 of a run token (what the store keeps instead of it)."""
+    return hashlib.sha256(run_token.encode("utf-8")).hexdigest()
+
+
+def _dump(body: dict[str, Any]) -> str:
+    # Sorted keys: equal bodies give equal text, so a duplicate can be compared.
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A stored approval decision of a run."""
+
+    request_id: str
+    approved: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """What a handshake needs to know about a run, read in one transaction.
+
+    Attributes:
+        h: the highest seq durably accepted (0 if none).
+        completed: True once the run's ``Done`` was applied.
+        stop_reason: the issued ``Stop`` reason, or None.
+        decisions: every approval decision made for the run, oldest first.
+    """
+
+    h: int
+    completed: bool
+    stop_reason: str | None
+    decisions: tuple[Decision, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptResult:
+    """The outcome of :meth:`EngineStore.accept`.
+
+    Attributes:
+        outcome: ``"applied"`` (seq == h+1, inserted), ``"duplicate"``
+            (seq <= h, counted, not applied), ``"gap"`` (seq > h+1,
+            recorded, not applied), ``"completed"`` (seq == h+1 but the
+            run's ``Done`` was already applied: not applied), or
+            ``"unknown_run"``.
+        h: the run's high-water after the transaction.
+        decision: the stored decision for an ``approval_request``'s id, if any.
+        differs: for a duplicate, True when its body differs from the applied one.
+    """
+
+    outcome: Outcome
+    h: int
+    decision: Decision | None = None
+    differs: bool = False
+
+    @property
+    def expected(self) -> int:
+        """The seq the run accepts next."""
+        return self.h + 1
+
+
+class EngineStore:
+    """The local engine's store (see the module doc).
+
+    Args:
+        path: a SQLite file shared by engine processes (created if missing),
+            or None for a private in-memory store.
+        busy_timeout_ms: how long a transaction waits for another
+            connection's write lock (milliseconds).
+
+    Raises:
+        sqlite3.Error: the file cannot be opened or is not a SQLite database.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    ) -> None:
+        self._path = Path(path) if path is not None else None
+        self._lock = threading.RLock()
+        if self._path is not None and not self._path.exists():
+            # Token hashes live here: create the file 0600 (SQLite gives its
+            # -wal and -shm the same mode).
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+        target = str(self._path) if self._path is not None else ":memory:"
+        # check_same_thread=False: the lock serializes every use of the connection.
+        self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+        self._closed = False
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            if self._path is not None:
+                # WAL: readers (discovery, read-outs) never block an engine's writes.
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode: a commit survives the process being killed.
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+            with self._transaction():
+                for statement in _SCHEMA:
+                    self._conn.execute(statement)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- plumbing ----------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        """The store file, or None for an in-memory store."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the connection (idempotent). An in-memory store is gone after this."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    def __enter__(self) -> EngineStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock; yield the open connection (autocommit: one statement each)."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the engine store is closed")
+            yield self._conn
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one ``BEGIN IMMEDIATE`` transaction; commit or roll back."""
+        with self._connection() as conn:
+            # IMMEDIATE takes the write lock up front, so the read of h and the
+            # insert that depends on it cannot interleave with another writer.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                # SQLite may have rolled back already (e.g. on SQLITE_FULL).
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one read transaction (a consistent snapshot)."""
+        with self._connection() as conn:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    # -- runs and auth -----------------------------------------------------
+
+    def register_run(self, run_id: str, run_token: str) -> None:
+        """Register a run (or give a registered run a new token); keeps only the token's sha256.
+
+        Args:
+            run_id: the run.
+            run_token: its bearer token; stored as sha256, never as is.
+
+        Raises:
+            ValueError: empty ``run_id`` or ``run_token``.
+        """
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError("run_id must be a non-empty str")
+        if not isinstance(run_token, str) or not run_token:
+            raise ValueError("run_token must be a non-empty str")
+        digest = token_sha256(run_token)
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, token_sha256, registered_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (run_id) DO UPDATE SET token_sha256 = excluded.token_sha256",
+                (run_id, digest, time.time()),
+            )
+        log.info("run %s: registered", run_id)
+
+    def check_token(self, run_id: str, run_token: str) -> bool:
+        """Return True when ``run_id`` is registered and ``run_token`` hashes to its sha256."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT token_sha256 FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            return False
+        return hmac.compare_digest(str(row[0]), token_sha256(run_token))
+
+    def run_state(self, run_id: str) -> RunState | None:
+        """Return the run's high-water, completion, Stop and decisions (None: unknown run)."""
+        with self._reading() as conn:
+            row = conn.execute(
+                "SELECT h, completed_at, stop_reason FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            decisions = conn.execute(
+                "SELECT request_id, approved, reason FROM decisions WHERE run_id = ?"
+                " ORDER BY decided_at, request_id",
+                (run_id,),
+            ).fetchall()
+        return RunState(
+            h=int(row[0]),
+            completed=row[1] is not None,
+            stop_reason=row[2],
+            decisions=tuple(Decision(r[0], bool(r[1]), r[2]) for r in decisions),
+        )
+
+    def high_water(self, run_id: str) -> int:
+        """Return the highest seq durably accepted for the run (0 if none or unknown)."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT h FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    # -- the check-and-insert ----------------------------------------------
+
+    def accept(self, run_id: str, seq: int, kind: str, body: dict[str, Any]) -> AcceptResult:
+        """Accept one data message in one ``BEGIN IMMEDIATE`` transaction.
+
+        ``seq == h + 1`` is inserted and becomes the new ``h`` (a ``done``
+        also marks the run completed, in the same transaction); ``seq <= h``
+        is a duplicate: counted, not applied; a higher seq is recorded as a
+        gap ``(h + 1, seq)`` and not applied. SPEC "Engine duties".
+
+        Args:
+            run_id: the run (registered).
+            seq: the message's seq (>= 1).
+            kind: the ``UpMessage`` oneof name (``event``, ``finding``,
+                ``approval_request``, ``done``).
+            body: the body mapping as :func:`walchannel.wire.body_of` returns it.
+
+        Returns:
+            What happened, with the run's high-water after it.
+        """
+        text = _dump(body)
+        request_id = body.get("request_id") if kind == "approval_request" else None
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT h, completed_at FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                return AcceptResult("unknown_run", 0)
+            h, completed_at = int(row[0]), row[1]
+            if seq <= h:
+                conn.execute(
+                    "UPDATE runs SET duplicates = duplicates + 1 WHERE run_id = ?", (run_id,)
+                )
+                stored = conn.execute(
+                    "SELECT body FROM messages WHERE run_id = ? AND seq = ?", (run_id, seq)
+                ).fetchone()
+                differs = stored is not None and stored[0] != text
+                decision = self._decision(conn, run_id, request_id)
+                return AcceptResult("duplicate", h, decision, differs)
+            if seq > h + 1:
+                conn.execute(
+                    "INSERT INTO gaps (run_id, expected, received, at) VALUES (?, ?, ?, ?)",
+                    (run_id, h + 1, seq, time.time()),
+                )
+                return AcceptResult("gap", h)
+            if completed_at is not None:
+                return AcceptResult("completed", h)
+            now = time.time()
+            conn.execute(
+                "INSERT INTO messages (run_id, seq, kind, body, applied_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, seq, kind, text, now),
+            )
+            conn.execute(
+                "UPDATE runs SET h = ?, completed_at = ? WHERE run_id = ?",
+                (seq, now if kind == "done" else None, run_id),
+            )
+            decision = self._decision(conn, run_id, request_id)
+            return AcceptResult("applied", seq, decision)
+
+    @staticmethod
+    def _decision(conn: sqlite3.Connection, run_id: str, request_id: object) -> Decision | None:
+        if not isinstance(request_id, str):
+            return None
+        row = conn.execute(
+            "SELECT approved, reason FROM decisions WHERE run_id = ? AND request_id = ?",
+            (run_id, request_id),
+        ).fetchone()
+        return Decision(request_id, bool(row[0]), row[1]) if row is not None else None
+
+    # -- down-side state ---------------------------------------------------
+
+    def set_stop(self, run_id: str, reason: str) -> None:
+        """Store the run's issued ``Stop`` reason (re-sent after every handshake).
+
+        Raises:
+            KeyError: unknown run.
+        """
+        with self._transaction() as conn:
+            cur = conn.execute("UPDATE runs SET stop_reason = ? WHERE run_id = ?", (reason, run_id))
+            if cur.rowcount == 0:
+                raise KeyError(run_id)
+
+    def set_decision(self, run_id: str, request_id: str, approved: bool, reason: str) -> Decision:
+        """Store an approval decision (the latest for a ``request_id`` wins).
+
+        Raises:
+            KeyError: unknown run.
+        """
+        with self._transaction() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise KeyError(run_id)
+            conn.execute(
+                "INSERT INTO decisions (run_id, request_id, approved, reason, decided_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, request_id) DO UPDATE SET"
+                " approved = excluded.approved, reason = excluded.reason",
+                (run_id, request_id, int(approved), reason, time.time()),
+            )
+        return Decision(request_id, approved, reason)
+
+    # -- engine addresses --------------------------------------------------
+
+    def record_engine(self, grpc_addr: str, pid: int) -> None:
+        """Record a started engine's address; the newest one is discovery's answer."""
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO engines (grpc_addr, pid, started_at) VALUES (?, ?, ?)",
+                (grpc_addr, pid, time.time()),
+            )
+
+    def latest_engine_addr(self) -> str | None:
+        """Return the newest recorded engine address (``127.0.0.1:PORT``), or None."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT grpc_addr FROM engines ORDER BY id DESC LIMIT 1").fetchone()
+        return str(row[0]) if row is not None else None
+
+    # -- read-outs ---------------------------------------------------------
+
+    def accepted(self, run_id: str) -> list[int]:
+        """Return the applied seqs of the run, ascending."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT seq FROM messages WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def duplicates(self, run_id: str) -> int:
+        """Return how many duplicates (``seq <= h``) the run received (0 for an unknown run)."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT duplicates FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def gaps(self, run_id: str) -> list[tuple[int, int]]:
+        """Return the recorded gaps of the run as ``(expected, received)``, oldest first."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT expected, received FROM gaps WHERE run_id = ? ORDER BY id", (run_id,)
+            ).fetchall()
+        return [(int(r[0]), int(r[1])) for r in rows]
+
+    def bodies(self, run_id: str) -> list[dict[str, Any]]:
+        """Return the applied messages as ``{"seq", "kind", "body"}``, ascending by seq.
+
+        Body shapes are those of :func:`walchannel.wire.body_of` (SPEC
+        "Control vs data"); Struct numbers are floats.
+        """
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT seq, kind, body FROM messages WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+        return [{"seq": int(r[0]), "kind": r[1], "body": json.loads(r[2])} for r in rows]
+
+    def done(self, run_id: str) -> dict[str, Any] | None:
+        """Return the applied ``Done`` as ``{"seq", "status", "findings", "coverage",
+        "exit_reason"}``, or None."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT seq, body FROM messages WHERE run_id = ? AND kind = 'done'"
+                " ORDER BY seq LIMIT 1",
+                (run_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        body = json.loads(row[1])
+        return {
+            "seq": int(row[0]),
+            "status": body["status"],
+            "findings": body["findings"],
+            "coverage": body["coverage"],
+            "exit_reason": body["exit_reason"],
+        }
+
+    def stop_reason(self, run_id: str) -> str | None:
+        """Return the run's issued ``Stop`` reason, or None."""
+        state = self.run_state(run_id)
+        return state.stop_reason if state is not None else None
+
+    def decisions(self, run_id: str) -> list[Decision]:
+        """Return the run's stored approval decisions, oldest first."""
+        state = self.run_state(run_id)
+        return list(state.decisions) if state is not None else []
