@@ -161,6 +161,10 @@ class GrpcEngineChannel:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
         rng: the random source for backoff jitter (inject a seeded one in
             tests; default: a fresh ``random.Random``).
+        log: an already-open :class:`~walchannel.RunLog` of this run to
+            use instead of opening one (``walchannel flush`` keeps the
+            owner lock from its checks through delivery); the channel
+            closes it.
 
     Raises:
         RunCompletedError: the log is a tombstone: the run already finished.
@@ -171,19 +175,29 @@ class GrpcEngineChannel:
     SPEC "The channel".
     """
 
-    def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: GrpcChannelConfig,
+        *,
+        rng: random.Random | None = None,
+        log: RunLog | None = None,
+    ) -> None:
         if not isinstance(config, GrpcChannelConfig):
             raise TypeError("config must be a GrpcChannelConfig")
         _warn_grpc_trace()
         self._config = config
         self._run_id = config.run_id
         self._rng = rng or random.Random()
-        self._log = RunLog.open(
-            config.wal_dir,
-            config.run_id,
-            correlation_id=config.correlation_id,
-            durability=config.durability,
-        )
+        if log is None:
+            log = RunLog.open(
+                config.wal_dir,
+                config.run_id,
+                correlation_id=config.correlation_id,
+                durability=config.durability,
+            )
+        elif log.run_id != config.run_id or not log.writable:
+            raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
+        self._log = log
         try:
             if self._log.completed:
                 raise RunCompletedError(

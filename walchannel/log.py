@@ -848,8 +848,8 @@ class RunLog:
                 "UPDATE meta SET last_acked_seq = ?, high_water = max(high_water, ?),"
                 " unverified_from = CASE WHEN ? THEN NULL ELSE unverified_from END,"
                 " completed_at = CASE WHEN ? THEN ? ELSE completed_at END,"
-                " updated_at = ? WHERE id = 1",
-                (acked, high, verify, completed, now, now),
+                " last_ack_at = ?, updated_at = ? WHERE id = 1",
+                (acked, high, verify, completed, now, now, now),
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
