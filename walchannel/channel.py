@@ -71,7 +71,7 @@ from walchannel.protocol import (
 
 __all__ = ["GrpcEngineChannel"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 METHOD = "/EngineChannel/Open"
 #: gRPC keepalive ping timeout (ms), as in the design note.
@@ -106,7 +106,7 @@ def _warn_grpc_trace() -> None:
     tracers = {t.strip().lower() for t in os.environ.get("GRPC_TRACE", "").split(",")}
     if tracers & {"api", "all"}:
         _trace_warned = True
-        log.warning(
+        logger.warning(
             "GRPC_TRACE=%s: gRPC's own tracers print call metadata, including the run "
             "token, from C code that walchannel cannot filter; do not enable them in "
             "production",
@@ -342,7 +342,7 @@ class GrpcEngineChannel:
         try:
             callback(*args)
         except Exception:
-            log.exception("run %s: callback %r raised; ignored", self._run_id, callback)
+            logger.exception("run %s: callback %r raised; ignored", self._run_id, callback)
 
     # -- sending --------------------------------------------------------------------
 
@@ -746,14 +746,14 @@ class GrpcEngineChannel:
     def _expire(self) -> None:
         if self._sm.final:
             return
-        log.error("run %s: hard_deadline passed; the channel stops", self._run_id)
+        logger.error("run %s: hard_deadline passed; the channel stops", self._run_id)
         self._set_error("hard_deadline passed")
         self._move(ChannelState.EXPIRED)
         if self._stream is not None:
             self._stream.finish(_StreamEnded("hard_deadline passed"))
 
     def _fail(self, error: WalchannelError) -> None:
-        log.error("%s", error)
+        logger.error("%s", error)
         self._failure = error
         self._set_error(str(error), failed=isinstance(error, EngineBehindError))
         if not self._sm.final:
@@ -770,7 +770,7 @@ class GrpcEngineChannel:
         try:
             self._log.update_meta(**fields)
         except WalchannelError as exc:
-            log.warning("run %s: cannot record the last error: %s", self._run_id, exc)
+            logger.warning("run %s: cannot record the last error: %s", self._run_id, exc)
 
     async def _run(self) -> None:
         try:
@@ -789,7 +789,7 @@ class GrpcEngineChannel:
                 delay = self._reconnect.next_delay_ms(
                     _now_ms(), lambda attempt: self._config.backoff.delay_ms(attempt, self._rng)
                 )
-                log.info(
+                logger.info(
                     "run %s: reconnecting in %.0f ms (attempt %d)",
                     self._run_id,
                     delay,
@@ -798,7 +798,7 @@ class GrpcEngineChannel:
                 await self._sleep(delay / 1000)
         except Exception as exc:
             # A bug, not a network condition: fail loudly rather than spin.
-            log.exception("run %s: the connection loop failed", self._run_id)
+            logger.exception("run %s: the connection loop failed", self._run_id)
             self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))
 
     async def _sleep(self, seconds: float) -> None:
@@ -823,15 +823,15 @@ class GrpcEngineChannel:
                 timeout_s,
             )
         except DiscoveryError as exc:
-            log.warning("run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc)
+            logger.warning("run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc)
             self._set_error(f"discovery: {exc}")
             return
         except TimeoutError:
-            log.warning("run %s: discovery timed out, keeping %s", self._run_id, self._addr)
+            logger.warning("run %s: discovery timed out, keeping %s", self._run_id, self._addr)
             self._set_error(f"discovery: no answer from {http_addr} within {timeout_s:.1f} s")
             return
         if addr != self._addr:
-            log.info(
+            logger.info(
                 "run %s: discovery moved the engine from %s to %s", self._run_id, self._addr, addr
             )
             self._addr = addr
@@ -945,7 +945,7 @@ class GrpcEngineChannel:
                 self._set_error(str(exc))
                 return None
             if shift:
-                log.warning(
+                logger.warning(
                     "run %s: the engine already holds seqs up to %d, at or above this log's "
                     "unverified rows (from %s); moved them by %d to follow it",
                     self._run_id,
@@ -965,7 +965,7 @@ class GrpcEngineChannel:
             )
             return answer.replay_from
         if kind is AnswerKind.FORGOT:
-            log.warning(
+            logger.warning(
                 "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
                 self._run_id,
                 engine_high,
@@ -978,11 +978,11 @@ class GrpcEngineChannel:
         return answer.replay_from
 
     def _record_up(self, addr: str) -> None:
-        log.info("run %s: streaming to %s", self._run_id, addr)
+        logger.info("run %s: streaming to %s", self._run_id, addr)
         try:
             self._log.update_meta(last_engine_addr=addr, reconnects=self._reconnects)
         except WalchannelError as exc:
-            log.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
+            logger.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
 
     def _record_end(self, stream: _Stream) -> None:
         reason = stream.reason
@@ -1005,14 +1005,14 @@ class GrpcEngineChannel:
             return
         if self._sm.final:
             return
-        log.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
+        logger.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
         self._set_error(f"{stream.addr}: {text}")
 
     def _double_keepalive(self) -> None:
         doubled = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
         if not self._pings_warned:
             self._pings_warned = True
-            log.warning(
+            logger.warning(
                 "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
                 "the rest of the run",
                 self._run_id,
@@ -1055,7 +1055,7 @@ class GrpcEngineChannel:
         except grpc.aio.AioRpcError as exc:
             stream.finish(exc)
         except Exception as exc:
-            log.exception("run %s: reading the stream failed", self._run_id)
+            logger.exception("run %s: reading the stream failed", self._run_id)
             stream.finish(exc)
 
     def _on_down(self, stream: _Stream, msg: pb.DownMessage) -> None:
@@ -1075,11 +1075,11 @@ class GrpcEngineChannel:
             for callback in list(self._budget_callbacks):
                 self._call_back(callback, msg.budget_update.message, details)
         else:
-            log.warning("run %s: ignoring a down message with an unknown body", self._run_id)
+            logger.warning("run %s: ignoring a down message with an unknown body", self._run_id)
 
     def _protocol_error(self, message: str) -> None:
         self._protocol_errors += 1
-        log.error("run %s: protocol error: %s", self._run_id, message)
+        logger.error("run %s: protocol error: %s", self._run_id, message)
         self._last_error = f"protocol error: {message}"
 
     def _on_ack(self, seq: int) -> None:
@@ -1117,12 +1117,12 @@ class GrpcEngineChannel:
             self._log.ack(seq)
         except WalchannelError as exc:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
-            log.error("run %s: cannot store ack %d: %s", self._run_id, seq, exc)
+            logger.error("run %s: cannot store ack %d: %s", self._run_id, seq, exc)
             self._last_error = str(exc)
             return
         self._cursor.on_stored(seq)
         if self._cursor.completed:
-            log.info("run %s: Done acked; the log is now a tombstone", self._run_id)
+            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
             self._acked_changed.set()
         self._maybe_checkpoint()
 
@@ -1140,7 +1140,7 @@ class GrpcEngineChannel:
         if self._stop_fired:
             return
         self._stop_fired = True
-        log.info("run %s: the engine sent Stop(%r)", self._run_id, reason)
+        logger.info("run %s: the engine sent Stop(%r)", self._run_id, reason)
         for callback in list(self._stop_callbacks):
             self._call_back(callback, reason)
 
@@ -1150,7 +1150,7 @@ class GrpcEngineChannel:
         if future is not None and not future.done():
             future.set_result(decision)
         elif future is None:
-            log.info(
+            logger.info(
                 "run %s: decision for approval request %r that this channel is not "
                 "waiting on; cached",
                 self._run_id,
@@ -1228,10 +1228,10 @@ class GrpcEngineChannel:
         ) as exc:
             stream.finish(exc)
         except WalchannelError as exc:
-            log.error("run %s: cannot read the log to write: %s", self._run_id, exc)
+            logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)
             stream.finish(exc)
         except Exception as exc:
-            log.exception("run %s: writing the stream failed", self._run_id)
+            logger.exception("run %s: writing the stream failed", self._run_id)
             stream.finish(exc)
 
     async def _watchdog(self, stream: _Stream) -> None:
@@ -1242,7 +1242,7 @@ class GrpcEngineChannel:
             await asyncio.sleep(period)
             silent = _now_ms() - stream.last_down_ms
             if silent >= dead_ms and stream.heartbeats_since_down > 0:
-                log.warning(
+                logger.warning(
                     "run %s: no down message from %s for %.0f ms while heartbeats went out: "
                     "the stream is dead",
                     self._run_id,
