@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "ApprovalTimeoutError": "walchannel.errors",
     "BacklogFullError": "walchannel.errors",
     "Backoff": "walchannel.config",
+    "BlockingEngineChannel": "walchannel.blocking",
     "ChannelClosedError": "walchannel.errors",
     "ChannelState": "walchannel.protocol",
     "ChannelStats": "walchannel.interface",
@@ -47,6 +48,7 @@ __all__ = [
     "ApprovalTimeoutError",
     "BacklogFullError",
     "Backoff",
+    "BlockingEngineChannel",
     "ChannelClosedError",
     "ChannelState",
     "ChannelStats",
@@ -70,6 +72,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from walchannel.blocking import BlockingEngineChannel
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import Backoff, GrpcChannelConfig
     from walchannel.errors import (

@@ -823,7 +823,9 @@ class GrpcEngineChannel:
                 timeout_s,
             )
         except DiscoveryError as exc:
-            logger.warning("run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc)
+            logger.warning(
+                "run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc
+            )
             self._set_error(f"discovery: {exc}")
             return
         except TimeoutError:

@@ -1,0 +1,147 @@
+"""BlockingEngineChannel from plain threads against a real LocalEngine."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from walchannel import (
+    BlockingEngineChannel,
+    ChannelClosedError,
+    RunCompletedError,
+    SyncEngineChannel,
+)
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
+
+T = TypeVar("T")
+
+
+class EngineThread:
+    """A LocalEngine on an event loop in a background thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.engine = LocalEngine()
+        self.run(self.engine.start())
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.run(self.engine.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+@pytest.fixture
+def engine() -> Iterator[EngineThread]:
+    e = EngineThread()
+    yield e
+    e.close()
+
+
+def blocking(e: EngineThread, tmp_path: Path, **kw: Any) -> tuple[BlockingEngineChannel, str]:
+    run_id = f"run-{secrets.token_hex(4)}"
+    token = secrets.token_urlsafe(16)
+    e.engine.register_run(run_id, token)
+    return BlockingEngineChannel(
+        local_channel_config(e.engine, tmp_path / "wal", run_id, token, **kw)
+    ), run_id
+
+
+def test_round_trip_without_asyncio(engine: EngineThread, tmp_path: Path) -> None:
+    ch, run_id = blocking(engine, tmp_path)
+    with ch:
+        assert isinstance(ch, SyncEngineChannel)
+        ch.handshake("1", "blocking", "1")
+        assert ch.send_event("started", "info", {"k": 1}) == 1
+        assert ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 2}) == [2, 3]
+        assert ch.wait_acked(timeout_ms=5000)
+        assert ch.last_acked_seq == 3 and ch.unacked_count == 0
+        assert ch.progress() == {"next": 2}
+        assert ch.stats().acked == 3
+        assert ch.send_done("completed", 2, ["x"], "")
+    assert engine.engine.accepted(run_id) == [1, 2, 3, 4]
+    with pytest.raises(ChannelClosedError):
+        ch.send_finding({"n": 3})
+    ch.close()  # idempotent
+
+
+def test_sends_from_many_threads_get_unique_seqs_all_delivered(
+    engine: EngineThread, tmp_path: Path
+) -> None:
+    ch, run_id = blocking(engine, tmp_path)
+    with ch:
+        ch.handshake("1", "blocking", "1")
+
+        def send(worker: int) -> list[int]:
+            return [ch.send_finding({"w": worker, "i": i}) for i in range(50)]
+
+        with ThreadPoolExecutor(8) as pool:
+            seqs = [s for chunk in pool.map(send, range(8)) for s in chunk]
+        assert sorted(seqs) == list(range(1, 401))
+        assert ch.wait_acked(timeout_ms=10_000)
+    assert engine.engine.accepted(run_id) == list(range(1, 401))
+
+
+def test_callbacks_run_on_their_own_thread_and_may_call_the_channel(
+    engine: EngineThread, tmp_path: Path
+) -> None:
+    ch, run_id = blocking(engine, tmp_path)
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def broken(reason: str) -> None:
+        raise RuntimeError("callback bug")
+
+    def on_stop(reason: str) -> None:
+        seen.append((reason, threading.current_thread().name))
+        seen.append(("seq", str(ch.send_event("stopping", "info", {"reason": reason}))))
+        done.set()
+
+    with ch:
+        ch.on_stop(broken)
+        ch.on_stop(on_stop)
+        budgets: list[str] = []
+        ch.on_budget_update(lambda m, d: budgets.append(m))
+        ch.handshake("1", "blocking", "1")
+        engine.run(engine.engine.send_stop(run_id, "deadline"))
+        engine.run(engine.engine.send_budget_update(run_id, "half", {"used": 0.5}))
+        assert done.wait(10)
+        assert seen[0][0] == "deadline" and "callbacks" in seen[0][1]
+        assert seen[1] == ("seq", "1")
+        assert ch.wait_acked(timeout_ms=5000)
+    assert engine.engine.bodies(run_id)[0]["body"]["type"] == "stopping"
+    assert budgets == ["half"]
+
+
+def test_close_joins_its_threads(engine: EngineThread, tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    ch, _ = blocking(engine, tmp_path)
+    ch.handshake("1", "blocking", "1")
+    assert len(set(threading.enumerate()) - before) >= 2
+    ch.close()
+    leftover = [t for t in set(threading.enumerate()) - before if t.name.startswith("walchannel")]
+    assert leftover == []
+
+
+def test_constructor_errors_surface(engine: EngineThread, tmp_path: Path) -> None:
+    ch, run_id = blocking(engine, tmp_path)
+    token_config = ch.config
+    with ch:
+        ch.handshake("1", "blocking", "1")
+        assert ch.send_done("completed", 0, [], "")
+    with pytest.raises(RunCompletedError):
+        BlockingEngineChannel(token_config)
+    assert not [t for t in threading.enumerate() if t.name == f"walchannel-loop-{run_id}"]

@@ -1,0 +1,239 @@
+"""BlockingEngineChannel: the durable channel for harnesses that are not asyncio programs.
+
+It runs a :class:`~walchannel.GrpcEngineChannel` on an event loop in a
+private thread and offers the same methods without ``await``
+(:class:`~walchannel.SyncEngineChannel`). Every method may be called from
+any thread; each call runs on the loop thread and returns its result or
+raises its exception. Callbacks (``on_stop``, ``on_budget_update``) run on
+a dispatcher thread of their own, so a callback may call the channel.
+``close()`` closes the channel and joins both threads. SPEC "The channel".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Self, TypeVar
+
+from walchannel.channel import GrpcEngineChannel
+from walchannel.config import GrpcChannelConfig
+from walchannel.errors import ChannelClosedError
+from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
+from walchannel.protocol import ChannelState
+
+__all__ = ["BlockingEngineChannel"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_STOP = object()
+
+
+class BlockingEngineChannel:
+    """A thread-safe, blocking facade over :class:`~walchannel.GrpcEngineChannel`.
+
+    The constructor starts the loop thread and opens the channel there (so
+    the log's SQLite connection lives on that thread); its errors surface
+    here as in the async constructor. Use it as a context manager or call
+    :meth:`close`.
+
+    Args:
+        config: the run's :class:`~walchannel.GrpcChannelConfig`.
+        rng: the random source for backoff jitter.
+
+    Raises:
+        RunCompletedError, WalLockedError, WalCorruptError, WalWriteError:
+            as :class:`~walchannel.GrpcEngineChannel`.
+    """
+
+    def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name=f"walchannel-loop-{config.run_id}", daemon=True
+        )
+        self._loop_thread.start()
+        self._callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, name=f"walchannel-callbacks-{config.run_id}", daemon=True
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+        async def build() -> GrpcEngineChannel:
+            return GrpcEngineChannel(config, rng=rng)
+
+        try:
+            self._channel = self._submit(build())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._dispatcher.start()
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _submit(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        if threading.current_thread() is self._loop_thread:
+            coro.close()
+            raise RuntimeError("BlockingEngineChannel called from its own loop thread")
+        if self._loop.is_closed() or not self._loop.is_running():
+            coro.close()
+            raise ChannelClosedError("the blocking channel is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        async def run() -> _T:
+            return fn(*args, **kwargs)
+
+        return self._submit(run())
+
+    def _dispatch(self) -> None:
+        while True:
+            item = self._callbacks.get()
+            if item is _STOP:
+                return
+            callback, args = item
+            try:
+                callback(*args)
+            except Exception:
+                logger.exception("callback %r raised; ignored", callback)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if threading.current_thread() is not self._loop_thread:
+            self._loop_thread.join()
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()
+
+    # -- the SyncEngineChannel surface ------------------------------------------------
+
+    @property
+    def config(self) -> GrpcChannelConfig:
+        """The configuration."""
+        return self._channel.config
+
+    @property
+    def state(self) -> ChannelState:
+        """The channel's state."""
+        return self._channel.state
+
+    @property
+    def last_acked_seq(self) -> int:
+        """The highest seq received in an ack."""
+        return self._call(lambda: self._channel.last_acked_seq)
+
+    @property
+    def unacked_count(self) -> int:
+        """Logged rows not covered by a received ack."""
+        return self._call(lambda: self._channel.unacked_count)
+
+    def handshake(self, connector_version: str, harness_name: str, harness_version: str) -> None:
+        """As :meth:`GrpcEngineChannel.handshake`, blocking."""
+        self._submit(self._channel.handshake(connector_version, harness_name, harness_version))
+
+    def send_event(
+        self,
+        type: str,
+        severity: str,
+        payload: Mapping[str, Any],
+        ts: datetime | str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> int:
+        """As :meth:`GrpcEngineChannel.send_event`: returns the seq once committed."""
+        return self._call(self._channel.send_event, type, severity, payload, ts, progress=progress)
+
+    def send_finding(
+        self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """As :meth:`GrpcEngineChannel.send_finding`."""
+        return self._call(self._channel.send_finding, finding, progress=progress)
+
+    def send_findings(
+        self,
+        findings: Iterable[Mapping[str, Any]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """As :meth:`GrpcEngineChannel.send_findings` (one transaction)."""
+        return self._call(self._channel.send_findings, list(findings), progress=progress)
+
+    def send_done(
+        self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
+    ) -> bool:
+        """As :meth:`GrpcEngineChannel.send_done`, blocking up to ``done_ack_timeout_ms``."""
+        return self._submit(self._channel.send_done(status, findings, coverage, exit_reason))
+
+    def request_approval(
+        self,
+        action: str,
+        details: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+    ) -> ApprovalDecision:
+        """As :meth:`GrpcEngineChannel.request_approval`, blocking."""
+        return self._submit(
+            self._channel.request_approval(
+                action, details, request_id=request_id, timeout_ms=timeout_ms
+            )
+        )
+
+    def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool:
+        """As :meth:`GrpcEngineChannel.wait_acked`, blocking."""
+        return self._submit(self._channel.wait_acked(seq, timeout_ms))
+
+    def replay_unacked(self) -> int:
+        """As :meth:`GrpcEngineChannel.replay_unacked`."""
+        return self._call(self._channel.replay_unacked)
+
+    def progress(self) -> Mapping[str, Any] | None:
+        """The last committed progress marker (None for a new run)."""
+        return self._call(self._channel.progress)
+
+    def stats(self) -> ChannelStats:
+        """As :meth:`GrpcEngineChannel.stats`."""
+        return self._call(self._channel.stats)
+
+    def on_stop(self, callback: StopCallback) -> None:
+        """Call ``callback(reason)`` on the dispatcher thread when the engine sends Stop (once)."""
+        self._call(self._channel.on_stop, lambda reason: self._callbacks.put((callback, (reason,))))
+
+    def on_budget_update(self, callback: BudgetCallback) -> None:
+        """Call ``callback(message, details)`` on the dispatcher thread for each BudgetUpdate."""
+        self._call(
+            self._channel.on_budget_update,
+            lambda message, details: self._callbacks.put((callback, (message, details))),
+        )
+
+    def close(self) -> None:
+        """Close the channel and join the loop and dispatcher threads (idempotent).
+
+        From inside a callback it closes the channel and leaves the
+        dispatcher thread to end by itself.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._submit(self._channel.close())
+        finally:
+            self._stop_loop()
+            self._callbacks.put(_STOP)
+            if threading.current_thread() is not self._dispatcher and self._dispatcher.is_alive():
+                self._dispatcher.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<BlockingEngineChannel {self._channel!r}>"
