@@ -1,0 +1,135 @@
+"""The architecture: lower layers never import upper ones (checked with ast)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+# Each module may import only modules earlier in this list (or the stdlib and
+# third-party packages). cli, demo and testing come last.
+ORDER = [
+    "walchannel._proto",
+    "walchannel._killpoints",
+    "walchannel.errors",
+    "walchannel.payload",
+    "walchannel.files",
+    "walchannel.lock",
+    "walchannel.protocol",
+    "walchannel.log",
+    "walchannel.wire",
+    "walchannel.contract",
+    "walchannel.address",
+    "walchannel.config",
+    "walchannel.messages",
+    "walchannel.interface",
+    "walchannel.discovery",
+    "walchannel.channel",
+    "walchannel.blocking",
+    "walchannel.inspection",
+    "walchannel.testing",
+    "walchannel.demo",
+    "walchannel.cli",
+    "walchannel.__main__",
+]
+# Modules that must never import grpc, httpx or the channel (light and sans-I/O).
+NO_NETWORK = {
+    "walchannel.errors",
+    "walchannel.payload",
+    "walchannel.files",
+    "walchannel.lock",
+    "walchannel.protocol",
+    "walchannel.log",
+    "walchannel.wire",
+    "walchannel.address",
+    "walchannel.config",
+    "walchannel.messages",
+    "walchannel.interface",
+    "walchannel.inspection",
+}
+NO_IO = {"walchannel.protocol"}
+
+
+def rank(module: str) -> int:
+    for i, prefix in enumerate(ORDER):
+        if module == prefix or module.startswith(prefix + "."):
+            return i
+    raise AssertionError(f"{module} is not placed in ORDER")
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in (ROOT / "walchannel").rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        if name.startswith("walchannel._proto") or name == "walchannel":
+            continue
+        found[name] = ast.parse(path.read_text(), str(path))
+    return found
+
+
+def imports(tree: ast.Module, module: str) -> list[str]:
+    """Imports done at run time (those under ``if TYPE_CHECKING:`` are for mypy only)."""
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    out = []
+    package = module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = f"{package}.{base}".rstrip(".")
+            out += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return out
+
+
+def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
+    for name, tree in modules().items():
+        own = rank(name)
+        for target in imports(tree, name):
+            if not target.startswith("walchannel.") or target.startswith(name):
+                continue
+            try:
+                theirs = rank(target)
+            except AssertionError:
+                continue  # an attribute import (from walchannel.x import Name)
+            assert theirs <= own or (target.startswith("walchannel.testing") and own >= rank(
+                "walchannel.testing"
+            )), f"{name} imports {target}, a higher layer"
+
+
+def test_light_modules_never_import_the_network() -> None:
+    trees = modules()
+    for name in NO_NETWORK & set(trees):
+        for target in imports(trees[name], name):
+            root = target.split(".")[0]
+            assert root not in {"grpc", "httpx"}, f"{name} imports {target}"
+            assert not target.startswith(("walchannel.channel", "walchannel.discovery")), (
+                f"{name} imports {target}"
+            )
+
+
+def test_the_core_does_no_io() -> None:
+    tree = modules()["walchannel.protocol"]
+    for target in imports(tree, "walchannel.protocol"):
+        root = target.split(".")[0]
+        assert root not in {"asyncio", "sqlite3", "socket", "os", "time", "grpc", "httpx"}, target
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Await, ast.AsyncFunctionDef))]
+
+
+def test_order_lists_only_real_modules() -> None:
+    names = set(modules()) | {"walchannel._proto"}
+    for prefix in ORDER:
+        assert any(n == prefix or n.startswith(prefix + ".") for n in names) or prefix in (
+            "walchannel.inspection",
+            "walchannel.cli",
+            "walchannel.__main__",
+        ), prefix
+    assert Path(ROOT / "walchannel" / "protocol.py").is_file()

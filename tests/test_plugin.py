@@ -1,0 +1,75 @@
+"""The pytest fixtures harness authors get, and the in-memory double."""
+
+from __future__ import annotations
+
+import pytest
+
+from walchannel import ChannelClosedError, EngineChannel, GrpcEngineChannel, PayloadError
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.memory import InMemoryEngineChannel
+
+
+@pytest.mark.asyncio
+async def test_my_harness_reports_findings(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    # The ten-line example from walchannel/testing/plugin.py and README.md.
+    await engine_channel.handshake("1.0", "my-harness", "0.1")
+    engine_channel.send_finding({"test_id": "B101"}, progress={"file": 1})
+    assert await engine_channel.send_done("completed", 1, ["src/"], "")
+    run_id = engine_channel.config.run_id
+    assert local_engine.accepted(run_id) == [1, 2]
+    assert local_engine.bodies(run_id)[0]["body"]["fields"]["test_id"] == "B101"
+
+
+@pytest.mark.asyncio
+async def test_engine_channel_fixture_is_fresh_and_registered(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    assert isinstance(engine_channel, EngineChannel)
+    assert engine_channel.progress() is None
+    assert engine_channel.state.name == "IDLE"
+    assert local_engine.accepted(engine_channel.config.run_id) == []
+
+
+@pytest.mark.asyncio
+async def test_in_memory_channel_records_what_it_gets(
+    in_memory_channel: InMemoryEngineChannel,
+) -> None:
+    ch = in_memory_channel
+    assert isinstance(ch, EngineChannel)
+    stops: list[str] = []
+    ch.on_stop(stops.append)
+    await ch.handshake("1", "h", "1")
+    assert ch.send_event("t", "info", {"a": 1}, ts="2026-01-01T00:00:00+02:00") == 1
+    assert ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 2}) == [2, 3]
+    decision = await ch.request_approval("scan", {"x": 1}, request_id="r1")
+    assert decision.approved and decision.request_id == "r1"
+    ch.stop("operator")
+    ch.stop("operator")
+    assert stops == ["operator"]
+    assert await ch.send_done("completed", 2, ["a"], "")
+    assert ch.events == [
+        {"type": "t", "severity": "info", "payload": {"a": 1}, "ts": "2025-12-31T22:00:00.000000Z"}
+    ]
+    assert ch.findings == [{"fields": {"n": 1}}, {"fields": {"n": 2}}]
+    assert ch.approvals == [{"request_id": "r1", "action": "scan", "details": {"x": 1}}]
+    assert ch.done == {"status": "completed", "findings": 2, "coverage": ["a"], "exit_reason": ""}
+    assert ch.progress() == {"next": 2}
+    with pytest.raises(ChannelClosedError):
+        ch.send_finding({"n": 3})
+
+
+@pytest.mark.asyncio
+async def test_in_memory_channel_refuses_what_the_real_one_refuses() -> None:
+    ch = InMemoryEngineChannel()
+    with pytest.raises(PayloadError, match=r"finding\.x"):
+        ch.send_finding({"x": float("inf")})
+    with pytest.raises(PayloadError, match=r"done\.findings"):
+        await ch.send_done("completed", -1, [], "")
+    with pytest.raises(PayloadError, match="progress"):
+        ch.send_finding({"ok": 1}, progress={"seq": b"x"})
+    assert ch.findings == []
+    await ch.close()
+    with pytest.raises(ChannelClosedError):
+        ch.send_finding({"ok": 1})

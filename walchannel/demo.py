@@ -1,0 +1,307 @@
+"""``walchannel demo``: a real bandit scan streamed through engine and harness kills, audited.
+
+It starts a local engine process and a discovery process on one store,
+runs ``examples/bandit_harness.py`` as a child over a real code tree, and
+part-way through (a) SIGKILLs the engine process and starts a replacement
+on a new port, and (b) SIGKILLs the harness and starts it again on the same
+log. It prints the engine's accepted finding count at each phase and ends
+with an audit against an independent bandit run (``python -m bandit``) over
+the same files, keyed by (path, line_number, col_offset, test_id): every
+real finding applied exactly once by content, duplicates dropped by seq,
+gaps 0, lost 0, Done acked. Exit 0 only if the audit holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any
+
+__all__ = ["add_arguments", "run"]
+
+Key = tuple[str, int, int, str]
+
+
+def _harness_path(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    return Path(__file__).resolve().parent.parent / "examples" / "bandit_harness.py"
+
+
+def _load_harness(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bandit_harness", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the demo's options to its subcommand parser."""
+    parser.add_argument("--tree", help="code tree to scan (default: the standard library)")
+    parser.add_argument("--limit", type=int, help="scan only the first N files")
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="seconds the harness pauses per file"
+    )
+    parser.add_argument("--workdir", help="keep the store and logs here (default: a temp dir)")
+    parser.add_argument("--harness", help="path of bandit_harness.py (default: examples/)")
+    parser.add_argument(
+        "--engine-kill-at", type=float, default=0.15, help="fraction of files before (a)"
+    )
+    parser.add_argument(
+        "--harness-kill-at", type=float, default=0.5, help="fraction of files before (b)"
+    )
+
+
+def _start(args: list[str], env: dict[str, str], log: IO[str]) -> tuple[subprocess.Popen[str], Any]:
+    proc = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=log, text=True, env=env
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"{' '.join(args)} did not start (see {log.name})")
+    return proc, json.loads(line)
+
+
+def _audit_scan(files: list[Path], out: Path, log: IO[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bandit", "-q", "-f", "json", "-o", str(out), *map(str, files)],
+        stdout=log,
+        stderr=log,
+    )
+
+
+def _expected(report: Path, tree: Path) -> Counter[Key]:
+    data = json.loads(report.read_text())
+    return Counter(
+        (
+            str(Path(r["filename"]).resolve().relative_to(tree)),
+            int(r["line_number"]),
+            int(r["col_offset"]),
+            str(r["test_id"]),
+        )
+        for r in data["results"]
+    )
+
+
+def _applied(bodies: list[dict[str, Any]]) -> Counter[Key]:
+    return Counter(
+        (
+            str(f["path"]),
+            int(f["line_number"]),
+            int(f["col_offset"]),
+            str(f["test_id"]),
+        )
+        for b in bodies
+        if b["kind"] == "finding"
+        for f in [b["body"]["fields"]]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; return 0 only when the audit holds."""
+    from walchannel.testing.store import EngineStore
+
+    harness_path = _harness_path(args.harness)
+    if not harness_path.is_file():
+        print(
+            f"walchannel demo: {harness_path} not found (the demo runs from a source checkout)",
+            file=sys.stderr,
+        )
+        return 2
+    harness_mod = _load_harness(harness_path)
+    tree = Path(args.tree).resolve() if args.tree else harness_mod.default_tree()
+    files: list[Path] = harness_mod.scan_files(tree, args.limit)
+    if not files:
+        print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="walchannel-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    store_path = workdir / "engine-store.sqlite3"
+    wal_dir = workdir / "wal"
+    run_id = f"demo-{secrets.token_hex(4)}"
+    token = secrets.token_urlsafe(24)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p
+    )
+    env["DEMO_TOKEN"] = token
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
+
+    print(f"walchannel demo: bandit over {tree} ({len(files)} files); work dir {workdir}")
+    procs: list[subprocess.Popen[Any]] = []
+    with (workdir / "processes.log").open("w") as plog:
+        try:
+            engine, info = _start(
+                ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, plog
+            )
+            procs.append(engine)
+            discovery, dinfo = _start(
+                ["-m", "walchannel.testing.discovery", "--store", str(store_path)], env, plog
+            )
+            procs.append(discovery)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "walchannel.testing.engine",
+                    "register",
+                    "--store",
+                    str(store_path),
+                    "--run-id",
+                    run_id,
+                    "--token-env",
+                    "DEMO_TOKEN",
+                ],
+                check=True,
+                env=env,
+                stdout=plog,
+                stderr=plog,
+            )
+            say(f"engine pid {engine.pid} at {info['grpc_addr']}; discovery {dinfo['http_addr']}")
+            report = workdir / "independent-bandit.json"
+            audit_proc = _audit_scan(files, report, plog)
+            procs.append(audit_proc)
+            harness_cmd = [
+                str(harness_path),
+                "--run-id",
+                run_id,
+                "--grpc-addr",
+                str(info["grpc_addr"]),
+                "--http-addr",
+                str(dinfo["http_addr"]),
+                "--wal-dir",
+                str(wal_dir),
+                "--tree",
+                str(tree),
+                "--token-env",
+                "DEMO_TOKEN",
+                "--pace",
+                str(args.pace),
+            ]
+            if args.limit is not None:
+                harness_cmd += ["--limit", str(args.limit)]
+
+            def start_harness() -> subprocess.Popen[str]:
+                proc = subprocess.Popen(
+                    [sys.executable, *harness_cmd], stdout=plog, stderr=plog, text=True, env=env
+                )
+                procs.append(proc)
+                return proc
+
+            harness = start_harness()
+            say(f"harness pid {harness.pid} streaming run {run_id}")
+            store = EngineStore(store_path)
+            counts: list[int] = []
+            phase = "engine"
+            last_line = 0.0
+            while True:
+                bodies = store.bodies(run_id)
+                scanned = sum(
+                    1 for b in bodies if b["kind"] == "event" and b["body"]["type"] == "scan.file"
+                )
+                findings = sum(1 for b in bodies if b["kind"] == "finding")
+                fraction = scanned / len(files)
+                now = time.monotonic()
+                if now - last_line >= 2.0:
+                    last_line = now
+                    say(f"engine holds {findings} findings; {scanned}/{len(files)} files")
+                if phase == "engine" and fraction >= args.engine_kill_at:
+                    counts.append(findings)
+                    say(f">>> SIGKILL engine pid {engine.pid} (findings at engine: {findings})")
+                    engine.send_signal(signal.SIGKILL)
+                    engine.wait()
+                    engine, info = _start(
+                        ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, plog
+                    )
+                    procs.append(engine)
+                    say(f">>> replacement engine pid {engine.pid} at {info['grpc_addr']}")
+                    phase = "harness"
+                elif phase == "harness" and fraction >= args.harness_kill_at:
+                    counts.append(findings)
+                    say(f">>> SIGKILL harness pid {harness.pid} (findings at engine: {findings})")
+                    harness.send_signal(signal.SIGKILL)
+                    harness.wait()
+                    harness = start_harness()
+                    say(f">>> harness restarted, pid {harness.pid}, on the same log")
+                    phase = "finish"
+                code = harness.poll()
+                if code is not None:
+                    if phase != "finish":
+                        say("the harness finished before every kill point (narrow --pace up)")
+                    say(f"harness exited {code}")
+                    break
+                time.sleep(0.1)
+            audit_proc.wait()
+            final = store.bodies(run_id)
+            counts.append(sum(1 for b in final if b["kind"] == "finding"))
+            print("findings at engine: " + " -> ".join(str(c) for c in counts))
+            ok = code == 0 and phase == "finish"
+            ok &= _report(store, run_id, final, _expected(report, tree), len(files))
+            ok &= _tombstone(wal_dir, run_id)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    print("PASS" if ok else "FAIL", f"({time.monotonic() - started:.1f} s)")
+    return 0 if ok else 1
+
+
+def _tombstone(wal_dir: Path, run_id: str) -> bool:
+    from walchannel.log import RunLog
+
+    with RunLog.open(wal_dir, run_id, correlation_id=f"bandit-{run_id}") as wal:
+        completed = wal.completed
+    print(f"  harness log is a tombstone:      {'yes' if completed else 'no'}")
+    return completed
+
+
+def _report(
+    store: Any, run_id: str, bodies: list[dict[str, Any]], expected: Counter[Key], n: int
+) -> bool:
+    applied = _applied(bodies)
+    accepted = store.accepted(run_id)
+    gaps = store.gaps(run_id)
+    holes = len(accepted) - (accepted[-1] if accepted else 0)
+    exactly_once = sum(1 for key, want in expected.items() if applied.get(key, 0) == want)
+    lost = sum(max(0, want - applied.get(key, 0)) for key, want in expected.items())
+    twice = sum(max(0, got - expected.get(key, 0)) for key, got in applied.items())
+    done = store.done(run_id)
+    done_ok = done is not None and done["findings"] == sum(expected.values())
+    print(f"audit against an independent bandit run ({sum(expected.values())} findings, {n} files):")
+    print(f"  applied exactly once by content: {exactly_once} / {len(expected)} locations")
+    print(f"  duplicates dropped by seq:       {store.duplicates(run_id)}")
+    print(f"  gaps:                            {len(gaps) + abs(holes)}")
+    print(f"  lost:                            {lost}")
+    print(f"  applied twice by content:        {twice}")
+    print(
+        "  Done acked:                      "
+        + (f"yes (seq {done['seq']}, {done['findings']} findings)" if done else "no")
+    )
+    return (
+        exactly_once == len(expected)
+        and lost == 0
+        and twice == 0
+        and not gaps
+        and holes == 0
+        and done_ok
+        and sum(expected.values()) > 0
+    )
