@@ -100,9 +100,9 @@ def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
                 theirs = rank(target)
             except AssertionError:
                 continue  # an attribute import (from walchannel.x import Name)
-            assert theirs <= own or (target.startswith("walchannel.testing") and own >= rank(
-                "walchannel.testing"
-            )), f"{name} imports {target}, a higher layer"
+            assert theirs <= own or (
+                target.startswith("walchannel.testing") and own >= rank("walchannel.testing")
+            ), f"{name} imports {target}, a higher layer"
 
 
 def test_light_modules_never_import_the_network() -> None:

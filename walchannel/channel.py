@@ -51,6 +51,7 @@ from walchannel.errors import (
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
+    WalCorruptError,
     WalWriteError,
 )
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
@@ -83,6 +84,8 @@ TAIL_ROWS = 1024
 TAIL_BYTES = 4 * 1024 * 1024
 #: Rows read from disk at a time when the writer is behind the tail.
 READAHEAD_ROWS = 256
+#: Bound on waiting for a dead stream's tasks and gRPC channel to go (seconds).
+TEARDOWN_TIMEOUT_S = 2.0
 #: Idle time after which the log is checkpointed (ms).
 CHECKPOINT_IDLE_MS = 10_000
 
@@ -1024,14 +1027,23 @@ class GrpcEngineChannel:
         self._keepalive_ms = doubled
 
     async def _teardown(self, stream: _Stream) -> None:
+        # Cancel the call first: a write() parked on a dead transport only
+        # returns once the call is gone, so its task could not be awaited.
+        stream.call.cancel()
         for task in stream.tasks:
             task.cancel()
-        for task in stream.tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        stream.call.cancel()
+        if stream.tasks:
+            _, pending = await asyncio.wait(stream.tasks, timeout=TEARDOWN_TIMEOUT_S)
+            if pending:
+                logger.warning(
+                    "run %s: %d task(s) of the stream to %s did not stop within %.0f s",
+                    self._run_id,
+                    len(pending),
+                    stream.addr,
+                    TEARDOWN_TIMEOUT_S,
+                )
         with contextlib.suppress(BaseException):
-            await asyncio.wait_for(stream.channel.close(grace=None), 2.0)
+            await asyncio.wait_for(stream.channel.close(grace=None), TEARDOWN_TIMEOUT_S)
 
     # -- the stream's tasks ------------------------------------------------------------
 
@@ -1229,6 +1241,10 @@ class GrpcEngineChannel:
             _StreamEnded,
         ) as exc:
             stream.finish(exc)
+        except WalCorruptError as exc:
+            # Re-dialing cannot mend the file: stop, loudly, keeping the rows.
+            stream.finish(exc)
+            self._fail(exc)
         except WalchannelError as exc:
             logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)
             stream.finish(exc)
@@ -1305,11 +1321,11 @@ class GrpcEngineChannel:
     async def _half_close(self, stream: _Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the
         # writer, half-close, and wait for the engine to end the stream.
-        for task in stream.tasks[1:]:
+        writers = stream.tasks[1:]
+        for task in writers:
             task.cancel()
-        for task in stream.tasks[1:]:
-            with contextlib.suppress(BaseException):
-                await task
+        if writers:
+            await asyncio.wait(writers, timeout=TEARDOWN_TIMEOUT_S)
         with contextlib.suppress(Exception):
             await stream.call.done_writing()
         await stream.ended.wait()

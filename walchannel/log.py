@@ -426,6 +426,10 @@ class RunLog:
                 f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None
             )
         except sqlite3.Error as exc:
+            if not os.access(path, os.R_OK | os.W_OK):
+                raise WalWriteError(
+                    f"cannot open the log for writing (permission denied): {exc}", path=str(path)
+                ) from None
             raise WalCorruptError(str(path), f"cannot open: {exc}") from None
         try:
             check_header(conn, path, run_id)

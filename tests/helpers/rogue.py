@@ -1,0 +1,96 @@
+"""A scriptable, misbehaving engine: a real grpc.aio server whose answers a test writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from walchannel._proto import engine_channel_pb2 as pb
+from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+
+Script = Callable[["RogueStream"], Awaitable[None]]
+
+
+class RogueStream:
+    """One Open call: read what the client sends, answer what the script says."""
+
+    def __init__(self, requests: AsyncIterator[pb.UpMessage], context: Any) -> None:
+        self.requests = requests
+        self.context = context
+        self.out: asyncio.Queue[pb.DownMessage | None] = asyncio.Queue()
+        self.received: list[pb.UpMessage] = []
+
+    async def read(self) -> pb.UpMessage | None:
+        try:
+            msg = await self.requests.__anext__()
+        except StopAsyncIteration:
+            return None
+        self.received.append(msg)
+        return msg
+
+    def send(self, msg: pb.DownMessage) -> None:
+        self.out.put_nowait(msg)
+
+    def ack(self, seq: int) -> None:
+        self.send(pb.DownMessage(ack=pb.Ack(seq=seq)))
+
+    def end(self) -> None:
+        self.out.put_nowait(None)
+
+
+class RogueEngine:
+    """Serve ``/EngineChannel/Open`` on 127.0.0.1:0 and run ``script`` for each stream."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.streams: list[RogueStream] = []
+
+    @property
+    def grpc_addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_addr(self) -> None:
+        return None  # no discovery
+
+    async def start(self) -> None:
+        engine = self
+
+        class Servicer(pb_grpc.EngineChannelServicer):
+            async def Open(  # type: ignore[override]
+                self, request_iterator: AsyncIterator[pb.UpMessage], context: Any
+            ) -> AsyncIterator[pb.DownMessage]:
+                stream = RogueStream(request_iterator, context)
+                engine.streams.append(stream)
+                task = asyncio.create_task(engine.script(stream))
+                try:
+                    while True:
+                        msg = await stream.out.get()
+                        if msg is None:
+                            return
+                        yield msg
+                finally:
+                    task.cancel()
+
+        self.server = grpc.aio.server()
+        pb_grpc.add_EngineChannelServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(None)
+
+
+async def answer_handshakes(stream: RogueStream, high: int = 0) -> pb.UpMessage | None:
+    """Read up to the handshake and answer it with Ack(high); return the handshake."""
+    msg = await stream.read()
+    if msg is not None and msg.WhichOneof("body") == "handshake":
+        stream.ack(high)
+    return msg
