@@ -129,6 +129,16 @@ class _StreamEnded(Exception):
         self.details = details
 
 
+class _ClosedChannel:
+    """Stands in for a released grpc.aio channel (closing it again is a no-op)."""
+
+    async def close(self, grace: float | None = None) -> None:
+        return None
+
+
+_CLOSED_CHANNEL: Any = _ClosedChannel()
+
+
 class _Stream:
     """One dial: its grpc.aio channel and call, its tasks, and why it ended."""
 
@@ -143,9 +153,16 @@ class _Stream:
         self.last_down_ms = _now_ms()
         self.heartbeats_since_down = 0
 
+    def release(self) -> None:
+        """Drop the references to the gRPC objects once they are closed."""
+        self.tasks.clear()
+        self.call = None
+        self.channel = _CLOSED_CHANNEL
+
     def finish(self, reason: BaseException | None) -> None:
         if not self.ended.is_set():
-            self.reason = reason
+            # No traceback: its frames would keep the call (and its socket) alive.
+            self.reason = reason.with_traceback(None) if reason is not None else None
             self.ended.set()
         if not self.answer.done():
             self.answer.set_exception(reason or _StreamEnded("stream ended"))
@@ -1029,21 +1046,27 @@ class GrpcEngineChannel:
     async def _teardown(self, stream: _Stream) -> None:
         # Cancel the call first: a write() parked on a dead transport only
         # returns once the call is gone, so its task could not be awaited.
-        stream.call.cancel()
+        if stream.call is not None:
+            stream.call.cancel()
         for task in stream.tasks:
             task.cancel()
-        if stream.tasks:
-            _, pending = await asyncio.wait(stream.tasks, timeout=TEARDOWN_TIMEOUT_S)
-            if pending:
-                logger.warning(
-                    "run %s: %d task(s) of the stream to %s did not stop within %.0f s",
-                    self._run_id,
-                    len(pending),
-                    stream.addr,
-                    TEARDOWN_TIMEOUT_S,
-                )
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(stream.channel.close(grace=None), TEARDOWN_TIMEOUT_S)
+        try:
+            if stream.tasks:
+                _, pending = await asyncio.wait(stream.tasks, timeout=TEARDOWN_TIMEOUT_S)
+                if pending:
+                    logger.warning(
+                        "run %s: %d task(s) of the stream to %s did not stop within %.0f s",
+                        self._run_id,
+                        len(pending),
+                        stream.addr,
+                        TEARDOWN_TIMEOUT_S,
+                    )
+        finally:
+            # Even when cancelled: the gRPC channel (its socket) must go. The
+            # socket closes when the last reference to the channel does.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(stream.channel.close(grace=None), TEARDOWN_TIMEOUT_S)
+            stream.release()
 
     # -- the stream's tasks ------------------------------------------------------------
 
@@ -1296,10 +1319,15 @@ class GrpcEngineChannel:
         if stream is not None and not stream.ended.is_set():
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._half_close(stream), budget_s)
+            stream.finish(_StreamEnded("closed"))
+        # Wake the loop (backoff sleeps and handshake waits watch _over) and
+        # let it tear its stream down itself; cancel it only if it lingers.
+        self._over.set()
         if self._runner is not None:
-            self._runner.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._runner, budget_s + 2.5)
+            done, _ = await asyncio.wait({self._runner}, timeout=2 * TEARDOWN_TIMEOUT_S + 1)
+            if not done:
+                self._runner.cancel()
+                await asyncio.wait({self._runner}, timeout=TEARDOWN_TIMEOUT_S)
         if self._stream is not None:
             with contextlib.suppress(BaseException):
                 await self._teardown(self._stream)
