@@ -464,3 +464,16 @@ async def test_token_never_appears_in_logs_errors_or_files(
         assert "UNAUTHENTICATED" in caplog.text or "unauthenticated" in caplog.text.lower()
     finally:
         await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_healthy_answer_clears_an_old_failed_mark(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    with RunLog.open(wal, run_id, correlation_id="c") as log:
+        log.update_meta(failed_at=1.0, last_error="engine behind")
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        assert ch.log.meta().failed_at is None

@@ -152,6 +152,11 @@ class _Stream:
         self.tasks: list[asyncio.Task[None]] = []
         self.last_down_ms = _now_ms()
         self.heartbeats_since_down = 0
+        # When the write in progress started (None: the writer is not in a
+        # write), and when the next heartbeat is due: a write blocked by flow
+        # control past that moment is a heartbeat that cannot go out.
+        self.write_since_ms: float | None = None
+        self.next_beat_ms = float("inf")
 
     def release(self) -> None:
         """Drop the references to the gRPC objects once they are closed."""
@@ -228,6 +233,8 @@ class GrpcEngineChannel:
             meta = self._log.meta()
             if meta.token_sha256 != token_hash:
                 self._log.update_meta(token_sha256=token_hash)
+            # A log marked failed by an earlier run: cleared by a healthy answer.
+            self._failed_mark = meta.failed_at is not None
             self._handshake_fields: tuple[str, str, str] | None = None
             if meta.harness_name is not None:
                 self._handshake_fields = (
@@ -944,13 +951,18 @@ class GrpcEngineChannel:
         self._cursor.start_stream(replay_from)
         loop = asyncio.get_running_loop()
         stream.tasks.append(loop.create_task(self._write_loop(stream)))
-        if self._config.dead_stream_ms is not None:
-            stream.tasks.append(loop.create_task(self._watchdog(stream)))
+        stream.tasks.append(loop.create_task(self._watchdog(stream)))
 
     def _take_answer(self, engine_high: int) -> int | None:
         """Carry out the decision for the handshake answer; None ends the stream."""
         answer = self._cursor.on_answer(engine_high)
         kind = answer.kind
+        if kind is not AnswerKind.BEHIND and self._failed_mark:
+            self._failed_mark = False
+            try:
+                self._log.update_meta(failed_at=None)
+            except WalchannelError as exc:
+                logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
         if kind is AnswerKind.BEHIND:
             self._fail(
                 EngineBehindError(
@@ -1222,6 +1234,7 @@ class GrpcEngineChannel:
         cursor = self._cursor
         keepalive_s = self._keepalive_ms / 1000
         next_beat = time.monotonic() + keepalive_s
+        stream.next_beat_ms = next_beat * 1000
         try:
             while True:
                 seq = cursor.next_to_write()
@@ -1239,7 +1252,9 @@ class GrpcEngineChannel:
                     replay = seq <= self._max_written
                     if replay:
                         _killpoints.reached("in_replay")
+                    stream.write_since_ms = _now_ms()
                     await call.write(data)
+                    stream.write_since_ms = None
                     cursor.on_written(seq)
                     self._reconnect.on_written(seq)
                     self._sent += 1
@@ -1253,8 +1268,11 @@ class GrpcEngineChannel:
                     beat = wire.heartbeat_message(
                         self._run_id, self._config.correlation_id, messages.now_rfc3339()
                     )
+                    stream.write_since_ms = _now_ms()
                     await call.write(beat.SerializeToString())
+                    stream.write_since_ms = None
                     next_beat = time.monotonic() + keepalive_s
+                    stream.next_beat_ms = next_beat * 1000
         except asyncio.CancelledError:
             raise
         except (
@@ -1276,21 +1294,60 @@ class GrpcEngineChannel:
             stream.finish(exc)
 
     async def _watchdog(self, stream: _Stream) -> None:
+        """End ``stream`` when it is dead: the ``dead_stream_ms`` rule and stalled writes.
+
+        ``dead_stream_ms``: no down message for that long while heartbeats go
+        out. A heartbeat that is due while the writer is blocked in a write
+        (flow control: a frozen engine, or a proxy that stopped reading)
+        counts as going out: it is only stuck behind the blocked write.
+
+        Stalled write (always on): a write blocked for ``keepalive_ms +
+        10 s`` with no down message for as long. gRPC keepalive cannot catch
+        this case: its ping queues behind the blocked bytes and its timeout
+        only starts once the ping is written; a proxy answers pings itself.
+        """
         dead_ms = self._config.dead_stream_ms
-        assert dead_ms is not None
-        period = max(0.05, min(dead_ms, self._keepalive_ms) / 4000)
         while not stream.ended.is_set():
+            keepalive_ms = self._keepalive_ms
+            stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
+            period = max(0.05, min(dead_ms or stall_ms, keepalive_ms) / 4000)
             await asyncio.sleep(period)
-            silent = _now_ms() - stream.last_down_ms
-            if silent >= dead_ms and stream.heartbeats_since_down > 0:
+            now = _now_ms()
+            silent = now - stream.last_down_ms
+            since = stream.write_since_ms
+            blocked = 0.0 if since is None else now - since
+            beat_overdue = since is not None and now >= stream.next_beat_ms
+            if (
+                dead_ms is not None
+                and silent >= dead_ms
+                and (stream.heartbeats_since_down > 0 or beat_overdue)
+            ):
                 logger.warning(
-                    "run %s: no down message from %s for %.0f ms while heartbeats went out: "
+                    "run %s: no down message from %s for %.0f ms while heartbeats went out%s: "
                     "the stream is dead",
                     self._run_id,
                     stream.addr,
                     silent,
+                    " (one is stuck behind a write blocked by flow control)"
+                    if beat_overdue
+                    else "",
                 )
                 stream.finish(_StreamEnded(f"dead stream: no down message for {silent:.0f} ms"))
+                return
+            if blocked >= stall_ms and silent >= stall_ms:
+                logger.warning(
+                    "run %s: a write to %s has been blocked for %.0f ms with no down message: "
+                    "the stream is dead",
+                    self._run_id,
+                    stream.addr,
+                    blocked,
+                )
+                stream.finish(
+                    _StreamEnded(
+                        f"stalled stream: a write blocked for {blocked:.0f} ms, "
+                        f"no down message for {silent:.0f} ms"
+                    )
+                )
                 return
 
     # -- closing --------------------------------------------------------------------------

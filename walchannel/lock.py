@@ -38,6 +38,7 @@ __all__ = ["LockOwner", "OwnerLock", "probe_owner"]
 # 0 for OFD locks.
 _FLOCK = "hhqqi4x"
 _LIVE_LOCKS: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+_SIDECAR_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -95,20 +96,32 @@ class OwnerLock:
                 message names the owner's pid and host.
             OSError: the sidecar cannot be opened (a symlink, no permission).
         """
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK))
-        except OSError as exc:
-            owner = _read_owner(fd)
+        for _ in range(_SIDECAR_RETRIES):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK))
+            except OSError as exc:
+                owner = _read_owner(fd)
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    raise WalLockedError(
+                        f"{log}: the run's log is held by {owner.describe()}",
+                        path=str(log),
+                        pid=owner.pid,
+                        host=owner.host,
+                    ) from None
+                raise
+            # `walchannel prune` may have unlinked the sidecar between our open
+            # and our lock: then we hold a lock on a file nobody else opens.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise WalLockedError(
-                    f"{log}: the run's log is held by {owner.describe()}",
-                    path=str(log),
-                    pid=owner.pid,
-                    host=owner.host,
-                ) from None
-            raise
+        else:
+            raise OSError(f"{path}: the lock file keeps being replaced")
         lock = cls(path, fd)
         try:
             data = json.dumps({"pid": lock.owner.pid, "host": lock.owner.host}).encode()
