@@ -30,6 +30,7 @@ __all__ = [
     "classify_end",
     "is_too_many_pings",
     "next_seq_after",
+    "next_seq_at_open",
     "unverified_at_open",
     "verification_shift",
 ]
@@ -43,6 +44,21 @@ def next_seq_after(high_water: int, last_acked_seq: int) -> int:
     as a duplicate. SPEC "The log" (seq is never reused).
     """
     return max(high_water, last_acked_seq) + 1
+
+
+def next_seq_at_open(high_water: int, top_seq: int | None, last_acked_seq: int) -> int:
+    """Return the next seq of a log being opened, from its stored meta and its rows.
+
+    ``next_seq_after(max(high_water, top_seq), last_acked_seq)``: the stored
+    high-water and cursor count, not only the rows, which may all be gone
+    (``RunLog`` opens with exactly this; ``tools/sim.py`` drives it).
+
+    Args:
+        high_water: the meta's stored high-water mark.
+        top_seq: the highest seq among the rows (None: no rows).
+        last_acked_seq: the stored ack cursor.
+    """
+    return next_seq_after(max(high_water, top_seq or 0), last_acked_seq)
 
 
 def unverified_at_open(stored: int | None, next_seq: int) -> int:
