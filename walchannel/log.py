@@ -50,7 +50,7 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.lock import OwnerLock
-from walchannel.protocol import next_seq_after, unverified_at_open, verification_shift
+from walchannel.protocol import next_seq_at_open, unverified_at_open, verification_shift
 
 __all__ = [
     "APPLICATION_ID",
@@ -340,8 +340,7 @@ class RunLog:
         self._progress = meta.progress
         self._unverified_from = meta.unverified_from
         top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
-        high = max(meta.high_water, top[0] if top else 0)
-        self._next_seq = next_seq_after(high, self._last_acked)
+        self._next_seq = next_seq_at_open(meta.high_water, top[0] if top else None, self._last_acked)
         self._done_seq: int | None = top[0] if top and top[1] == "done" else None
         self._unacked_bytes: int | None = None
         self._closed = False
