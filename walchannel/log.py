@@ -340,7 +340,9 @@ class RunLog:
         self._progress = meta.progress
         self._unverified_from = meta.unverified_from
         top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
-        self._next_seq = next_seq_at_open(meta.high_water, top[0] if top else None, self._last_acked)
+        self._next_seq = next_seq_at_open(
+            meta.high_water, top[0] if top else None, self._last_acked
+        )
         self._done_seq: int | None = top[0] if top and top[1] == "done" else None
         self._unacked_bytes: int | None = None
         self._closed = False
