@@ -116,16 +116,8 @@ class Scanner:
         return [finding_of(issue, self.tree) for issue in issues]
 
 
-async def run(args: argparse.Namespace) -> int:
-    token = os.environ.get(args.token_env)
-    if not token:
-        print(f"bandit_harness: ${args.token_env} holds no run token", file=sys.stderr)
-        return 2
-    tree = Path(args.tree).resolve()
-    files = scan_files(tree, args.limit)
-    if not files:
-        print(f"bandit_harness: no Python files under {tree}", file=sys.stderr)
-        return 2
+async def run(args: argparse.Namespace, token: str, tree: Path, files: list[Path]) -> int:
+    """Scan ``files`` under ``tree`` and stream the run; return the exit code."""
     ident = tree_id(tree, files)
     config = GrpcChannelConfig(
         grpc_addr=args.grpc_addr,
@@ -240,7 +232,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    token = os.environ.get(args.token_env)
+    if not token:
+        print(f"bandit_harness: ${args.token_env} holds no run token", file=sys.stderr)
+        return 2
+    tree = Path(args.tree).resolve()
+    files = scan_files(tree, args.limit)
+    if not files:
+        print(f"bandit_harness: no Python files under {tree}", file=sys.stderr)
+        return 2
+    return asyncio.run(run(args, token, tree, files))
 
 
 if __name__ == "__main__":
