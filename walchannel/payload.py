@@ -105,6 +105,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _path(root: str, trail: tuple[object, ...]) -> str:
+    where = root
+    for key in trail:
+        where = child_path(where, key)
+    return where
+
+
+def _check_utf8(text: str, root: str, trail: tuple[object, ...]) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(
+            _path(root, trail), f"string is not valid UTF-8 (lone surrogate at index {exc.start})"
+        ) from None
+
+
 def check_payload(value: object, path: str) -> bool:
     """Check that ``value`` is a JSON-like mapping that can travel as a Struct.
 
@@ -123,38 +139,76 @@ def check_payload(value: object, path: str) -> bool:
     if not isinstance(value, Mapping):
         raise PayloadError(path, f"expected a mapping, got {type(value).__name__}")
     foreign = False
-    # (container, its path, its depth); depth-first without recursion.
-    stack: list[tuple[Any, str, int]] = [(value, path, 1)]
+    # (container, the keys leading to it, its depth); depth-first without
+    # recursion. Paths are spelled out only for an error: this runs on every send.
+    stack: list[tuple[Any, tuple[object, ...], int]] = [(value, (), 1)]
     while stack:
-        container, where, depth = stack.pop()
+        container, trail, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise PayloadError(where, f"containers nested deeper than {MAX_DEPTH} levels")
-        if isinstance(container, Mapping):
+            raise PayloadError(
+                _path(path, trail), f"containers nested deeper than {MAX_DEPTH} levels"
+            )
+        is_map = isinstance(container, Mapping)
+        if is_map:
             foreign = foreign or not isinstance(container, dict)
             items: Any = container.items()
         else:
             items = enumerate(container)
         for key, item in items:
-            if isinstance(container, Mapping):
-                if not isinstance(key, str):
+            if is_map:
+                if type(key) is not str and not isinstance(key, str):
                     raise PayloadError(
-                        f"{where}[{key!r}]",
+                        f"{_path(path, trail)}[{key!r}]",
                         f"key must be a string, got {type(key).__name__}",
                     )
-                check_text(key, child_path(where, key))
-            sub = child_path(where, key)
-            if item is None or isinstance(item, bool):
-                continue
-            if isinstance(item, str):
-                check_text(item, sub)
-            elif isinstance(item, int):
+                if not key.isascii():
+                    _check_utf8(key, path, (*trail, key))
+            kind = type(item)
+            if kind is str:
+                if not item.isascii():
+                    _check_utf8(item, path, (*trail, key))
+            elif kind is int:
                 if not -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
-                    raise PayloadError(sub, "integer outside ±2^53 cannot travel as a double")
-            elif isinstance(item, float):
+                    raise PayloadError(
+                        _path(path, (*trail, key)),
+                        "integer outside ±2^53 cannot travel as a double",
+                    )
+            elif kind is float:
                 if not math.isfinite(item):
-                    raise PayloadError(sub, f"{item!r} is not a finite number")
-            elif isinstance(item, (Mapping, list, tuple)):
-                stack.append((item, sub, depth + 1))
+                    raise PayloadError(
+                        _path(path, (*trail, key)), f"{item!r} is not a finite number"
+                    )
+            elif item is None or kind is bool:
+                continue
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append((item, (*trail, key), depth + 1))
             else:
-                raise PayloadError(sub, f"{type(item).__name__} is not JSON-like")
+                _check_other(item, path, (*trail, key), depth, stack)
     return foreign
+
+
+def _check_other(
+    item: object,
+    root: str,
+    trail: tuple[object, ...],
+    depth: int,
+    stack: list[tuple[Any, tuple[object, ...], int]],
+) -> None:
+    """The slow path: subclasses of the JSON types and other mappings or sequences."""
+    if isinstance(item, bool):
+        return
+    if isinstance(item, str):
+        if not item.isascii():
+            _check_utf8(item, root, trail)
+    elif isinstance(item, int):
+        if not -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
+            raise PayloadError(
+                _path(root, trail), "integer outside ±2^53 cannot travel as a double"
+            )
+    elif isinstance(item, float):
+        if not math.isfinite(item):
+            raise PayloadError(_path(root, trail), f"{item!r} is not a finite number")
+    elif isinstance(item, (Mapping, list, tuple)):
+        stack.append((item, trail, depth + 1))
+    else:
+        raise PayloadError(_path(root, trail), f"{type(item).__name__} is not JSON-like")
