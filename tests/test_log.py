@@ -575,3 +575,19 @@ def test_log_opens_fast_enough_to_not_scan(wal_dir: Path) -> None:
     with open_log(wal_dir) as wal:
         assert wal.unacked_count == 20_000
     assert time.monotonic() - start < 5
+
+
+def test_engine_word_turns_a_log_holding_done_into_a_tombstone(wal_dir: Path) -> None:
+    with open_log(wal_dir) as wal:
+        wal.append_many([("finding", finding(i)) for i in range(3)])
+        with pytest.raises(ValueError, match="no Done"):
+            wal.complete_by_engine()
+        wal.append("done", DONE)
+        wal.ack(1)
+        assert wal.complete_by_engine() == 3
+        assert wal.completed and wal.unacked_count == 0
+        assert wal.last_acked_seq == 1  # the cursor did not move
+        assert list(wal.unacked()) == []
+    with open_log(wal_dir) as wal:
+        assert wal.completed and wal.last_acked_seq == 1 and wal.next_seq == 5
+        assert "run is completed" in (wal.meta().last_error or "")

@@ -561,7 +561,9 @@ class RunLog:
 
     @property
     def unacked_count(self) -> int:
-        """Rows not yet covered by the stored cursor (from seqs, not a scan)."""
+        """Rows not yet covered by the stored cursor (from seqs, not a scan); 0 for a tombstone."""
+        if self._completed:
+            return 0
         return self._next_seq - 1 - self._last_acked
 
     @property
@@ -870,6 +872,44 @@ class RunLog:
             self._done_seq = done_seq
         if self._unacked_bytes is not None:
             self._unacked_bytes -= int(gone_bytes)
+        return deleted
+
+    def complete_by_engine(self) -> int:
+        """Turn a log holding an unacked ``Done`` into a tombstone on the engine's word.
+
+        For the engine's FAILED_PRECONDITION "run completed" answer when this
+        log holds ``Done``: the engine applied a ``Done`` of this run (it takes
+        seqs in order, so everything before it too), but its ack was lost. In
+        one transaction every row is deleted and ``completed_at`` set; the
+        stored cursor does not move (after a rollback the engine's ``Done``
+        may sit at another seq).
+
+        Returns:
+            How many rows were deleted.
+
+        Raises:
+            ValueError: the log holds no unacked ``Done``.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        if self._done_seq is None:
+            raise ValueError(f"run {self._run_id}: no Done is logged; the log stays as it is")
+        conn = self._conn
+        now = time.time()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            deleted = conn.execute("DELETE FROM rows").rowcount
+            conn.execute(
+                "UPDATE meta SET completed_at = ?, last_error = ?, last_error_at = ?,"
+                " updated_at = ? WHERE id = 1",
+                (now, "the engine says the run is completed; the log is a tombstone", now, now),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail_transaction(exc, "mark the run completed") from None
+        self._completed = True
+        self._done_seq = None
+        self._unacked_bytes = 0
         return deleted
 
     def update_meta(self, **values: Any) -> None:
