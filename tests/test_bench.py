@@ -1,0 +1,76 @@
+"""The benchmark harness runs (``python -m tools.bench --quick``) and prints every row.
+
+Only the harness is checked: it exits 0, prints the table with every row
+name, and every row measured something. Timings and targets are never
+asserted here (docs/performance.md has the numbers of a full run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, child_env
+
+#: Every row of the table, in order.
+ROWS = (
+    "append vs sqlite3",
+    "append vs persist-queue",
+    "append [power] vs sqlite3",
+    "append [power] vs persist-queue",
+    "append_many(64) [power] vs sqlite3",
+    "e2e send_finding, ack/1",
+    "e2e send_findings(64), ack/1",
+    "e2e send_finding, ack/50",
+    "e2e send_findings(64), ack/50",
+    "replay: open + handshake",
+    "replay: throughput, ack/50",
+    "open: RunLog.open",
+    "latency: send_finding p50",
+    "latency: send_finding p99",
+    "latency: send_finding p99.9",
+    "memory: RSS growth, unacked (engine down)",
+    "memory: RSS growth, streamed+acked",
+    "disk: db+wal after all acked",
+    "e2e [power] send_finding, ack/50",
+    "e2e [power] send_findings(64), ack/50",
+)
+
+
+def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.bench",
+            "--quick",
+            "--json",
+            str(out),
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    names = [line.split("|")[1].strip() for line in table[1:]]
+    assert names == list(ROWS), proc.stdout
+    for line in table[1:]:
+        assert "nan" not in line, line
+    results = json.loads(out.read_text())["results"]
+    assert [r["name"] for r in results] == list(ROWS)
+    for r in results:
+        assert math.isfinite(r["wal"]) and r["wal"] >= 0, r
+        assert r["base"] is None or (math.isfinite(r["base"]) and r["base"] >= 0), r
+        assert r["verdict"] in ("", "-", "pass", "FAIL"), r
+    # The scratch folder is cleaned up, and no engine process is left behind.
+    assert not list(tmp_path.glob("walchannel-bench-*"))
