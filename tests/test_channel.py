@@ -12,8 +12,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -477,3 +479,43 @@ async def test_a_healthy_answer_clears_an_old_failed_mark(
     async with channel_for(local_engine, wal, run_id, token) as ch:
         await ch.handshake("1", "h", "1")
         assert ch.log.meta().failed_at is None
+
+
+@pytest.mark.asyncio
+async def test_done_applied_but_its_ack_lost_ends_as_a_tombstone(tmp_path: Path) -> None:
+    # Found by tools/sim.py (seed 32): the engine applies Done and the stream
+    # dies before its ack arrives; the next handshake is told "run completed".
+    streams: list[int] = []
+
+    async def script(stream: RogueStream) -> None:
+        streams.append(1)
+        if len(streams) > 1:
+            await stream.read()
+            await stream.context.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.WhichOneof("body") == "done":
+                stream.end()  # applied, never acked
+                return
+
+    engine = RogueEngine(script)
+    await engine.start()
+    config = local_channel_config(
+        engine,  # type: ignore[arg-type]
+        tmp_path / "wal",
+        "lost-ack",
+        "tok",
+        http_addr=None,
+        done_ack_timeout_ms=10_000,
+    )
+    try:
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "h", "1")
+            ch.send_finding(finding(0))
+            assert await ch.send_done("completed", 1, [], "")
+            assert ch.log.completed and ch.unacked_count == 0
+            assert ch.state is ChannelState.FAILED
+        with pytest.raises(RunCompletedError):
+            GrpcEngineChannel(config)
+    finally:
+        await engine.stop()

@@ -571,9 +571,14 @@ class GrpcEngineChannel:
             )
         self._done_sent = True
         _killpoints.reached("in_send_done")
-        return await self._wait_for(
+        acked = await self._wait_for(
             lambda: self._cursor.completed, self._config.done_ack_timeout_ms
         )
+        if not acked and self._failure is not None:
+            # Failed while waiting (engine behind). A Done the engine applied
+            # but whose ack was lost ends as a tombstone instead: True above.
+            raise self._failure
+        return acked
 
     async def request_approval(
         self,
@@ -650,14 +655,17 @@ class GrpcEngineChannel:
     async def _wait_for(self, condition: Callable[[], bool], timeout_ms: float | None) -> bool:
         deadline = None if timeout_ms is None else _now_ms() + timeout_ms
         while not condition():
-            if self._closed:
+            # FAILED or EXPIRED: the connection loop is over, no ack can come.
+            if self._closed or self._sm.final:
                 return False
             remaining = None if deadline is None else (deadline - _now_ms()) / 1000
             if remaining is not None and remaining <= 0:
                 return False
             self._acked_changed.clear()
             try:
-                await asyncio.wait_for(self._acked_changed.wait(), remaining)
+                # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
+                async with asyncio.timeout(remaining):
+                    await self._acked_changed.wait()
             except TimeoutError:
                 return condition()
         return True
@@ -1033,14 +1041,40 @@ class GrpcEngineChannel:
         if is_too_many_pings(f"{details} {debug}"):
             self._double_keepalive()
         if classify_end(code, details) is EndKind.RUN_COMPLETED:
-            self._fail(
-                RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
-            )
+            self._on_run_completed()
             return
         if self._sm.final:
             return
         logger.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
         self._set_error(f"{stream.addr}: {text}")
+
+    def _on_run_completed(self) -> None:
+        """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
+        error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
+        if self._cursor.done_seq is not None and self._log.writable:
+            # Our Done was applied but its ack was lost: the run ended well.
+            # Without this the log would hold its rows forever (found by tools/sim.py).
+            try:
+                self._log.complete_by_engine()
+            except WalchannelError as exc:
+                logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
+            else:
+                logger.info(
+                    "run %s: the engine applied this run's Done; the log is now a tombstone",
+                    self._run_id,
+                )
+                self._cursor.completed = True
+                self._acked_changed.set()
+                self._failure = error
+                if not self._sm.final:
+                    self._move(ChannelState.FAILED)
+                return
+        self._fail(error)
+        if self._log.writable and self._log.unacked_count:
+            # Rows this log still holds cannot be delivered any more: flag the
+            # run for an operator (inspect shows it as failed, export saves them).
+            with contextlib.suppress(WalchannelError):
+                self._log.update_meta(failed_at=time.time())
 
     def _double_keepalive(self) -> None:
         doubled = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
@@ -1241,10 +1275,12 @@ class GrpcEngineChannel:
                 if seq is None:
                     self._wakeup.clear()
                     if cursor.next_to_write() is None and not self._sm.final:
+                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows
+                        # a cancel that lands as the event fires, and the writer would
+                        # outlive its stream's teardown by up to a keepalive period.
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(
-                                self._wakeup.wait(), max(0.0, next_beat - time.monotonic())
-                            )
+                            async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
+                                await self._wakeup.wait()
                     if self._sm.final:
                         return
                 else:

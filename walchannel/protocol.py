@@ -218,8 +218,8 @@ class Cursor:
 
     @property
     def unacked(self) -> int:
-        """Rows not covered by a received ack."""
-        return self.high_water - self.acked
+        """Rows not covered by a received ack (0 once the run is completed)."""
+        return 0 if self.completed else self.high_water - self.acked
 
     def translate(self, seq: int) -> int:
         """Map a seq handed out before a verification shift to where its row lives now."""
