@@ -136,3 +136,25 @@ def _as_struct_numbers(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _as_struct_numbers(v) for k, v in value.items()}
     return [_as_struct_numbers(v) for v in value]
+
+
+@given(st.dictionaries(st.text(), json_values, max_size=6))
+def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> None:
+    # GrpcEngineChannel skips the exact size check below this bound.
+    from walchannel.channel import STRUCT_GROWTH
+    from walchannel.log import encode_body
+
+    body = {"fields": payload}
+    blob = encode_body("finding", body)
+    msg = up_message("r" * 200, "c" * 200, 2**63, "finding", body)
+    assert msg.ByteSize() <= len(blob) * STRUCT_GROWTH + 64 + 400
+
+
+def test_struct_size_bound_holds_for_the_worst_shape() -> None:
+    from walchannel.channel import STRUCT_GROWTH
+    from walchannel.log import encode_body
+
+    for fields in ({"l": [1] * 10_000}, {"l": [[]] * 10_000}, {"l": [None] * 10_000}):
+        body = {"fields": fields}
+        ratio = up_message("r", "c", 1, "finding", body).ByteSize() / len(encode_body("f", body))
+        assert ratio < STRUCT_GROWTH

@@ -34,7 +34,6 @@ from typing import Any, Self
 import grpc
 import grpc.aio
 import httpx
-import msgpack
 
 from walchannel import _killpoints, messages, wire
 from walchannel._proto import engine_channel_pb2 as pb
@@ -55,7 +54,7 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.log import RunLog
+from walchannel.log import RunLog, encode_body
 from walchannel.payload import check_text
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
@@ -79,9 +78,11 @@ METHOD = "/EngineChannel/Open"
 KEEPALIVE_TIMEOUT_MS = 10_000
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS = 300_000
-#: The in-memory tail of committed rows the writer reads before disk.
-TAIL_ROWS = 1024
+#: The in-memory tail of committed rows the writer reads before disk (bytes
+#: of their msgpack bodies; the Python objects take a few times more).
 TAIL_BYTES = 4 * 1024 * 1024
+#: A Struct-encoded message is at most this many times its msgpack body.
+STRUCT_GROWTH = 16
 #: Rows read from disk at a time when the writer is behind the tail.
 READAHEAD_ROWS = 256
 #: Bound on waiting for a dead stream's tasks and gRPC channel to go (seconds).
@@ -259,9 +260,13 @@ class GrpcEngineChannel:
         self._keepalive_ms = config.keepalive_ms
         self._pings_warned = False
         # The tail: the newest committed rows as encoded messages (seq, bytes).
-        self._tail: deque[tuple[int, bytes]] = deque()
+        # The tail: the newest committed rows (seq, kind, body, stored size);
+        # the writer encodes each as it writes it.
+        self._tail: deque[tuple[int, str, dict[str, Any], int]] = deque()
         self._tail_bytes = 0
-        self._readahead: deque[tuple[int, bytes]] = deque()
+        self._readahead: deque[tuple[int, str, dict[str, Any]]] = deque()
+        # What an UpMessage adds around its body, for the size bound below.
+        self._envelope = 64 + len(config.run_id) + len(config.correlation_id)
         self._wakeup = asyncio.Event()
         self._up = asyncio.Event()
         self._over = asyncio.Event()
@@ -388,17 +393,23 @@ class GrpcEngineChannel:
         deadline = self._config.hard_deadline
         return deadline is not None and datetime.now(UTC) >= deadline
 
-    def _checked_message(self, kind: str, body: dict[str, Any]) -> pb.UpMessage:
-        msg = wire.up_message(self._run_id, self._config.correlation_id, 0, kind, body)
-        # + 11: the seq's tag and varint are not set yet.
-        size = msg.ByteSize() + 11
-        if size > self._config.max_message_bytes:
-            raise PayloadError(
-                kind,
-                f"encoded message is {size} bytes, over max_message_bytes "
-                f"{self._config.max_message_bytes}; it could never be delivered",
-            )
-        return msg
+    def _prepare(self, kind: str, body: dict[str, Any]) -> tuple[str, dict[str, Any], bytes]:
+        """Encode a checked body for the log; refuse it if its message could never travel."""
+        blob = encode_body(kind, body)
+        # A Struct takes at most ~11x the msgpack bytes of the same values
+        # (a list of small ints); only near the limit is the exact size worth
+        # building the message for.
+        if len(blob) * STRUCT_GROWTH + self._envelope > self._config.max_message_bytes:
+            msg = wire.up_message(self._run_id, self._config.correlation_id, 0, kind, body)
+            # + 11: the seq's tag and varint are not set yet.
+            size = msg.ByteSize() + 11
+            if size > self._config.max_message_bytes:
+                raise PayloadError(
+                    kind,
+                    f"encoded message is {size} bytes, over max_message_bytes "
+                    f"{self._config.max_message_bytes}; it could never be delivered",
+                )
+        return kind, body, blob
 
     def _check_backlog(self, added: int) -> None:
         limit = self._config.max_unacked_bytes
@@ -413,32 +424,28 @@ class GrpcEngineChannel:
 
     def _log_rows(
         self,
-        items: list[tuple[str, dict[str, Any], pb.UpMessage]],
+        items: list[tuple[str, dict[str, Any], bytes]],
         progress: Mapping[str, Any] | None,
         *,
         exempt_from_backlog: bool = False,
     ) -> list[int]:
         marker = messages.progress_marker(progress)
         if self._config.max_unacked_bytes is not None and not exempt_from_backlog:
-            self._check_backlog(sum(len(msgpack.packb(body)) for _, body, _ in items))
-        seqs = self._log.append_many([(kind, body) for kind, body, _ in items], progress=marker)
+            self._check_backlog(sum(len(blob) for _, _, blob in items))
+        seqs = self._log.append_encoded([(kind, blob) for kind, _, blob in items], progress=marker)
         _killpoints.reached("after_commit")
-        for seq, (_, _, msg) in zip(seqs, items, strict=True):
-            msg.seq = seq
-            self._enqueue(seq, msg.SerializeToString())
+        tail = self._tail
+        if tail and tail[-1][0] + 1 != seqs[0]:
+            tail.clear()
+            self._tail_bytes = 0
+        for seq, (kind, body, blob) in zip(seqs, items, strict=True):
+            tail.append((seq, kind, body, len(blob)))
+            self._tail_bytes += len(blob)
+        while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
+            self._tail_bytes -= tail.popleft()[3]
         self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
         self._wakeup.set()
         return seqs
-
-    def _enqueue(self, seq: int, data: bytes) -> None:
-        tail = self._tail
-        if tail and tail[-1][0] + 1 != seq:
-            tail.clear()
-            self._tail_bytes = 0
-        tail.append((seq, data))
-        self._tail_bytes += len(data)
-        while len(tail) > TAIL_ROWS or (self._tail_bytes > TAIL_BYTES and len(tail) > 1):
-            self._tail_bytes -= len(tail.popleft()[1])
 
     def send_event(
         self,
@@ -474,7 +481,7 @@ class GrpcEngineChannel:
         """
         self._check_sendable()
         body = messages.event_body(type, severity, payload, ts)
-        return self._log_rows([("event", body, self._checked_message("event", body))], progress)[0]
+        return self._log_rows([self._prepare("event", body)], progress)[0]
 
     def send_finding(
         self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
@@ -493,9 +500,7 @@ class GrpcEngineChannel:
         """
         self._check_sendable()
         body = messages.finding_body(finding)
-        return self._log_rows(
-            [("finding", body, self._checked_message("finding", body))], progress
-        )[0]
+        return self._log_rows([self._prepare("finding", body)], progress)[0]
 
     def send_findings(
         self,
@@ -521,7 +526,7 @@ class GrpcEngineChannel:
         items = []
         for finding in findings:
             body = messages.finding_body(finding)
-            items.append(("finding", body, self._checked_message("finding", body)))
+            items.append(self._prepare("finding", body))
         if not items:
             return []
         return self._log_rows(items, progress)
@@ -549,7 +554,8 @@ class GrpcEngineChannel:
         Raises:
             PayloadError: a bad field.
             ChannelClosedError: after ``close`` or a previous ``send_done``.
-            EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``.
+            EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
+                also when the channel fails while waiting (engine behind).
 
         SPEC "Shutdown order".
         """
@@ -565,7 +571,7 @@ class GrpcEngineChannel:
         if self._cursor.done_seq is None:
             body = messages.done_body(status, findings, coverage, exit_reason)
             self._log_rows(
-                [("done", body, self._checked_message("done", body))],
+                [self._prepare("done", body)],
                 None,
                 exempt_from_backlog=True,
             )
@@ -619,7 +625,7 @@ class GrpcEngineChannel:
             self._check_sendable()
             body = messages.approval_body(rid, action, details)
             self._log_rows(
-                [("approval_request", body, self._checked_message("approval_request", body))],
+                [self._prepare("approval_request", body)],
                 None,
             )
             future = asyncio.get_running_loop().create_future()
@@ -1181,7 +1187,7 @@ class GrpcEngineChannel:
         acked = self._cursor.acked
         tail = self._tail
         while tail and tail[0][0] <= acked:
-            self._tail_bytes -= len(tail.popleft()[1])
+            self._tail_bytes -= tail.popleft()[3]
         self._store_ack()
         self._acked_changed.set()
 
@@ -1241,27 +1247,27 @@ class GrpcEngineChannel:
             )
 
     def _row_bytes(self, seq: int) -> bytes:
+        """The encoded ``UpMessage`` of row ``seq``: from the tail, else from disk."""
         tail = self._tail
         if tail and tail[0][0] <= seq <= tail[-1][0]:
-            return tail[seq - tail[0][0]][1]
-        ahead = self._readahead
-        while ahead and ahead[0][0] < seq:
-            ahead.popleft()
-        if not ahead or ahead[0][0] != seq:
-            ahead.clear()
-            budget = TAIL_BYTES
-            for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
-                msg = wire.up_message(
-                    self._run_id, self._config.correlation_id, row.seq, row.kind, row.body
-                )
-                data = msg.SerializeToString()
-                ahead.append((row.seq, data))
-                budget -= len(data)
-                if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
-                    break
-        if not ahead or ahead[0][0] != seq:
-            raise _StreamEnded(f"row seq {seq} is not in the log")
-        return ahead.popleft()[1]
+            _, kind, body, _ = tail[seq - tail[0][0]]
+        else:
+            ahead = self._readahead
+            while ahead and ahead[0][0] < seq:
+                ahead.popleft()
+            if not ahead or ahead[0][0] != seq:
+                ahead.clear()
+                budget = TAIL_BYTES
+                for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
+                    ahead.append((row.seq, row.kind, row.body))
+                    budget -= row.size
+                    if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
+                        break
+            if not ahead or ahead[0][0] != seq:
+                raise _StreamEnded(f"row seq {seq} is not in the log")
+            _, kind, body = ahead.popleft()
+        msg = wire.up_message(self._run_id, self._config.correlation_id, seq, kind, body)
+        return msg.SerializeToString()
 
     async def _write_loop(self, stream: _Stream) -> None:
         call = stream.call

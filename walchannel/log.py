@@ -32,7 +32,7 @@ import socket
 import sqlite3
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +61,7 @@ __all__ = [
     "RunMeta",
     "SCHEMA_VERSION",
     "decode_row",
+    "encode_body",
 ]
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,12 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _encode_body(kind: str, body: Mapping[str, Any]) -> bytes:
+def encode_body(kind: str, body: Mapping[str, Any]) -> bytes:
+    """Encode a row body as msgpack, the form it is stored in.
+
+    Raises:
+        PayloadError: msgpack cannot encode it (named by ``kind``).
+    """
     try:
         return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
@@ -720,18 +726,46 @@ class RunLog:
             As :meth:`append`; ``ValueError`` for an empty ``items``.
         """
         self._check_appendable()
+        encoded = []
+        for kind, body in items:
+            if kind not in _KINDS:
+                raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
+            encoded.append((kind, encode_body(kind, body)))
+        return self.append_encoded(encoded, progress=progress)
+
+    def append_encoded(
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """:meth:`append_many` for bodies already encoded with :func:`encode_body`.
+
+        Lets a caller that needs the encoded size (the channel's message-size
+        and backlog checks) encode each body once.
+
+        Args:
+            items: ``(kind, msgpack body)`` pairs, in order.
+            progress: as in :meth:`append`.
+
+        Returns:
+            Their seqs, consecutive, once committed.
+
+        Raises:
+            As :meth:`append_many`.
+        """
+        self._check_appendable()
         now = time.time()
         seq = self._next_seq
         rows: list[tuple[int, str, bytes, int, float]] = []
         done_at: int | None = None
-        for kind, body in items:
+        for kind, blob in items:
             if kind not in _KINDS:
                 raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
             if done_at is not None:
                 raise ChannelClosedError(
                     f"run {self._run_id}: rows after Done (seq {done_at}) are refused"
                 )
-            blob = _encode_body(kind, body)
             rows.append((seq, kind, blob, zlib.crc32(blob), now))
             if kind == "done":
                 done_at = seq
@@ -758,8 +792,9 @@ class RunLog:
             raise self._fail_transaction(exc, what) from None
         first = self._next_seq
         self._next_seq = seq
-        if progress is not None:
-            self._progress = json.loads(marker) if marker is not None else None
+        if marker is not None:
+            # A copy the caller cannot mutate afterwards.
+            self._progress = json.loads(marker)
         if done_at is not None:
             self._done_seq = done_at
         if self._unacked_bytes is not None:
