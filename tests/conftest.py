@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from walchannel.testing.engine import LocalEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = Path(__file__).resolve().parent / "helpers"
@@ -25,3 +33,20 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def new_run(engine: LocalEngine, prefix: str = "run") -> tuple[str, str]:
+    """Register a fresh run with ``engine``; return ``(run_id, token)``."""
+    run_id = f"{prefix}-{secrets.token_hex(4)}"
+    token = "tok-" + secrets.token_urlsafe(18)
+    engine.register_run(run_id, token)
+    return run_id, token
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
+    """Wait until ``check()`` is true, polling every 20 ms; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.02)

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import HELPERS, PYTHON, child_env
+from conftest import HELPERS, PYTHON, child_env, eventually, new_run
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
     ChannelState,
@@ -37,7 +37,6 @@ from walchannel import (
     PayloadError,
     RunLog,
     WalCorruptError,
-    WalLockedError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.log import ROW_LOST_TYPE
@@ -45,21 +44,6 @@ from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
 NOBODY = 65534
-
-
-def new_run(engine: LocalEngine) -> tuple[str, str]:
-    run_id = f"run-{secrets.token_hex(4)}"
-    token = "tok-" + secrets.token_urlsafe(18)
-    engine.register_run(run_id, token)
-    return run_id, token
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- payloads -------------------------------------------------------------------------
@@ -585,34 +569,19 @@ async def test_two_owners_second_harness_process_is_refused_with_the_pid(
         assert ch.unacked_count == 1
 
 
-@pytest.mark.asyncio
-async def test_two_owners_forked_child_of_an_open_channel_cannot_write(
-    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
-) -> None:
-    ch = engine_channel
-    await ch.handshake("1", "catalogue", "1")
-    ch.send_finding({"n": 1})
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        verdict = b"wrote"
-        try:
-            ch.send_finding({"n": "child"})
-        except WalLockedError:
-            verdict = b"locked"
-        except BaseException:
-            verdict = b"other"
-        os.write(write, verdict)
-        os._exit(0)
-    os.close(write)
-    verdict = os.read(read, 16)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert verdict == b"locked"
-    ch.send_finding({"n": 2})
-    assert await ch.wait_acked(timeout_ms=5000)
-    assert [b["body"]["fields"]["n"] for b in local_engine.bodies(ch.config.run_id)] == [1.0, 2.0]
+def test_two_owners_forked_child_of_an_open_channel_cannot_write(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [PYTHON, str(HELPERS / "fork_run.py"), str(tmp_path / "wal")],
+        capture_output=True,
+        text=True,
+        env=child_env(GRPC_ENABLE_FORK_SUPPORT="false"),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["verdicts"] == ["locked"] * 10
+    assert report["delivered"]
+    assert report["bodies"] == [float(i) for i in range(10)]  # no child row, none lost
 
 
 # -- TLS ------------------------------------------------------------------------------------

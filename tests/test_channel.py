@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import shutil
 import socket
 import sqlite3
@@ -15,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from conftest import eventually, new_run
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
     ApprovalTimeoutError,
@@ -32,25 +32,10 @@ from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
 
-def new_run(engine: LocalEngine, prefix: str = "run") -> tuple[str, str]:
-    run_id = f"{prefix}-{secrets.token_hex(4)}"
-    token = "tok-" + secrets.token_urlsafe(16)
-    engine.register_run(run_id, token)
-    return run_id, token
-
-
 def channel_for(
     engine: LocalEngine, wal: Path, run_id: str, token: str, **kw: Any
 ) -> GrpcEngineChannel:
     return GrpcEngineChannel(local_channel_config(engine, wal, run_id, token, **kw))
-
-
-async def eventually(check: Any, timeout: float = 10.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.02)
 
 
 def finding(i: int) -> dict[str, Any]:

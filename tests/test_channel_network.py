@@ -7,7 +7,6 @@ import contextlib
 import http.server
 import logging
 import re
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -18,27 +17,12 @@ import grpc
 import grpc.aio
 import pytest
 
+from conftest import eventually, new_run
 from walchannel import Backoff, ChannelState, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.wire import handshake_message, up_message
-
-
-def new_run(engine: LocalEngine) -> tuple[str, str]:
-    run_id = f"run-{secrets.token_hex(4)}"
-    token = secrets.token_urlsafe(16)
-    engine.register_run(run_id, token)
-    return run_id, token
-
-
-async def eventually(check: Any, timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
 
 RECONNECT = re.compile(r"reconnecting in (\d+) ms \(attempt (\d+)\)")
 
