@@ -187,7 +187,7 @@ class SimLog:
         return range(first, seq)
 
     def ack(self, seq: int) -> int:
-        if seq <= self.last_acked:
+        if seq <= self.last_acked or self.completed:
             return 0
         if seq > self.high_water:
             raise ValueError(f"ack {seq} is above the high-water mark {self.high_water}")
@@ -252,6 +252,17 @@ class SimLog:
         else:
             self.done_seq = done_seq
         return deleted
+
+    def complete_by_engine(self) -> None:
+        """``RunLog.complete_by_engine``: every row deleted and completed, the cursor kept."""
+        if self.done_seq is None:
+            raise ValueError("no Done is logged")
+        s = self.w.disk.states[-1]
+        touched = tuple(c for c in s.rows.values() if c >= 0)
+        self.w.commit(s._replace(rows={}, completed=True, touched=touched), "complete_by_engine")
+        self.w.tr("log completed on the engine's word (tombstone)")
+        self.completed = True
+        self.done_seq = None
 
     def meta(self, *, handshake: bool = False) -> None:
         """``update_meta``: a meta-only transaction (handshake fields, address, errors)."""
@@ -610,6 +621,18 @@ class Chan:
         if P.is_too_many_pings(details):
             self.keepalive = min(self.keepalive * 2, MAX_KEEPALIVE_MS)
         if P.classify_end(code, details) is P.EndKind.RUN_COMPLETED:
+            # _on_run_completed: a logged Done was applied, its ack lost.
+            if self.log.done_seq is not None:
+                try:
+                    self.log.complete_by_engine()
+                except WalWriteError:
+                    pass  # logged by the channel; the rows stay, the run fails below
+                else:
+                    self.cursor.completed = True
+                    self.failure = RunCompletedError("the engine says the run is completed")
+                    if not self.sm.final:
+                        self.move(P.ChannelState.FAILED)
+                    return
             self.fail(RunCompletedError("the engine says the run is completed"))
             return
         if self.sm.final:

@@ -1057,7 +1057,7 @@ class GrpcEngineChannel:
     def _on_run_completed(self) -> None:
         """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
         error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
-        if self._cursor.done_seq is not None and self._log.writable:
+        if self._log.done_seq is not None and self._log.writable:
             # Our Done was applied but its ack was lost: the run ended well.
             # Without this the log would hold its rows forever (found by tools/sim.py).
             try:

@@ -819,8 +819,8 @@ class RunLog:
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()
-        if seq <= self._last_acked:
-            return 0
+        if seq <= self._last_acked or self._completed:
+            return 0  # a tombstone takes no more writes
         if seq > self.high_water:
             raise ValueError(
                 f"run {self._run_id}: ack {seq} is above the high-water mark {self.high_water}"
