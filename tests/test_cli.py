@@ -21,7 +21,6 @@ import socket
 import sqlite3
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import PYTHON, ROOT, child_env
+from conftest import PYTHON, ROOT, child_env, eventually
 from walchannel import EngineBehindError, EngineUnavailableError, GrpcEngineChannel, RunLog
 from walchannel.inspection import JSON_KEYS, format_age, format_size
 from walchannel.log import check_header
@@ -136,13 +135,6 @@ def make_log(wal_dir: Path, run_id: str, rows: int, *, token: str | None = None)
         for i in range(rows):
             wal.append("finding", {"fields": finding(i, pad=120)})
     return log_file(wal_dir, run_id)
-
-
-async def eventually(check: Any, timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        await asyncio.sleep(0.02)
 
 
 # -- inspect beside a live run ------------------------------------------------------

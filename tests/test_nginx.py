@@ -19,13 +19,14 @@ import secrets
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from conftest import eventually
 from helpers.engines import EngineProcs, Proc
 from helpers.nginx import NGINX, Nginx
 from walchannel import Backoff, ChannelState, GrpcChannelConfig, GrpcEngineChannel
@@ -118,14 +119,6 @@ async def caplog_channel(
 ) -> AsyncIterator[pytest.LogCaptureFixture]:
     caplog.set_level(logging.INFO, logger="walchannel.channel")
     yield caplog
-
-
-async def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.asyncio

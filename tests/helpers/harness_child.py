@@ -14,7 +14,13 @@ import contextlib
 import os
 import sys
 
-from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel, RunCompletedError
+from walchannel import (
+    Backoff,
+    ChannelState,
+    GrpcChannelConfig,
+    GrpcEngineChannel,
+    RunCompletedError,
+)
 from walchannel.errors import EngineUnavailableError
 
 
@@ -61,6 +67,9 @@ async def main() -> int:
         acked = await channel.send_done("completed", n, ["all"], "")
         while not acked:
             # send_done is called once per channel: wait on its ack instead.
+            if channel.state is ChannelState.FAILED:
+                print("failed:", channel.stats().last_error, flush=True)
+                return 1
             print("done not acked yet", flush=True)
             acked = await channel.wait_acked(timeout_ms=2000)
     print("finished", flush=True)
