@@ -54,3 +54,15 @@ def test_lazy_exports_resolve_and_unknown_names_fail() -> None:
     assert sorted(walchannel.__all__) == walchannel.__all__
     with pytest.raises(AttributeError, match="NoSuchThing"):
         walchannel.NoSuchThing  # noqa: B018
+
+
+def test_testing_names_resolve_lazily_without_grpc() -> None:
+    code = (
+        "import sys, walchannel.testing as t\n"
+        "assert 'grpc' not in sys.modules\n"
+        "assert sorted(t.__all__) == t.__all__\n"
+        "t.InMemoryEngineChannel, t.EngineStore\n"
+        "assert 'grpc' not in sys.modules, 'the in-memory double and the store need no grpc'\n"
+        "t.LocalEngine, t.FaultProxy\n"
+    )
+    subprocess.run([PYTHON, "-c", code], check=True, env=child_env())
