@@ -94,6 +94,31 @@ async def test_bad_payload_uses_no_seq_and_good_ones_keep_order(
 
 
 @pytest.mark.asyncio
+async def test_a_payload_changed_after_send_goes_out_as_it_was_committed(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    # A harness may reuse or change its dicts once send_* returned: what was
+    # committed is what the engine gets, never the later state.
+    ch = engine_channel
+    await ch.handshake("1", "h", "1")
+    first = {"test_id": "B101", "lines": [1, 2]}
+    batch = [{"test_id": "B102", "lines": [3]}, {"test_id": "B103", "lines": [4]}]
+    ch.send_finding(first)
+    ch.send_findings(batch)
+    first["test_id"] = "CHANGED"
+    first["lines"].append(object())  # not even encodable any more
+    batch[0]["lines"].clear()
+    del batch[1]["test_id"]
+    assert await ch.wait_acked(timeout_ms=5000)
+    got = [row["body"]["fields"] for row in local_engine.bodies(ch.config.run_id)]
+    assert got == [
+        {"test_id": "B101", "lines": [1.0, 2.0]},
+        {"test_id": "B102", "lines": [3.0]},
+        {"test_id": "B103", "lines": [4.0]},
+    ]
+
+
+@pytest.mark.asyncio
 async def test_engine_killed_and_replaced_keeps_the_count_rising(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:

@@ -61,6 +61,17 @@ async def test_in_memory_channel_records_what_it_gets(
 
 
 @pytest.mark.asyncio
+async def test_in_memory_channel_keeps_what_was_sent_not_later_changes() -> None:
+    ch = InMemoryEngineChannel()
+    finding = {"test_id": "B101", "lines": [1, 2]}
+    ch.send_finding(finding)
+    ch.send_findings([finding])
+    finding["lines"].append(3)
+    finding["test_id"] = "CHANGED"
+    assert ch.findings == [{"fields": {"test_id": "B101", "lines": [1, 2]}}] * 2
+
+
+@pytest.mark.asyncio
 async def test_in_memory_channel_refuses_what_the_real_one_refuses() -> None:
     ch = InMemoryEngineChannel()
     with pytest.raises(PayloadError, match=r"finding\.x"):

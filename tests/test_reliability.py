@@ -350,6 +350,7 @@ async def test_discovery_answering_a_refusing_address_backs_off_until_a_replacem
         await local_engine.kill()  # discovery keeps answering the dead address
         for i in range(1, 20):
             ch.send_finding({"n": i})
+
         def delays() -> list[int]:
             return [int(d) for d in re.findall(r"reconnecting in (\d+) ms", caplog.text)]
 

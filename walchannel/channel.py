@@ -34,6 +34,7 @@ from typing import Any, Self
 import grpc
 import grpc.aio
 import httpx
+import msgpack
 
 from walchannel import _killpoints, messages, wire
 from walchannel._proto import engine_channel_pb2 as pb
@@ -79,7 +80,7 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS = 300_000
 #: The in-memory tail of committed rows the writer reads before disk (bytes
-#: of their msgpack bodies; the Python objects take a few times more).
+#: of their msgpack bodies).
 TAIL_BYTES = 4 * 1024 * 1024
 #: A Struct-encoded message is at most this many times its msgpack body.
 STRUCT_GROWTH = 16
@@ -259,10 +260,10 @@ class GrpcEngineChannel:
         self._addr = config.grpc_addr
         self._keepalive_ms = config.keepalive_ms
         self._pings_warned = False
-        # The tail: the newest committed rows as encoded messages (seq, bytes).
-        # The tail: the newest committed rows (seq, kind, body, stored size);
-        # the writer encodes each as it writes it.
-        self._tail: deque[tuple[int, str, dict[str, Any], int]] = deque()
+        # The tail: the newest committed rows (seq, kind, msgpack body) exactly
+        # as stored, not the caller's dicts, which it may change once send_*
+        # returned; the writer decodes and builds each message as it writes it.
+        self._tail: deque[tuple[int, str, bytes]] = deque()
         self._tail_bytes = 0
         self._readahead: deque[tuple[int, str, dict[str, Any]]] = deque()
         # What an UpMessage adds around its body, for the size bound below.
@@ -393,7 +394,7 @@ class GrpcEngineChannel:
         deadline = self._config.hard_deadline
         return deadline is not None and datetime.now(UTC) >= deadline
 
-    def _prepare(self, kind: str, body: dict[str, Any]) -> tuple[str, dict[str, Any], bytes]:
+    def _prepare(self, kind: str, body: dict[str, Any]) -> tuple[str, bytes]:
         """Encode a checked body for the log; refuse it if its message could never travel."""
         blob = encode_body(kind, body)
         # A Struct takes at most ~11x the msgpack bytes of the same values
@@ -409,7 +410,7 @@ class GrpcEngineChannel:
                     f"encoded message is {size} bytes, over max_message_bytes "
                     f"{self._config.max_message_bytes}; it could never be delivered",
                 )
-        return kind, body, blob
+        return kind, blob
 
     def _check_backlog(self, added: int) -> None:
         limit = self._config.max_unacked_bytes
@@ -424,25 +425,25 @@ class GrpcEngineChannel:
 
     def _log_rows(
         self,
-        items: list[tuple[str, dict[str, Any], bytes]],
+        items: list[tuple[str, bytes]],
         progress: Mapping[str, Any] | None,
         *,
         exempt_from_backlog: bool = False,
     ) -> list[int]:
         marker = messages.progress_marker(progress)
         if self._config.max_unacked_bytes is not None and not exempt_from_backlog:
-            self._check_backlog(sum(len(blob) for _, _, blob in items))
-        seqs = self._log.append_encoded([(kind, blob) for kind, _, blob in items], progress=marker)
+            self._check_backlog(sum(len(blob) for _, blob in items))
+        seqs = self._log.append_encoded(items, progress=marker)
         _killpoints.reached("after_commit")
         tail = self._tail
         if tail and tail[-1][0] + 1 != seqs[0]:
             tail.clear()
             self._tail_bytes = 0
-        for seq, (kind, body, blob) in zip(seqs, items, strict=True):
-            tail.append((seq, kind, body, len(blob)))
+        for seq, (kind, blob) in zip(seqs, items, strict=True):
+            tail.append((seq, kind, blob))
             self._tail_bytes += len(blob)
         while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
-            self._tail_bytes -= tail.popleft()[3]
+            self._tail_bytes -= len(tail.popleft()[2])
         self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
         self._wakeup.set()
         return seqs
@@ -1187,7 +1188,7 @@ class GrpcEngineChannel:
         acked = self._cursor.acked
         tail = self._tail
         while tail and tail[0][0] <= acked:
-            self._tail_bytes -= tail.popleft()[3]
+            self._tail_bytes -= len(tail.popleft()[2])
         self._store_ack()
         self._acked_changed.set()
 
@@ -1250,7 +1251,8 @@ class GrpcEngineChannel:
         """The encoded ``UpMessage`` of row ``seq``: from the tail, else from disk."""
         tail = self._tail
         if tail and tail[0][0] <= seq <= tail[-1][0]:
-            _, kind, body, _ = tail[seq - tail[0][0]]
+            _, kind, blob = tail[seq - tail[0][0]]
+            body = msgpack.unpackb(blob, raw=False)
         else:
             ahead = self._readahead
             while ahead and ahead[0][0] < seq:

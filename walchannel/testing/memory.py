@@ -4,7 +4,9 @@ For unit tests of harness code that need no engine, no socket and no disk.
 It checks every input exactly as the real channel does (the same
 ``PayloadError`` for the same bad payload) and exposes what it got as
 ``events``, ``findings``, ``approvals`` (lists of the body mappings, shapes
-as in SPEC "Control vs data") and ``done``. For durability tests use the
+as in SPEC "Control vs data") and ``done``. Each body is recorded as the
+real channel commits it (a msgpack round trip: tuples become lists), so a
+harness changing its dicts after a send changes nothing recorded. For durability tests use the
 real channel against :class:`~walchannel.testing.LocalEngine`.
 """
 
@@ -16,9 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import msgpack
+
 from walchannel import messages
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, StopCallback
+from walchannel.log import encode_body
 from walchannel.payload import check_text
 
 __all__ = ["InMemoryEngineChannel"]
@@ -96,7 +101,7 @@ class InMemoryEngineChannel:
         self._check_open()
         body = messages.event_body(type, severity, payload, ts)
         messages.progress_marker(progress)
-        self.events.append(body)
+        self.events.append(_as_committed("event", body))
         return self._commit(1, progress)[0]
 
     def send_finding(
@@ -106,7 +111,7 @@ class InMemoryEngineChannel:
         self._check_open()
         body = messages.finding_body(finding)
         messages.progress_marker(progress)
-        self.findings.append(body)
+        self.findings.append(_as_committed("finding", body))
         return self._commit(1, progress)[0]
 
     def send_findings(
@@ -117,7 +122,7 @@ class InMemoryEngineChannel:
     ) -> list[int]:
         """Record several findings (all, or none on a bad one) and return their seqs."""
         self._check_open()
-        bodies = [messages.finding_body(f) for f in findings]
+        bodies = [_as_committed("finding", messages.finding_body(f)) for f in findings]
         messages.progress_marker(progress)
         if not bodies:
             return []
@@ -129,7 +134,9 @@ class InMemoryEngineChannel:
     ) -> bool:
         """Record ``Done``; always acked at once (returns True)."""
         self._check_open()
-        self.done = messages.done_body(status, findings, coverage, exit_reason)
+        self.done = _as_committed(
+            "done", messages.done_body(status, findings, coverage, exit_reason)
+        )
         self._commit(1, None)
         return True
 
@@ -144,7 +151,9 @@ class InMemoryEngineChannel:
         """Record an approval request and answer it with the ``approve`` policy at once."""
         self._check_open()
         rid = request_id if request_id is not None else str(uuid.uuid4())
-        self.approvals.append(messages.approval_body(rid, action, details))
+        self.approvals.append(
+            _as_committed("approval_request", messages.approval_body(rid, action, details))
+        )
         self._commit(1, None)
         return ApprovalDecision(rid, self._approve, "in-memory policy")
 
@@ -170,3 +179,9 @@ class InMemoryEngineChannel:
     async def close(self) -> None:
         """Mark the channel closed (idempotent)."""
         self.closed = True
+
+
+def _as_committed(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as the real channel stores it: a msgpack round trip, so a copy."""
+    decoded: dict[str, Any] = msgpack.unpackb(encode_body(kind, body), raw=False)
+    return decoded
