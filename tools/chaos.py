@@ -62,7 +62,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -71,6 +71,9 @@ if str(ROOT) not in sys.path:
 from walchannel import _killpoints  # noqa: E402
 from walchannel.testing.proxy import FaultProxy  # noqa: E402
 from walchannel.testing.store import EngineStore  # noqa: E402
+
+if TYPE_CHECKING:
+    from walchannel import GrpcChannelConfig
 
 CHILD = ROOT / "tools" / "chaos_child.py"
 POINTS: tuple[str, ...] = _killpoints.POINTS
@@ -265,6 +268,25 @@ def new_run(cluster: Cluster, tmp: Path, n: int, prefix: str) -> Run:
     run = Run(run_id, secrets.token_urlsafe(18), n, tmp / "wal", f"chaos-{run_id}")
     cluster.register(run.run_id, run.token)
     return run
+
+
+def fast_config(run: Run, grpc_addr: str) -> GrpcChannelConfig:
+    """An in-process channel that finds a frozen link in ~3 s (keepalive 1 s)."""
+    from walchannel import Backoff, GrpcChannelConfig
+
+    return GrpcChannelConfig(
+        grpc_addr=grpc_addr,
+        run_id=run.run_id,
+        correlation_id=run.correlation_id,
+        run_token=run.token,
+        wal_dir=run.wal_dir,
+        keepalive_ms=1000,
+        dead_stream_ms=3000,
+        connect_timeout_ms=2000,
+        backoff=Backoff(initial_ms=50, multiplier=2, max_ms=500, jitter_ms=25),
+        done_ack_timeout_ms=10_000,
+        close_timeout_ms=1000,
+    )
 
 
 @dataclass
@@ -715,26 +737,14 @@ async def both(tmp: Path, iterations: int, rng: random.Random) -> tuple[bool, st
 
 async def network(tmp: Path, iterations: int, rng: random.Random) -> tuple[bool, str]:
     """The proxy cycles its faults under one streaming run; freeze detection is timed."""
-    from walchannel import Backoff, ChannelState, GrpcChannelConfig, GrpcEngineChannel
+    from walchannel import ChannelState, GrpcEngineChannel
 
     cluster = Cluster(tmp, discovery=False)
     await cluster.start()
     proxy = FaultProxy(cluster.grpc_addr)
     await proxy.start()
     run = new_run(cluster, tmp, 0, "nw")
-    config = GrpcChannelConfig(
-        grpc_addr=proxy.addr,
-        run_id=run.run_id,
-        correlation_id=run.correlation_id,
-        run_token=run.token,
-        wal_dir=run.wal_dir,
-        keepalive_ms=1000,
-        dead_stream_ms=3000,
-        connect_timeout_ms=2000,
-        backoff=Backoff(initial_ms=50, multiplier=2, max_ms=500, jitter_ms=25),
-        done_ack_timeout_ms=10_000,
-        close_timeout_ms=1000,
-    )
+    config = fast_config(run, proxy.addr)
     detections: list[float] = []
     ends = _Ends()
     channel_logger = logging.getLogger("walchannel.channel")
@@ -906,7 +916,7 @@ def _log_bytes(wal_dir: Path, run_id: str) -> int:
 
 async def soak(tmp: Path, seconds: float, rng: random.Random) -> tuple[bool, str]:
     """One run streams for ``seconds`` under periodic faults; resources must stay flat."""
-    from walchannel import Backoff, ChannelState, GrpcChannelConfig, GrpcEngineChannel
+    from walchannel import ChannelState, GrpcEngineChannel
 
     cluster = Cluster(tmp, discovery=False)
     await cluster.start()
@@ -918,19 +928,7 @@ async def soak(tmp: Path, seconds: float, rng: random.Random) -> tuple[bool, str
         stdin=True,
     )
     run = new_run(cluster, tmp, 0, "soak")
-    config = GrpcChannelConfig(
-        grpc_addr=str(proxy.info["addr"]),
-        run_id=run.run_id,
-        correlation_id=run.correlation_id,
-        run_token=run.token,
-        wal_dir=run.wal_dir,
-        keepalive_ms=1000,
-        dead_stream_ms=3000,
-        connect_timeout_ms=2000,
-        backoff=Backoff(initial_ms=50, multiplier=2, max_ms=500, jitter_ms=25),
-        done_ack_timeout_ms=10_000,
-        close_timeout_ms=1000,
-    )
+    config = fast_config(run, str(proxy.info["addr"]))
     channel = GrpcEngineChannel(config)
     samples: list[dict[str, float]] = []
     problems: list[str] = []
