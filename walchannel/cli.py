@@ -129,8 +129,14 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _folder_or_default(path: str | None) -> Path:
-    return Path(path).expanduser() if path else files.default_wal_dir()
+def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
+    """The folder (default: the default log folder) and its logs, or None after an error."""
+    folder = Path(path).expanduser() if path else files.default_wal_dir()
+    try:
+        return folder, list_logs(folder)
+    except PathError as exc:
+        _err(command, str(exc))
+        return None
 
 
 # -- inspect -----------------------------------------------------------------------
@@ -273,12 +279,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json and args.show:
         _err("inspect", "--show is for the human output; use 'walchannel export LOG' for JSON rows")
         return 2
-    folder = _folder_or_default(args.path)
-    try:
-        logs = list_logs(folder)
-    except PathError as exc:
-        _err("inspect", str(exc))
+    found = _logs_at("inspect", args.path)
+    if found is None:
         return 2
+    folder, logs = found
     now = time.time()
     reports = sorted(
         (
@@ -466,12 +470,10 @@ def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    folder = _folder_or_default(args.path)
-    try:
-        logs = list_logs(folder)
-    except PathError as exc:
-        _err("prune", str(exc))
+    found = _logs_at("prune", args.path)
+    if found is None:
         return 2
+    folder, logs = found
     now = time.time()
     cutoff = now - args.older_than * _SECONDS_PER_DAY
     outcomes = [_prune_one(log, cutoff, now) for log in logs]
