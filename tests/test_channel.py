@@ -61,6 +61,8 @@ async def test_round_trip_and_bodies(
     assert bodies[0]["kind"] == "event" and bodies[0]["body"]["payload"] == {"files": 3.0}
     assert bodies[1]["body"] == {"fields": {"n": 0.0, "path": "src/file_0.py", "line": 0.0}}
     assert ch.progress() == {"next": 8}
+    assert ch.send_findings([], progress={"next": 9}) == []  # no findings, marker moves
+    assert ch.progress() == {"next": 9} and ch.unacked_count == 0
     assert await ch.send_done("completed", 8, ["src"], "")
     assert local_engine.done(run_id) == {
         "seq": 10,

@@ -525,6 +525,46 @@ async def test_flush_over_tls_with_a_ca_file_and_exit_1_on_timeout(tmp_path: Pat
         await engine.stop()
 
 
+@pytest.mark.asyncio
+async def test_flush_dials_only_allowed_hosts_that_discovery_names(
+    tmp_path: Path, local_engine: LocalEngine
+) -> None:
+    run_id, token = new_run()
+    local_engine.register_run(run_id, token)
+    log = make_log(tmp_path / "wal", run_id, 3, token=token)
+    http = local_engine.http_addr
+    bad = await acli("flush", log, "--http-addr", http, "--allowed-host", "bad host!", stdin=token)
+    assert bad.rc == 2 and "--allowed-host" in bad.err and "bad host!" in bad.err
+    # Discovery answers 127.0.0.1, outside 10.0.0.0/8: never dialled.
+    fenced = await acli(
+        "flush",
+        log,
+        "--http-addr",
+        http,
+        "--allowed-host",
+        "10.0.0.0/8",
+        "--timeout",
+        "2",
+        stdin=token,
+    )
+    assert fenced.rc == 1 and "allowed_hosts" in fenced.err, fenced.err
+    assert local_engine.accepted(run_id) == []
+    allowed = await acli(
+        "flush",
+        log,
+        "--http-addr",
+        http,
+        "--allowed-host",
+        "127.0.0.0/8",
+        "--timeout",
+        "20",
+        stdin=token,
+    )
+    assert allowed.rc == 0, allowed.err
+    assert "set allowed_hosts" not in allowed.err
+    assert local_engine.accepted(run_id) == [1, 2, 3]
+
+
 # -- corrupt files ------------------------------------------------------------------
 
 

@@ -79,6 +79,10 @@ def test_token_never_in_repr_or_str() -> None:
         ("hard_deadline", datetime(2030, 1, 1)),
         ("hard_deadline", "2030-01-01"),
         ("backoff", {"initial_ms": 1}),
+        ("wal_dir", 123),
+        ("wal_dir", ""),
+        ("http_client", "client"),
+        ("credentials", "tls"),
     ],
 )
 def test_each_rule_raises_value_error_naming_the_field(field: str, value: Any) -> None:
@@ -143,3 +147,9 @@ def test_good_values_pass() -> None:
         hard_deadline=datetime(2030, 1, 1, tzinfo=UTC),
     )
     assert c.durability == "power"
+
+
+def test_a_bad_allowed_hosts_entry_is_named_once() -> None:
+    with pytest.raises(ValueError) as info:
+        build(allowed_hosts=["bad host!"])
+    assert str(info.value).count("allowed_hosts") == 1

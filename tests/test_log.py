@@ -176,9 +176,12 @@ def test_bad_item_in_a_batch_logs_nothing_and_uses_no_seq(wal_dir: Path) -> None
             wal.append("finding", finding(2), progress={"p": float("nan")})
         with pytest.raises(ValueError, match="unknown row kind"):
             wal.append("heartbeat", {})
-        with pytest.raises(ValueError, match="no rows"):
+        with pytest.raises(ValueError, match="no rows and no progress"):
             wal.append_many([])
         assert wal.next_seq == 2 and wal.progress == {"p": 1}
+        # A stretch of the scan with nothing to report still moves the marker.
+        assert wal.append_many([], progress={"p": 1.5}) == []
+        assert wal.next_seq == 2 and wal.progress == {"p": 1.5}
         assert wal.append("finding", finding(2)) == 2
         assert [r.seq for r in wal.unacked()] == [1, 2]
 

@@ -43,6 +43,8 @@ async def test_in_memory_channel_records_what_it_gets(
     await ch.handshake("1", "h", "1")
     assert ch.send_event("t", "info", {"a": 1}, ts="2026-01-01T00:00:00+02:00") == 1
     assert ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 2}) == [2, 3]
+    assert ch.send_findings([], progress={"next": 3}) == []
+    assert ch.progress() == {"next": 3}
     decision = await ch.request_approval("scan", {"x": 1}, request_id="r1")
     assert decision.approved and decision.request_id == "r1"
     ch.stop("operator")
@@ -55,7 +57,7 @@ async def test_in_memory_channel_records_what_it_gets(
     assert ch.findings == [{"fields": {"n": 1}}, {"fields": {"n": 2}}]
     assert ch.approvals == [{"request_id": "r1", "action": "scan", "details": {"x": 1}}]
     assert ch.done == {"status": "completed", "findings": 2, "coverage": ["a"], "exit_reason": ""}
-    assert ch.progress() == {"next": 2}
+    assert ch.progress() == {"next": 3}
     with pytest.raises(ChannelClosedError):
         ch.send_finding({"n": 3})
 

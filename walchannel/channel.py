@@ -516,8 +516,9 @@ class GrpcEngineChannel:
             progress: the harness's resume marker, committed with them.
 
         Returns:
-            Their seqs, consecutive; ``[]`` for no findings (then nothing,
-            not even ``progress``, is written).
+            Their seqs, consecutive; ``[]`` for no findings, when only
+            ``progress`` (if given) is committed: a stretch of the scan with
+            nothing to report still moves the resume marker.
 
         Raises:
             As :meth:`send_event`; a bad finding names its index
@@ -529,6 +530,9 @@ class GrpcEngineChannel:
             body = messages.finding_body(finding)
             items.append(self._prepare("finding", body))
         if not items:
+            marker = messages.progress_marker(progress)
+            if marker is not None:
+                self._log.append_encoded([], progress=marker)
             return []
         return self._log_rows(items, progress)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import __version__, files
+from walchannel.address import AllowedHost, parse_allowed_hosts
 from walchannel.errors import WalchannelError, WalCorruptError, WalLockedError
 from walchannel.inspection import (
     ALERT_STATES,
@@ -531,6 +532,12 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="PEM root certificates to check the engine's TLS certificate (default: plaintext)",
     )
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name or IP network discovery may name (repeat for more; default: any)",
+    )
+    p.add_argument(
         "--tls-server-name",
         metavar="NAME",
         help="the name to check the engine's certificate against when dialing an IP",
@@ -597,6 +604,10 @@ def _cmd_flush(args: argparse.Namespace) -> int:
                 correlation_id = reader.meta().correlation_id
         except WalCorruptError as exc:
             raise _Refused(str(exc)) from None
+        try:
+            allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None
+        except ValueError as exc:
+            raise _Refused(f"--allowed-host: {exc}") from None
         token = _read_token(args.token_env)
         ca: bytes | None = None
         if args.ca_file is not None:
@@ -604,13 +615,18 @@ def _cmd_flush(args: argparse.Namespace) -> int:
                 ca = Path(args.ca_file).expanduser().read_bytes()
             except OSError as exc:
                 raise _Refused(f"{args.ca_file}: cannot read: {exc.strerror or exc}") from None
-        return asyncio.run(_flush(args, path, run_id, correlation_id, token, ca))
+        return asyncio.run(_flush(args, path, run_id, correlation_id, token, ca, allowed))
     except _Refused as exc:
         _err("flush", f"refused: {exc}")
         return 2
 
 
-async def _discover_until(client: httpx.AsyncClient, http_addr: str, deadline: float) -> str | None:
+async def _discover_until(
+    client: httpx.AsyncClient,
+    http_addr: str,
+    allowed_hosts: tuple[AllowedHost, ...] | None,
+    deadline: float,
+) -> str | None:
     """Ask ``http_addr`` for the engine's address, retrying until ``deadline``."""
     from walchannel.discovery import discover
     from walchannel.errors import DiscoveryError
@@ -625,7 +641,7 @@ async def _discover_until(client: httpx.AsyncClient, http_addr: str, deadline: f
             return await discover(
                 client,
                 http_addr,
-                allowed_hosts=None,
+                allowed_hosts=allowed_hosts,
                 timeout_s=min(remaining, _FLUSH_CONNECT_TIMEOUT_MS / 1000),
             )
         except DiscoveryError as exc:
@@ -670,6 +686,7 @@ async def _flush(
     correlation_id: str,
     token: str,
     ca: bytes | None,
+    allowed: tuple[AllowedHost, ...] | None,
 ) -> int:
     # grpc and httpx load here, and only here: inspect and export never import them.
     import ssl
@@ -716,7 +733,7 @@ async def _flush(
             with _flush_logging():
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
-                    grpc_addr = await _discover_until(http, args.http_addr, deadline)
+                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline)
                     if grpc_addr is None:
                         _err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
                         return 1
@@ -732,6 +749,7 @@ async def _flush(
                         wal_dir=path.parent,
                         credentials=credentials,
                         tls_server_name=args.tls_server_name,
+                        allowed_hosts=allowed,
                         connect_timeout_ms=int(min(_FLUSH_CONNECT_TIMEOUT_MS, remaining_ms)) or 1,
                     )
                 except ValueError as exc:

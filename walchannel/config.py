@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -193,12 +194,16 @@ class GrpcChannelConfig:
             not isinstance(self.tls_server_name, str) or not self.tls_server_name
         ):
             raise ValueError("tls_server_name must be a non-empty str or None")
+        if self.wal_dir is not None and (
+            not isinstance(self.wal_dir, str | os.PathLike) or not os.fspath(self.wal_dir)
+        ):
+            raise ValueError(
+                f"wal_dir must be a non-empty path (str or PathLike), got {self.wal_dir!r}"
+            )
+        self._check_clients()
         if self.allowed_hosts is not None:
-            try:
-                normalized = parse_allowed_hosts(self.allowed_hosts)
-            except ValueError as exc:
-                raise ValueError(f"allowed_hosts: {exc}") from None
-            object.__setattr__(self, "allowed_hosts", normalized)
+            # Its errors name allowed_hosts already.
+            object.__setattr__(self, "allowed_hosts", parse_allowed_hosts(self.allowed_hosts))
         elif self.http_addr is not None and self.http_addr.startswith("http://"):
             log.warning(
                 "http_addr %s is plaintext and allowed_hosts is None: a forged discovery "
@@ -210,6 +215,22 @@ class GrpcChannelConfig:
             not isinstance(self.hard_deadline, datetime) or self.hard_deadline.tzinfo is None
         ):
             raise ValueError("hard_deadline must be an aware datetime (with tzinfo)")
+
+    def _check_clients(self) -> None:
+        # Without importing grpc or httpx (this module stays light): a real
+        # client or credentials object means its library is already loaded.
+        checks = (
+            ("http_client", self.http_client, "httpx", "AsyncClient"),
+            ("credentials", self.credentials, "grpc", "ChannelCredentials"),
+        )
+        for name, value, module, cls in checks:
+            if value is None:
+                continue
+            loaded = sys.modules.get(module)
+            if loaded is None or not isinstance(value, getattr(loaded, cls)):
+                raise ValueError(
+                    f"{name} must be a {module}.{cls} or None, got {type(value).__name__}"
+                )
 
     @staticmethod
     def _check_http_addr(url: object) -> None:

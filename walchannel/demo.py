@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pace", type=float, default=0.0, help="seconds the harness pauses per file"
     )
-    parser.add_argument("--workdir", help="keep the store and logs here (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", help="keep the store and logs here (default: a temp dir, removed after a PASS)"
+    )
     parser.add_argument("--harness", help="path of bandit_harness.py (default: examples/)")
     parser.add_argument(
         "--engine-kill-at", type=float, default=0.15, help="fraction of files before (a)"
@@ -262,6 +265,10 @@ def run(args: argparse.Namespace) -> int:
                     proc.kill()
                     proc.wait()
     print("PASS" if ok else "FAIL", f"({time.monotonic() - started:.1f} s)")
+    if ok and not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"work dir kept: {workdir}")
     return 0 if ok else 1
 
 

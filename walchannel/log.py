@@ -720,10 +720,12 @@ class RunLog:
             progress: as in :meth:`append`.
 
         Returns:
-            Their seqs, consecutive, once committed.
+            Their seqs, consecutive, once committed. No ``items`` with a
+            ``progress`` commits the marker alone and returns ``[]`` (a
+            stretch of the scan with nothing to report).
 
         Raises:
-            As :meth:`append`; ``ValueError`` for an empty ``items``.
+            As :meth:`append`; ``ValueError`` for no ``items`` and no ``progress``.
         """
         self._check_appendable()
         encoded = []
@@ -770,8 +772,8 @@ class RunLog:
             if kind == "done":
                 done_at = seq
             seq += 1
-        if not rows:
-            raise ValueError(f"run {self._run_id}: append_many() got no rows")
+        if not rows and progress is None:
+            raise ValueError(f"run {self._run_id}: append_many() got no rows and no progress")
         marker = _encode_progress(progress) if progress is not None else None
         conn = self._conn
         try:
@@ -788,7 +790,9 @@ class RunLog:
                     )
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            what = f"append {len(rows)} row(s) at seq {self._next_seq}"
+            what = (
+                f"append {len(rows)} row(s) at seq {self._next_seq}" if rows else "store progress"
+            )
             raise self._fail_transaction(exc, what) from None
         first = self._next_seq
         self._next_seq = seq
