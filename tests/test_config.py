@@ -153,3 +153,14 @@ def test_a_bad_allowed_hosts_entry_is_named_once() -> None:
     with pytest.raises(ValueError) as info:
         build(allowed_hosts=["bad host!"])
     assert str(info.value).count("allowed_hosts") == 1
+
+
+@pytest.mark.asyncio
+async def test_a_real_http_client_and_credentials_are_accepted() -> None:
+    import grpc
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        credentials = grpc.ssl_channel_credentials()
+        config = build(http_client=client, credentials=credentials)
+        assert config.http_client is client and config.credentials is credentials
