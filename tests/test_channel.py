@@ -121,6 +121,26 @@ async def test_a_payload_changed_after_send_goes_out_as_it_was_committed(
 
 
 @pytest.mark.asyncio
+async def test_tiny_rows_cannot_grow_the_tail_past_its_byte_bound(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+) -> None:
+    # Each tail row counts its Python overhead: 30,000 empty findings (9 bytes
+    # of msgpack each) would otherwise all stay in memory.
+    from walchannel.channel import TAIL_BYTES, TAIL_ROW_OVERHEAD
+
+    ch = engine_channel
+    n = 30_000
+    for _ in range(n // 5_000):
+        ch.send_findings([{}] * 5_000)
+    tail = ch._tail
+    assert len(tail) <= TAIL_BYTES // TAIL_ROW_OVERHEAD < n
+    assert tail[-1][0] == n and tail[0][0] > 1
+    await ch.handshake("1", "h", "1")  # the evicted rows come from disk
+    assert await ch.wait_acked(timeout_ms=60_000)
+    assert local_engine.accepted(ch.config.run_id) == list(range(1, n + 1))
+
+
+@pytest.mark.asyncio
 async def test_engine_killed_and_replaced_keeps_the_count_rising(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:

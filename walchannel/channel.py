@@ -79,9 +79,12 @@ METHOD = "/EngineChannel/Open"
 KEEPALIVE_TIMEOUT_MS = 10_000
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS = 300_000
-#: The in-memory tail of committed rows the writer reads before disk (bytes
-#: of their msgpack bodies).
+#: The in-memory tail of committed rows the writer reads before disk (bytes:
+#: each row counts its msgpack body plus TAIL_ROW_OVERHEAD).
 TAIL_BYTES = 4 * 1024 * 1024
+#: What a tail entry costs beyond its body (the tuple, int and bytes objects),
+#: so tiny rows cannot make the tail many times TAIL_BYTES in memory.
+TAIL_ROW_OVERHEAD = 160
 #: A Struct-encoded message is at most this many times its msgpack body.
 STRUCT_GROWTH = 16
 #: Rows read from disk at a time when the writer is behind the tail.
@@ -441,9 +444,9 @@ class GrpcEngineChannel:
             self._tail_bytes = 0
         for seq, (kind, blob) in zip(seqs, items, strict=True):
             tail.append((seq, kind, blob))
-            self._tail_bytes += len(blob)
+            self._tail_bytes += len(blob) + TAIL_ROW_OVERHEAD
         while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
-            self._tail_bytes -= len(tail.popleft()[2])
+            self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
         self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
         self._wakeup.set()
         return seqs
@@ -1192,7 +1195,7 @@ class GrpcEngineChannel:
         acked = self._cursor.acked
         tail = self._tail
         while tail and tail[0][0] <= acked:
-            self._tail_bytes -= len(tail.popleft()[2])
+            self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
         self._store_ack()
         self._acked_changed.set()
 
