@@ -727,12 +727,8 @@ class RunLog:
         Raises:
             As :meth:`append`; ``ValueError`` for no ``items`` and no ``progress``.
         """
-        self._check_appendable()
-        encoded = []
-        for kind, body in items:
-            if kind not in _KINDS:
-                raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
-            encoded.append((kind, encode_body(kind, body)))
+        # append_encoded checks the log and each kind.
+        encoded = [(kind, encode_body(kind, body)) for kind, body in items]
         return self.append_encoded(encoded, progress=progress)
 
     def append_encoded(

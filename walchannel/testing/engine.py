@@ -138,7 +138,7 @@ class _End:
 
 @dataclass(frozen=True, slots=True)
 class _Flush:
-    pass
+    """A marker on a stream's queue: the delayed down messages that are due go out now."""
 
 
 @dataclass(frozen=True, slots=True)
