@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest chaos sim bench proto clean
+.PHONY: test test-stress demo lint typecheck pytest chaos sim bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check walchannel tests tools examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# The suite RUNS times beside two busy-loop processes: a flake fails here.
+RUNS ?= 3
+test-stress: $(STAMP)
+	$(PY) tools/stress.py --runs $(RUNS)
 
 demo: $(STAMP)
 	$(VENV)/bin/walchannel demo

@@ -185,9 +185,10 @@ async def test_discovery_address_outside_allowed_hosts_is_never_dialled(
         caplog.set_level(logging.WARNING, logger="walchannel.channel")
         async with GrpcEngineChannel(config) as ch:
             await ch.handshake("1", "catalogue", "1")
-            for _ in range(3):
+            for i in range(3):
                 await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
-                await asyncio.sleep(0.3)
+                # Each end makes a rediscovery; the next cut waits for the re-dial.
+                await eventually(lambda i=i: ch.stats().reconnects > i, what=f"reconnect {i + 1}")
             ch.send_finding({"n": 1})
             assert await ch.wait_acked(timeout_ms=10_000)
     with pytest.raises(BlockingIOError):
@@ -243,14 +244,18 @@ async def test_engine_ack_going_backwards_changes_nothing(tmp_path: Path) -> Non
         stream.ack(2)
         stream.ack(1)
         stream.ack(0)
+        # Down messages are handled in order: once this Stop is seen, so were the acks.
+        stream.send(pb.DownMessage(stop=pb.Stop(reason="after the stale acks")))
 
     engine, ch = await run_against(script, tmp_path)
     async with ch:
+        stops: list[str] = []
+        ch.on_stop(stops.append)
         await ch.handshake("1", "catalogue", "1")
         ch.send_finding({"n": 1})
         ch.send_finding({"n": 2})
         assert await ch.wait_acked(timeout_ms=5000)
-        await asyncio.sleep(0.2)
+        await eventually(lambda: stops, what="the Stop sent after the stale acks")
         assert ch.last_acked_seq == 2 and ch.stats().protocol_errors == 0
     await engine.stop()
 
@@ -651,10 +656,12 @@ async def test_tls_wrong_ca_fails_with_a_clear_last_error_while_retrying(
             with pytest.raises(Exception, match="no engine answered"):
                 await ch.handshake("1", "catalogue", "1")
             ch.send_finding({"n": 1})
-            await eventually(lambda: ch.stats().last_error, what="a last error")
-            await asyncio.sleep(0.5)
-            error = ch.stats().last_error or ""
-            assert "UNAVAILABLE" in error or "handshake" in error.lower(), error
+
+            def refused() -> bool:
+                error = ch.stats().last_error or ""
+                return "UNAVAILABLE" in error or "handshake" in error.lower()
+
+            await eventually(refused, what=f"a TLS refusal, last error {ch.stats().last_error!r}")
             assert ch.state in (ChannelState.BACKOFF, ChannelState.CONNECTING)
             assert ch.unacked_count == 1
     finally:

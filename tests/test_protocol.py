@@ -22,6 +22,7 @@ from walchannel.protocol import (
     StateError,
     StateMachine,
     classify_end,
+    describe_end,
     is_too_many_pings,
     next_seq_after,
     unverified_at_open,
@@ -252,3 +253,12 @@ def test_stream_end_classification() -> None:
     assert classify_end("FAILED_PRECONDITION", "expected seq 4, got 9") is EndKind.RECONNECT
     assert is_too_many_pings("GOAWAY received; Error code: 11; Debug Text: too_many_pings")
     assert not is_too_many_pings("Socket closed")
+
+
+def test_describe_end_names_a_status_grpc_aio_lost_to_a_write() -> None:
+    assert describe_end("UNAUTHENTICATED", "unknown run") == "UNAUTHENTICATED: unknown run"
+    lost = describe_end("INTERNAL", "Internal error from Core")
+    assert lost.startswith("INTERNAL: Internal error from Core (")
+    assert "grpc/grpc#36066" in lost
+    # An engine's own INTERNAL with other details is reported as it is.
+    assert describe_end("INTERNAL", "engine bug") == "INTERNAL: engine bug"

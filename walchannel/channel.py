@@ -67,6 +67,7 @@ from walchannel.protocol import (
     ReconnectPolicy,
     StateMachine,
     classify_end,
+    describe_end,
     is_too_many_pings,
 )
 
@@ -1051,7 +1052,7 @@ class GrpcEngineChannel:
             debug = reason.debug_error_string() or ""
         elif isinstance(reason, _StreamEnded):
             code, details = reason.code, reason.details
-        text = f"{code}: {details}" if code else str(reason or "stream ended")
+        text = describe_end(code, details) if code else str(reason or "stream ended")
         if is_too_many_pings(f"{details} {debug}"):
             self._double_keepalive()
         if classify_end(code, details) is EndKind.RUN_COMPLETED:

@@ -28,6 +28,7 @@ __all__ = [
     "StateError",
     "StateMachine",
     "classify_end",
+    "describe_end",
     "is_too_many_pings",
     "next_seq_after",
     "next_seq_at_open",
@@ -424,6 +425,28 @@ def classify_end(code: str | None, details: str | None) -> EndKind:
     if code == "FAILED_PRECONDITION" and RUN_COMPLETED_DETAILS in (details or "").lower():
         return EndKind.RUN_COMPLETED
     return EndKind.RECONNECT
+
+
+# What grpc.aio reports, in place of the engine's status, when a write was in
+# flight as the stream ended (grpc/grpc#36066; grpcio 1.85 still does).
+LOST_STATUS_DETAILS = "Internal error from Core"
+
+
+def describe_end(code: str | None, details: str | None) -> str:
+    """The text of a stream's end for logs and ``last_error``: ``"CODE: details"``.
+
+    grpc.aio can replace the engine's status with ``INTERNAL: Internal error
+    from Core`` when a write races the end of the call (grpc/grpc#36066): the
+    text says so, so an operator does not chase an engine bug. The channel
+    reconnects either way and the next dial learns the engine's real answer.
+    """
+    text = f"{code}: {details or ''}"
+    if code == "INTERNAL" and (details or "") == LOST_STATUS_DETAILS:
+        text += (
+            " (the stream ended during a write, and gRPC reported this in place"
+            " of the engine's status: grpc/grpc#36066; the next dial learns it)"
+        )
+    return text
 
 
 def is_too_many_pings(text: str) -> bool:
