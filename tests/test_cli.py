@@ -827,6 +827,14 @@ def test_unreadable_paths_exit_2_naming_them(tmp_path: Path) -> None:
     empty.mkdir()
     listed = cli("inspect", env=child_env(WALCHANNEL_DIR=str(empty)))
     assert listed.rc == 0 and "no run logs" in listed.out
+    # A fresh machine: the default folder does not exist yet. That is "no
+    # runs" (exit 0, saying where it looked), not an error; nothing is created.
+    fresh = tmp_path / "fresh" / "walchannel"
+    for args in (["inspect"], ["inspect", "--json"], ["prune", "--older-than", "1"]):
+        result = cli(*args, env=child_env(WALCHANNEL_DIR=str(fresh)))
+        assert result.rc == 0, result
+        assert str(fresh) in result.out or result.out.strip() == "[]", result
+    assert not fresh.exists() and not fresh.parent.exists()
 
 
 def test_ages_and_sizes_read_as_people_write_them() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import warnings
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from walchannel import InsecureDiscoveryWarning
 from walchannel.config import Backoff, GrpcChannelConfig
 
 TOKEN = "tok-SECRET-4f1c"
@@ -115,15 +118,15 @@ def test_keepalive_below_ten_seconds_is_accepted_with_a_warning(
     assert caplog.text == ""
 
 
-def test_plaintext_discovery_without_allowed_hosts_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+def test_plaintext_discovery_without_allowed_hosts_warns() -> None:
+    with pytest.warns(InsecureDiscoveryWarning, match="allowed_hosts") as caught:
         build(http_addr="http://engines.internal:8080")
-    assert "allowed_hosts" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="walchannel.config"):
+    # It points at the caller's line, so the user sees where the config is built.
+    assert [Path(w.filename).name for w in caught] == ["test_config.py"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         build(http_addr="http://engines.internal:8080", allowed_hosts=["10.0.0.0/8"])
         build(http_addr="https://engines.internal")
-    assert caplog.text == ""
 
 
 def test_allowed_hosts_are_normalized() -> None:

@@ -131,8 +131,14 @@ def _non_negative_int(text: str) -> int:
 
 
 def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
-    """The folder (default: the default log folder) and its logs, or None after an error."""
+    """The folder (default: the default log folder) and its logs, or None after an error.
+
+    The default folder not existing yet means no run has logged on this
+    machine: no logs, not an error. A PATH given and missing is an error.
+    """
     folder = Path(path).expanduser() if path else files.default_wal_dir()
+    if not path and not os.path.lexists(folder):
+        return folder, []
     try:
         return folder, list_logs(folder)
     except PathError as exc:
@@ -298,8 +304,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
     elif reports:
         _print_table(reports, now)
-    else:
+    elif folder.exists():
         print(f"no run logs in {folder}")
+    else:
+        print(f"no run logs: {folder} does not exist yet (the default log folder)")
     return 1 if any(r.state in ALERT_STATES for r in reports) else 0
 
 
@@ -820,9 +828,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="stream a real bandit scan through engine and harness kills, then audit it",
         description=(
             "Run examples/bandit_harness.py over a code tree against a local engine\n"
-            "process, SIGKILL the engine (a replacement takes over behind discovery)\n"
-            "and the harness (restarted on the same log) part-way through, then audit\n"
-            "the engine's findings against an independent bandit run."
+            "process; part-way through, (a) SIGKILL the engine (a replacement takes over\n"
+            "behind discovery) and (b) SIGKILL the harness (restarted on the same log,\n"
+            "resuming from its progress marker); then audit the engine's findings\n"
+            "against an independent bandit run of the same files."
         ),
         epilog=_DEMO_EXAMPLES,
         formatter_class=_RAW,

@@ -13,6 +13,7 @@ import math
 import os
 import random
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts, parse_host_port
+from walchannel.errors import InsecureDiscoveryWarning
 
 if TYPE_CHECKING:
     import grpc
@@ -123,7 +125,8 @@ class GrpcChannelConfig:
         tls_server_name: the name to check the engine's certificate against
             when the address is an IP (``grpc.ssl_target_name_override``).
         allowed_hosts: host names or IP networks discovery may send the
-            harness to (None: any; WARNING when ``http_addr`` is plaintext).
+            harness to (None: any; an :class:`InsecureDiscoveryWarning` when
+            ``http_addr`` is plaintext).
         hard_deadline: aware datetime, the token's expiry: the run ends there.
 
     Raises:
@@ -205,11 +208,13 @@ class GrpcChannelConfig:
             # Its errors name allowed_hosts already.
             object.__setattr__(self, "allowed_hosts", parse_allowed_hosts(self.allowed_hosts))
         elif self.http_addr is not None and self.http_addr.startswith("http://"):
-            log.warning(
-                "http_addr %s is plaintext and allowed_hosts is None: a forged discovery "
-                "answer could send run %s anywhere; set allowed_hosts",
-                self.http_addr,
-                self.run_id,
+            # A Python warning, not a log line: shown with its category and the
+            # caller's line, once per place, and filterable (urllib3's way).
+            warnings.warn(
+                f"http_addr {self.http_addr} is plaintext and allowed_hosts is None: a forged "
+                f"discovery answer could send run {self.run_id} anywhere; set allowed_hosts",
+                InsecureDiscoveryWarning,
+                stacklevel=3,  # __post_init__ <- the dataclass __init__ <- the caller
             )
         if self.hard_deadline is not None and (
             not isinstance(self.hard_deadline, datetime) or self.hard_deadline.tzinfo is None

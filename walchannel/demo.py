@@ -51,20 +51,37 @@ def _load_harness(path: Path) -> ModuleType:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to its subcommand parser."""
-    parser.add_argument("--tree", help="code tree to scan (default: the standard library)")
-    parser.add_argument("--limit", type=int, help="scan only the first N files")
     parser.add_argument(
-        "--pace", type=float, default=0.0, help="seconds the harness pauses per file"
+        "--tree", help="code tree to scan (default: this interpreter's standard library)"
+    )
+    parser.add_argument("--limit", type=int, help="scan only the first N files (default: all)")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="pause per file in the harness, so the kills land in a small tree "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--workdir", help="keep the store and logs here (default: a temp dir, removed after a PASS)"
     )
     parser.add_argument("--harness", help="path of bandit_harness.py (default: examples/)")
     parser.add_argument(
-        "--engine-kill-at", type=float, default=0.15, help="fraction of files before (a)"
+        "--engine-kill-at",
+        type=float,
+        default=0.15,
+        metavar="FRACTION",
+        help="(a) SIGKILL the engine process and start a replacement on a new port once "
+        "this fraction of the files reached the engine (default: %(default)s)",
     )
     parser.add_argument(
-        "--harness-kill-at", type=float, default=0.5, help="fraction of files before (b)"
+        "--harness-kill-at",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="(b) SIGKILL the harness and restart it on the same log once this fraction "
+        "of the files reached the engine (default: %(default)s)",
     )
 
 
@@ -242,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
                     say(f">>> SIGKILL harness pid {harness.pid} (findings at engine: {findings})")
                     harness.send_signal(signal.SIGKILL)
                     harness.wait()
+                    say(f">>> harness restarted on the same log; {_resume_point(wal_dir, run_id)}")
                     harness = start_harness()
-                    say(f">>> harness restarted, pid {harness.pid}, on the same log")
                     phase = "finish"
                 code = harness.poll()
                 if code is not None:
@@ -270,6 +287,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"work dir kept: {workdir}")
     return 0 if ok else 1
+
+
+def _resume_point(wal_dir: Path, run_id: str) -> str:
+    """Where a restarted harness resumes: the progress marker its killed run committed."""
+    from walchannel import files
+    from walchannel.inspection import LogReader
+
+    try:
+        with LogReader(files.log_path(wal_dir, run_id), run_id) as reader:
+            meta = reader.meta()
+    except Exception as exc:  # the demo goes on; the audit tells the truth
+        return f"its progress marker could not be read ({exc})"
+    marker = meta.progress or {}
+    if "next_file" not in marker:
+        return "it starts from the first file (no progress marker yet)"
+    done = int(marker["next_file"])
+    return (
+        f"its progress marker says {done} files scanned and {marker.get('findings', 0)} "
+        f"findings logged, so it resumes with file {done + 1} (seqs up to {meta.high_water} "
+        f"logged, up to {meta.last_acked_seq} acked)"
+    )
 
 
 def _tombstone(wal_dir: Path, run_id: str) -> bool:

@@ -31,6 +31,7 @@ __all__ = [
     "DiscoveryError",
     "EngineBehindError",
     "EngineUnavailableError",
+    "InsecureDiscoveryWarning",
     "PayloadError",
     "RunCompletedError",
     "RunExpiredError",
@@ -149,3 +150,15 @@ class DiscoveryError(WalchannelError):
 
 class ApprovalTimeoutError(WalchannelError):
     """No ``ApprovalDecision`` arrived within the request's ``timeout_ms``."""
+
+
+class InsecureDiscoveryWarning(UserWarning):
+    """A Python warning (not an error): discovery is plaintext and unrestricted.
+
+    Issued by :class:`~walchannel.GrpcChannelConfig` when ``http_addr`` is
+    ``http://`` and ``allowed_hosts`` is None: whoever can answer
+    ``GET /grpc-address`` could then send the harness (and its token) to any
+    host. Set ``allowed_hosts`` to silence it, or filter it the usual way
+    (``warnings.simplefilter("ignore", InsecureDiscoveryWarning)``), as with
+    urllib3's ``InsecureRequestWarning``. SPEC "The channel" (``allowed_hosts``).
+    """
