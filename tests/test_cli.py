@@ -809,6 +809,29 @@ def test_bad_usage_exits_2(args: Sequence[str], tmp_path: Path) -> None:
     assert result.err
 
 
+@pytest.mark.parametrize("bad", ["t\u00f6k", "to\tk", "to\x7fk", "to\u00a0k"])
+def test_flush_refuses_a_token_grpc_cannot_send_without_echoing_it(
+    bad: str, tmp_path: Path
+) -> None:
+    token = new_token()
+    run_id = f"run-{secrets.token_hex(4)}"
+    log = make_log(tmp_path / "wal", run_id, 1, token=token)
+    secret = token[:8] + bad + token[8:]
+    _TOKENS.append(secret)
+    for how, env, stdin in (
+        ("TOKEN", child_env(TOKEN=secret), ""),
+        ("standard input", None, secret + "\n"),
+    ):
+        args: list[str | Path] = ["flush", log, "--grpc-addr", dead_addr(), "--timeout", "5"]
+        if env is not None:
+            args += ["--token-env", "TOKEN"]
+        result = cli(*args, env=env, stdin=stdin)
+        assert result.rc == 2, result.err
+        assert "run token" in result.err and how in result.err
+        assert "printable ASCII" in result.err
+        assert bad not in result.err and token[:8] not in result.err
+
+
 def test_unreadable_paths_exit_2_naming_them(tmp_path: Path) -> None:
     new_token()
     missing = tmp_path / "nowhere"

@@ -553,20 +553,27 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _read_token(env: str | None) -> str:
+    from walchannel.config import check_metadata_value
+
+    source = env if env is not None else "standard input"
     if env is not None:
         value = os.environ.get(env, "").strip()
         if not value:
             raise _Refused(f"the environment variable {env} is not set or empty")
-        return value
-    if sys.stdin is None:
+    elif sys.stdin is None:
         raise _Refused("no standard input to read the run token from; use --token-env VAR")
-    if sys.stdin.isatty():
+    elif sys.stdin.isatty():
         # Not echoed: the token must not land on the screen or in scrollback.
         value = getpass.getpass("run token: ").strip()
     else:
         value = sys.stdin.readline().strip()
     if not value:
         raise _Refused("no run token on standard input (or use --token-env VAR)")
+    try:
+        # The error gives a position and a kind, never the token.
+        check_metadata_value(f"the run token from {source}", value, secret=True)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
     return value
 
 
