@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from helpers.engine_thread import EngineThread
 from walchannel import (
     BlockingEngineChannel,
     ChannelClosedError,
@@ -20,30 +20,7 @@ from walchannel import (
     RunLog,
     SyncEngineChannel,
 )
-from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
-
-T = TypeVar("T")
-
-
-class EngineThread:
-    """A LocalEngine on an event loop in a background thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.engine = LocalEngine()
-        self.run(self.engine.start())
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def close(self) -> None:
-        self.run(self.engine.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
 
 
 @pytest.fixture

@@ -185,7 +185,11 @@ class GrpcEngineChannel:
     The constructor opens the run's log (so ``RunCompletedError``,
     ``WalLockedError`` and ``WalCorruptError`` surface there) and touches no
     network; ``handshake()`` starts the connection loop. Use it from the
-    event loop's thread only. ``async with`` closes it (without a handshake).
+    event loop's thread only: the channel belongs to the loop of its first
+    await. Once that loop is closed (an ``asyncio.run()`` ended), every
+    call raises ``ChannelClosedError`` saying so and the log is released;
+    ``close()`` never raises for it. ``async with`` closes it (without a
+    handshake).
 
     Args:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
@@ -298,6 +302,9 @@ class GrpcEngineChannel:
         self._protocol_errors = 0
         self._last_error: str | None = None
         self._last_checkpoint_ms = _now_ms()
+        # The event loop of the first await; the tasks, events, timers and the
+        # gRPC channel all live on it (see _bind_loop).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- read-outs ------------------------------------------------------------
 
@@ -330,11 +337,21 @@ class GrpcEngineChannel:
         """Return the last committed harness progress marker (None for a new run).
 
         SPEC "Harness progress": resume a restarted scan from it.
+
+        Raises:
+            ChannelClosedError: the channel's event loop is gone.
         """
+        self._check_loop()
         return self._log.progress
 
     def stats(self) -> ChannelStats:
-        """Return a :class:`~walchannel.ChannelStats` snapshot."""
+        """Return a :class:`~walchannel.ChannelStats` snapshot.
+
+        On a channel whose event loop is gone it closes the channel (see
+        :meth:`close`) and reports ``CLOSED`` with the reason in ``last_error``.
+        """
+        if self._loop_closed():
+            self._abandon()
         self._store_ack(force=True)
         oldest: float | None = None
         if self._cursor.unacked and not self._log.closed:
@@ -380,9 +397,82 @@ class GrpcEngineChannel:
         except Exception:
             logger.exception("run %s: callback %r raised; ignored", self._run_id, callback)
 
+    # -- the event loop ---------------------------------------------------------------
+
+    def _loop_closed(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.is_closed()
+
+    def _loop_gone(self) -> ChannelClosedError:
+        return ChannelClosedError(
+            f"run {self._run_id}: the channel belongs to an event loop that is closed "
+            "or stopped (an earlier asyncio.run() ended?); it is closed and its log "
+            "released. Open a new GrpcEngineChannel on this loop (the unacked rows "
+            "are kept), or use BlockingEngineChannel from code without a loop"
+        )
+
+    def _check_loop(self) -> None:
+        """For the sync methods: refuse on a channel whose event loop was closed."""
+        if self._loop_closed():
+            self._abandon()
+            raise self._loop_gone()
+
+    def _bind_loop(self) -> None:
+        """For the async methods: bind the channel to the loop of its first await.
+
+        Its tasks, events and gRPC channel live on that loop. On another loop,
+        if that one is closed or stopped the channel is closed without it
+        (:meth:`_abandon`) and ``ChannelClosedError`` says so; if it still runs
+        (in another thread), ``WalchannelError``.
+        """
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            self._loop = running
+        elif loop is not running:
+            if loop.is_closed() or not loop.is_running():
+                self._abandon()
+                raise self._loop_gone()
+            raise WalchannelError(
+                f"run {self._run_id}: the channel belongs to another event loop, running "
+                "in another thread; call it from that loop's thread, or use "
+                "BlockingEngineChannel"
+            )
+
+    def _abandon(self) -> None:
+        """Close without the channel's loop, which is gone: release the log, await nothing.
+
+        The tasks, timers, waiters and the gRPC channel of the dead loop are
+        dropped, not touched (a future of a closed loop cannot be resolved);
+        the socket closes with the gRPC channel object.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._closing = True
+        logger.warning(
+            "run %s: the channel's event loop is gone (closed or stopped); the channel is "
+            "closed and its log released, the unacked rows stay for a new channel",
+            self._run_id,
+        )
+        for timer in (self._deadline_timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ack_timer = None
+        self._stream = None
+        self._runner = None
+        self._approvals.clear()
+        try:
+            self._store_ack(force=True)
+            self._set_error(str(self._loop_gone()))
+        finally:
+            self._sm.move(ChannelState.CLOSED)
+            self._log.close()
+
     # -- sending --------------------------------------------------------------------
 
     def _check_sendable(self) -> None:
+        self._check_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         if self._done_sent:
@@ -477,7 +567,8 @@ class GrpcEngineChannel:
             PayloadError: a bad field or payload, or an encoded message over
                 ``max_message_bytes`` (nothing logged, no seq used).
             BacklogFullError: ``max_unacked_bytes`` would be passed.
-            ChannelClosedError: after ``send_done`` or ``close``.
+            ChannelClosedError: after ``send_done`` or ``close``, or once
+                the channel's event loop is gone.
             RunExpiredError: past ``hard_deadline``.
             EngineBehindError: the channel is ``FAILED``.
             RunCompletedError: the engine said the run is completed.
@@ -567,6 +658,7 @@ class GrpcEngineChannel:
 
         SPEC "Shutdown order".
         """
+        self._bind_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         if self._done_sent:
@@ -624,6 +716,7 @@ class GrpcEngineChannel:
             ChannelClosedError: the channel closed while waiting.
             PayloadError, and the errors of ``send_event``.
         """
+        self._bind_loop()
         rid = request_id if request_id is not None else str(uuid.uuid4())
         decided = self._decisions.get(rid)
         if decided is not None:
@@ -661,6 +754,7 @@ class GrpcEngineChannel:
         Returns:
             True when acked, False on timeout or close.
         """
+        self._bind_loop()
         target = self._cursor.high_water if seq is None else seq
         return await self._wait_for(
             lambda: self._cursor.acked >= self._cursor.translate(target), timeout_ms
@@ -691,6 +785,7 @@ class GrpcEngineChannel:
         duplicates by seq). Without a live stream nothing moves: the next
         dial replays from the cursor anyway.
         """
+        self._check_loop()
         self._readahead.clear()
         count = self._cursor.rewind()
         self._wakeup.set()
@@ -722,6 +817,7 @@ class GrpcEngineChannel:
 
         SPEC "Dial".
         """
+        self._bind_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         for name, value in (
@@ -1411,10 +1507,31 @@ class GrpcEngineChannel:
         its end, then stops every task and closes the gRPC channel, stores
         the latest ack, and closes the log. Idempotent; never hangs; unacked
         rows stay on disk for a resume or ``flush``. Pending approvals fail
-        with ``ChannelClosedError``. SPEC "Shutdown order".
+        with ``ChannelClosedError``. The log is closed (its lock released)
+        whatever happens on the way.
+
+        On another event loop than the channel's: if that one is closed or
+        stopped (an earlier ``asyncio.run()`` ended), the channel is closed
+        without it, nothing of it awaited (the socket closes with the gRPC
+        channel object); if it runs in another thread, the close runs there.
+        SPEC "Shutdown order".
         """
         if self._closed:
             return
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is not None and loop is not running:
+            if loop.is_closed() or not loop.is_running():
+                self._abandon()
+                return
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))
+            return
+        try:
+            await self._close()
+        finally:
+            self._log.close()
+
+    async def _close(self) -> None:
         self._closed = True
         self._closing = True
         _killpoints.reached("in_close")
@@ -1452,7 +1569,6 @@ class GrpcEngineChannel:
         if self._own_http and self._http is not None:
             with contextlib.suppress(Exception):
                 await self._http.aclose()
-        self._log.close()
 
     async def _half_close(self, stream: _Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the
