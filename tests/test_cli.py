@@ -565,6 +565,36 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     assert local_engine.accepted(run_id) == [1, 2, 3]
 
 
+@pytest.mark.asyncio
+async def test_flush_follows_the_proxy_policy_and_names_a_dead_proxy(
+    tmp_path: Path, local_engine: LocalEngine
+) -> None:
+    run_id, token = new_run()
+    local_engine.register_run(run_id, token)
+    log = make_log(tmp_path / "wal", run_id, 2, token=token)
+    dead = dead_addr()
+    env = child_env(http_proxy=f"http://scan:SECRET@{dead}", https_proxy=f"http://{dead}")
+    for name in ("no_proxy", "NO_PROXY", "grpc_proxy", "no_grpc_proxy", "all_proxy"):
+        env.pop(name, None)
+    stream = await acli(
+        "flush", log, "--grpc-addr", local_engine.grpc_addr, "--timeout", "3", stdin=token, env=env
+    )
+    assert stream.rc == 1, stream.err
+    assert f"via proxy {dead}" in stream.err and "SECRET" not in stream.err
+    found = await acli(
+        "flush", log, "--http-addr", local_engine.http_addr, "--timeout", "3", stdin=token, env=env
+    )
+    assert found.rc == 1, found.err
+    assert f"discovery via proxy {dead}" in found.err
+    assert local_engine.accepted(run_id) == []
+    env["no_proxy"] = "127.0.0.1"
+    direct = await acli(
+        "flush", log, "--http-addr", local_engine.http_addr, "--timeout", "20", stdin=token, env=env
+    )
+    assert direct.rc == 0, direct.err
+    assert local_engine.accepted(run_id) == [1, 2]
+
+
 # -- corrupt files ------------------------------------------------------------------
 
 

@@ -29,17 +29,17 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 import grpc.aio
-import httpx
 import msgpack
 
 from walchannel import _killpoints, messages, wire
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.config import GrpcChannelConfig
-from walchannel.discovery import discover
+from walchannel.discovery import discover, discovery_client
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -69,6 +69,9 @@ from walchannel.protocol import (
     classify_end,
     is_too_many_pings,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["GrpcEngineChannel"]
 
@@ -147,8 +150,12 @@ _CLOSED_CHANNEL: Any = _ClosedChannel()
 class _Stream:
     """One dial: its grpc.aio channel and call, its tasks, and why it ended."""
 
-    def __init__(self, addr: str, channel: grpc.aio.Channel, call: Any, loop: Any) -> None:
+    def __init__(
+        self, addr: str, channel: grpc.aio.Channel, call: Any, loop: Any, via: str = ""
+    ) -> None:
         self.addr = addr
+        # " via proxy host:port" when the dial goes through one, else "".
+        self.via = via
         self.channel = channel
         self.call = call
         self.answer: asyncio.Future[int] = loop.create_future()
@@ -285,6 +292,11 @@ class GrpcEngineChannel:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._http: httpx.AsyncClient | None = config.http_client
         self._own_http = False
+        # " via proxy host:port" for our own discovery client, else "".
+        self._http_via = ""
+        # The last (address, proxy) logged, so a route is logged once.
+        self._route: tuple[str, str | None] | None = None
+        self._proxy_scheme_warned = False
         self._closed = False
         self._closing = False
         self._done_sent = False
@@ -954,7 +966,10 @@ class GrpcEngineChannel:
         http_addr = self._config.http_addr
         assert http_addr is not None
         if self._http is None:
-            self._http = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+            self._http, proxy = discovery_client(
+                http_addr, proxy_from_env=self._config.proxy_from_env
+            )
+            self._http_via = f" via proxy {proxy.shown}" if proxy is not None else ""
             self._own_http = True
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
@@ -969,13 +984,24 @@ class GrpcEngineChannel:
             )
         except DiscoveryError as exc:
             logger.warning(
-                "run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc
+                "run %s: discovery failed%s, keeping %s: %s",
+                self._run_id,
+                self._http_via,
+                self._addr,
+                exc,
             )
-            self._set_error(f"discovery: {exc}")
+            self._set_error(f"discovery{self._http_via}: {exc}")
             return
         except TimeoutError:
-            logger.warning("run %s: discovery timed out, keeping %s", self._run_id, self._addr)
-            self._set_error(f"discovery: no answer from {http_addr} within {timeout_s:.1f} s")
+            logger.warning(
+                "run %s: discovery timed out%s, keeping %s",
+                self._run_id,
+                self._http_via,
+                self._addr,
+            )
+            self._set_error(
+                f"discovery{self._http_via}: no answer from {http_addr} within {timeout_s:.1f} s"
+            )
             return
         if addr != self._addr:
             logger.info(
@@ -983,7 +1009,34 @@ class GrpcEngineChannel:
             )
             self._addr = addr
 
-    def _channel_options(self) -> list[tuple[str, Any]]:
+    def _stream_proxy(self, addr: str) -> Proxy | None:
+        """The proxy a dial to ``addr`` goes through (config ``proxy_from_env``), logged once."""
+        proxy = None
+        if self._config.proxy_from_env:
+            proxy = proxy_for(parse_host_port(addr, what="engine address")[0], "grpc")
+        if proxy is not None and proxy.scheme != "http":
+            if not self._proxy_scheme_warned:
+                self._proxy_scheme_warned = True
+                logger.warning(
+                    "run %s: %s names a %s:// proxy (%s); gRPC can only tunnel through an "
+                    "http:// proxy: dialling %s directly",
+                    self._run_id,
+                    proxy.source,
+                    proxy.scheme,
+                    proxy.shown,
+                    addr,
+                )
+            proxy = None
+        route = (addr, None if proxy is None else f"{proxy.shown} (from {proxy.source})")
+        if route != self._route:
+            if route[1] is not None:
+                logger.info("run %s: dialling %s via proxy %s", self._run_id, addr, route[1])
+            elif self._route is not None and self._route[1] is not None:
+                logger.info("run %s: dialling %s directly (no proxy applies)", self._run_id, addr)
+            self._route = route
+        return proxy
+
+    def _channel_options(self, proxy: Proxy | None = None) -> list[tuple[str, Any]]:
         options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", self._keepalive_ms),
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -996,13 +1049,20 @@ class GrpcEngineChannel:
         ]
         if self._config.tls_server_name is not None:
             options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
+        # The proxy is decided here (_stream_proxy), never by gRPC's own
+        # reading of the environment, so the one logged is the one used.
+        if proxy is not None:
+            options += [("grpc.enable_http_proxy", 1), ("grpc.http_proxy", proxy.url)]
+        else:
+            options.append(("grpc.enable_http_proxy", 0))
         return options
 
     async def _stream_once(self, addr: str) -> None:
         """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
         loop = asyncio.get_running_loop()
         creds = self._config.credentials
-        options = self._channel_options()
+        proxy = self._stream_proxy(addr)
+        options = self._channel_options(proxy)
         if creds is None:
             channel = grpc.aio.insecure_channel(addr, options=options)
         else:
@@ -1010,7 +1070,8 @@ class GrpcEngineChannel:
         call = channel.stream_stream(
             METHOD, request_serializer=_identity, response_deserializer=pb.DownMessage.FromString
         )(metadata=self._metadata)
-        stream = _Stream(addr, channel, call, loop)
+        via = f" via proxy {proxy.shown}" if proxy is not None else ""
+        stream = _Stream(addr, channel, call, loop, via)
         self._stream = stream
         stream.tasks.append(loop.create_task(self._read_loop(stream)))
         try:
@@ -1155,8 +1216,10 @@ class GrpcEngineChannel:
             return
         if self._sm.final:
             return
-        logger.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
-        self._set_error(f"{stream.addr}: {text}")
+        logger.warning(
+            "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
+        )
+        self._set_error(f"{stream.addr}{stream.via}: {text}")
 
     def _on_run_completed(self) -> None:
         """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""

@@ -633,8 +633,12 @@ async def _discover_until(
     http_addr: str,
     allowed_hosts: tuple[AllowedHost, ...] | None,
     deadline: float,
+    via: str = "",
 ) -> str | None:
-    """Ask ``http_addr`` for the engine's address, retrying until ``deadline``."""
+    """Ask ``http_addr`` for the engine's address, retrying until ``deadline``.
+
+    ``via`` (`` via proxy host:port`` or empty) goes into the error lines.
+    """
     from walchannel.discovery import discover
     from walchannel.errors import DiscoveryError
 
@@ -652,7 +656,7 @@ async def _discover_until(
                 timeout_s=min(remaining, _FLUSH_CONNECT_TIMEOUT_MS / 1000),
             )
         except DiscoveryError as exc:
-            _err("flush", f"discovery: {exc}")
+            _err("flush", f"discovery{via}: {exc}")
         await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
         delay = min(delay * 2, _DISCOVERY_RETRY_MAX_S)
 
@@ -703,6 +707,7 @@ async def _flush(
 
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
+    from walchannel.discovery import discovery_client
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -735,12 +740,18 @@ async def _flush(
         verify: ssl.SSLContext | bool = True
         if ca is not None:
             verify = ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
-        http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
+        via = ""
+        if args.http_addr is not None:
+            # The channel's proxy policy (the environment's proxy, as the stream).
+            http, proxy = discovery_client(args.http_addr, verify=verify)
+            via = f" via proxy {proxy.shown}" if proxy is not None else ""
+        else:
+            http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
         try:
             with _flush_logging():
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
-                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline)
+                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline, via)
                     if grpc_addr is None:
                         _err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
                         return 1

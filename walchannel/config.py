@@ -175,6 +175,15 @@ class GrpcChannelConfig:
         allowed_hosts: host names or IP networks discovery may send the
             harness to (None: any; WARNING when ``http_addr`` is plaintext).
         hard_deadline: aware datetime, the token's expiry: the run ends there.
+        proxy_from_env: honour the proxy variables for the stream and for
+            discovery (True, the default, as gRPC and httpx do): the stream
+            goes through ``grpc_proxy``, else ``https_proxy``, else
+            ``http_proxy`` (gRPC's order), discovery through the proxy of its
+            URL's scheme, else ``all_proxy``; a host listed in
+            ``no_grpc_proxy``/``no_proxy`` is dialled directly. Either case
+            of the names. False: both connect directly. A reused
+            ``http_client`` keeps its own proxy settings. See
+            :func:`walchannel.address.proxy_for`.
 
     Raises:
         ValueError: naming the field, when a value breaks its rule.
@@ -201,6 +210,7 @@ class GrpcChannelConfig:
     tls_server_name: str | None = None
     allowed_hosts: Sequence[AllowedHost] | None = None
     hard_deadline: datetime | None = None
+    proxy_from_env: bool = True
 
     def __post_init__(self) -> None:
         for name in ("grpc_addr", "run_id", "correlation_id", "run_token"):
@@ -225,8 +235,9 @@ class GrpcChannelConfig:
                 KEEPALIVE_WARN_BELOW_MS,
             )
         _positive("connect_timeout_ms", self.connect_timeout_ms)
-        if not isinstance(self.engine_acks_handshake, bool):
-            raise ValueError("engine_acks_handshake must be a bool")
+        for name in ("engine_acks_handshake", "proxy_from_env"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool")
         _positive("dead_stream_ms", self.dead_stream_ms, allow_none=True)
         if self.http_addr is not None:
             self._check_http_addr(self.http_addr)
