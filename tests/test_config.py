@@ -37,6 +37,7 @@ def test_defaults_are_the_spec_table() -> None:
     assert c.max_message_bytes == 4 * 1024 * 1024
     assert c.max_unacked_bytes is None and c.dead_stream_ms is None
     assert c.durability == "process" and c.hard_deadline is None
+    assert c.proxy_from_env is True
 
 
 def test_token_never_in_repr_or_str() -> None:
@@ -65,6 +66,7 @@ def test_token_never_in_repr_or_str() -> None:
         ("connect_timeout_ms", 0),
         ("connect_timeout_ms", -1),
         ("engine_acks_handshake", 1),
+        ("proxy_from_env", "no"),
         ("dead_stream_ms", 0),
         ("http_addr", "ftp://x"),
         ("http_addr", "engine:8080"),
