@@ -2,46 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import threading
-from collections.abc import Coroutine, Iterator
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from helpers.engine_thread import EngineThread
 from walchannel import (
     BlockingEngineChannel,
     ChannelClosedError,
     RunCompletedError,
+    RunLog,
     SyncEngineChannel,
 )
-from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
-
-T = TypeVar("T")
-
-
-class EngineThread:
-    """A LocalEngine on an event loop in a background thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.engine = LocalEngine()
-        self.run(self.engine.start())
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def close(self) -> None:
-        self.run(self.engine.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
 
 
 @pytest.fixture
@@ -145,3 +124,85 @@ def test_constructor_errors_surface(engine: EngineThread, tmp_path: Path) -> Non
     with pytest.raises(RunCompletedError):
         BlockingEngineChannel(token_config)
     assert not [t for t in threading.enumerate() if t.name == f"walchannel-loop-{run_id}"]
+
+
+def close_during_sends(engine: EngineThread, folder: Path, *, handshake: bool) -> list[str]:
+    """Eight senders, an approval and a wait_acked in flight; close() 20 ms in.
+
+    Returns the names of the threads still blocked 30 s later.
+    """
+    ch, run_id = blocking(engine, folder)
+    if handshake:
+        ch.handshake("1", "blocking", "1")
+    seqs: list[list[int]] = [[] for _ in range(8)]
+    ends: list[object] = [None] * 10
+    going = threading.Barrier(11)
+
+    def sender(i: int) -> None:
+        going.wait()
+        while True:
+            try:
+                seqs[i].append(ch.send_finding({"i": i}))
+            except ChannelClosedError:
+                ends[i] = "closed"
+                return
+            except BaseException as exc:
+                ends[i] = exc
+                return
+
+    def approver() -> None:
+        going.wait()
+        try:
+            ch.request_approval("deploy", {}, timeout_ms=60_000)
+        except ChannelClosedError:
+            ends[8] = "closed"
+        except BaseException as exc:
+            ends[8] = exc
+
+    def waiter() -> None:
+        going.wait()
+        try:
+            ends[9] = ch.wait_acked(10**9)
+        except ChannelClosedError:
+            ends[9] = "closed"
+        except BaseException as exc:
+            ends[9] = exc
+
+    threads = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(8)]
+    threads += [threading.Thread(target=approver, daemon=True)]
+    threads += [threading.Thread(target=waiter, daemon=True)]
+    for t in threads:
+        t.start()
+    going.wait()
+    time.sleep(0.02)  # the issue's scenario: close 20 ms into the sends, not a sync
+    closer = threading.Thread(target=ch.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "close() hung"
+    for t in threads:
+        t.join(30)
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        return hung
+    assert ends[:9] == ["closed"] * 9, ends
+    assert ends[9] in (False, "closed"), ends[9]
+    # Every seq handed out is committed, once, with no gap.
+    given = sorted(s for chunk in seqs for s in chunk)
+    with RunLog.open(folder / "wal", run_id, correlation_id=f"corr-{run_id}") as wal:
+        acked, high = wal.last_acked_seq, wal.high_water
+        logged = [row.seq for row in wal.unacked(after_seq=acked)]
+    assert len(set(given)) == len(given)
+    assert set(given) <= set(range(1, high + 1))
+    assert high - len(given) in (0, 1)  # (1: the approval request's row)
+    assert logged == list(range(acked + 1, high + 1))
+    return []
+
+
+def test_close_while_eight_threads_send_leaves_no_caller_blocked(
+    engine: EngineThread, tmp_path: Path
+) -> None:
+    # Issue 13 item 5: calls queued on the loop when close() stopped it used to
+    # block their callers for good. Every caller gets its seq or ChannelClosedError.
+    for round_ in range(40):
+        hung = close_during_sends(engine, tmp_path / f"round-{round_}", handshake=bool(round_ % 2))
+        assert hung == [], f"round {round_}: blocked for good: {hung}"

@@ -10,7 +10,9 @@ uid could not even start); resource-limit cases run in a child process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import io
 import json
 import logging
 import math
@@ -28,6 +30,8 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import HELPERS, PYTHON, child_env, eventually, new_run
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
@@ -39,6 +43,8 @@ from walchannel import (
     WalCorruptError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.cli import main
+from walchannel.config import GrpcChannelConfig
 from walchannel.log import ROW_LOST_TYPE
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -544,6 +550,60 @@ async def test_files_symlink_planted_where_the_log_should_be(
     with pytest.raises(WalCorruptError, match="symbolic link"):
         RunLog.open(folder, "run-1", correlation_id="c")
     assert target.read_bytes() == b"precious"
+
+
+# Run ids at the edges of the safe-name rule, each accepted by the config.
+EDGE_RUN_IDS = [
+    "a",
+    "-x",
+    "x.",
+    "a...b",
+    ":",
+    "_",
+    "x.wal.sqlite3",
+    "a.lock",
+    "9" * 200,
+    "A:b-c_d.e",
+]
+
+
+def assert_inspect_lists_every_accepted(run_ids: list[str]) -> None:
+    accepted = set()
+    for run_id in run_ids:
+        try:
+            GrpcChannelConfig(grpc_addr="h:1", run_id=run_id, correlation_id="c", run_token="t")
+        except ValueError:
+            continue
+        accepted.add(run_id)
+    with tempfile.TemporaryDirectory() as folder:
+        for run_id in accepted:
+            RunLog.open(folder, run_id, correlation_id="c").close()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["inspect", folder, "--json"])
+        assert rc == 0
+        assert {item["run_id"] for item in json.loads(out.getvalue())} == accepted
+
+
+def test_files_every_run_id_the_config_accepts_is_listed_by_inspect() -> None:
+    assert_inspect_lists_every_accepted([*EDGE_RUN_IDS, ".hidden", "..."])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.from_regex(r"[A-Za-z0-9._:-]{1,200}", fullmatch=True), max_size=3))
+def test_files_any_run_id_the_config_accepts_is_listed_by_inspect(run_ids: list[str]) -> None:
+    assert_inspect_lists_every_accepted(run_ids)
+
+
+@pytest.mark.parametrize("run_id", [".hidden", "...", ".x.wal.sqlite3"])
+def test_files_a_run_id_naming_a_hidden_file_is_refused_everywhere(
+    run_id: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=r"run_id .* must not start with '\.'"):
+        GrpcChannelConfig(grpc_addr="h:1", run_id=run_id, correlation_id="c", run_token="t")
+    with pytest.raises(ValueError, match="hidden"):
+        RunLog.open(tmp_path / "wal", run_id, correlation_id="c")
+    assert not (tmp_path / "wal").exists() or not any((tmp_path / "wal").iterdir())
 
 
 # -- two owners --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import shutil
 import socket
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import grpc
 import pytest
 
 from conftest import eventually, new_run
+from helpers.engine_thread import EngineThread
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
     ApprovalTimeoutError,
@@ -555,3 +557,88 @@ async def test_done_applied_but_its_ack_lost_ends_as_a_tombstone(tmp_path: Path)
             GrpcEngineChannel(config)
     finally:
         await engine.stop()
+
+
+# -- one channel, two event loops (issue 13, item 5) ------------------------------------
+
+
+@pytest.fixture
+def engine_thread() -> Iterator[EngineThread]:
+    e = EngineThread()
+    yield e
+    e.close()
+
+
+LOOP_GONE = "belongs to an event loop that is closed"
+
+
+@pytest.mark.parametrize("first_call", ["handshake", "send_finding", "stats", "close"])
+def test_a_channel_whose_event_loop_is_gone_refuses_clearly_and_releases_its_log(
+    engine_thread: EngineThread, tmp_path: Path, first_call: str
+) -> None:
+    engine = engine_thread.engine
+    run_id, token = new_run(engine)
+    wal = tmp_path / "wal"
+    config = local_channel_config(engine, wal, run_id, token)
+
+    async def first_life() -> GrpcEngineChannel:
+        ch = GrpcEngineChannel(config)
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
+        return ch  # asyncio.run() ends without close()
+
+    ch = asyncio.run(first_life())
+
+    async def second_life() -> None:
+        if first_call == "handshake":
+            with pytest.raises(ChannelClosedError, match=LOOP_GONE):
+                await ch.handshake("1", "h", "1")
+        elif first_call == "send_finding":
+            with pytest.raises(ChannelClosedError, match=LOOP_GONE):
+                ch.send_finding({"n": 2})
+        elif first_call == "stats":
+            stats = ch.stats()
+            assert stats.state is ChannelState.CLOSED
+            assert stats.last_error is not None and LOOP_GONE in stats.last_error
+        await ch.close()  # never raises; idempotent
+        await ch.close()
+        # Every call now says why, instead of hanging or failing raw.
+        with pytest.raises(ChannelClosedError, match=LOOP_GONE):
+            ch.send_finding({"n": 3})
+        with pytest.raises(ChannelClosedError, match=LOOP_GONE):
+            await ch.wait_acked(timeout_ms=10)
+        assert ch.stats().state is ChannelState.CLOSED
+
+    asyncio.run(second_life())
+    # The log is released: a new channel on a new loop takes the run over.
+
+    async def third_life() -> None:
+        async with GrpcEngineChannel(config) as again:
+            await again.handshake("1", "h", "1")
+            assert await again.wait_acked(again.send_finding({"n": 2}), timeout_ms=10_000)
+
+    asyncio.run(third_life())
+    assert engine.accepted(run_id) == [1, 2]
+
+
+def test_a_channel_built_in_one_loop_and_first_awaited_in_another_works(
+    engine_thread: EngineThread, tmp_path: Path
+) -> None:
+    engine = engine_thread.engine
+    run_id, token = new_run(engine)
+    config = local_channel_config(engine, tmp_path / "wal", run_id, token)
+
+    async def build() -> GrpcEngineChannel:
+        ch = GrpcEngineChannel(config)
+        ch.send_finding({"n": 1})  # logged; no loop is bound before the first await
+        return ch
+
+    ch = asyncio.run(build())
+
+    async def use() -> None:
+        async with ch:
+            await ch.handshake("1", "h", "1")
+            assert await ch.wait_acked(ch.send_finding({"n": 2}), timeout_ms=10_000)
+
+    asyncio.run(use())
+    assert engine.accepted(run_id) == [1, 2]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import http.server
 import logging
 import re
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,8 @@ import grpc.aio
 import pytest
 
 from conftest import eventually, new_run
-from walchannel import Backoff, ChannelState, GrpcEngineChannel
+from helpers.http_proxy import HttpProxy
+from walchannel import Backoff, ChannelState, EngineUnavailableError, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -249,3 +252,156 @@ async def test_two_streams_for_one_run_never_apply_a_seq_twice(tmp_path: Path) -
     finally:
         await first.stop()
         await second.stop()
+
+
+# -- proxies from the environment (issue 13, item 6) ------------------------------------
+
+PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy", "no_proxy", "no_grpc_proxy")
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Clear every proxy variable (both cases); the returned function sets some."""
+    for name in PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+    def set_env(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+
+    return set_env
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.asyncio
+async def test_a_dead_env_proxy_is_named_in_last_error_and_the_log(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    proxy_env: Callable[..., None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = closed_port()
+    proxy_env(http_proxy=f"http://scan:pw-SECRET@127.0.0.1:{dead}")
+    proxy_env(https_proxy=f"http://scan:pw-SECRET@127.0.0.1:{dead}")
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, http_addr=None, connect_timeout_ms=1500
+    )
+    caplog.set_level(logging.INFO, logger="walchannel")
+    async with GrpcEngineChannel(config) as ch:
+        with pytest.raises(EngineUnavailableError):
+            await ch.handshake("1", "h", "1")
+        ch.send_finding({"n": 1})
+        await eventually(
+            lambda: f"via proxy 127.0.0.1:{dead}" in (ch.stats().last_error or ""),
+            what="last_error naming the proxy",
+        )
+        assert ch.log.meta().last_error is not None
+        assert f"via proxy 127.0.0.1:{dead}" in (ch.log.meta().last_error or "")
+    assert f"via proxy 127.0.0.1:{dead} (from https_proxy)" in caplog.text
+    assert "SECRET" not in caplog.text and "SECRET" not in (ch.stats().last_error or "")
+    assert local_engine.accepted(run_id) == []
+
+
+@pytest.mark.asyncio
+async def test_proxy_from_env_false_ignores_a_dead_env_proxy(
+    local_engine: LocalEngine, tmp_path: Path, proxy_env: Callable[..., None]
+) -> None:
+    dead = closed_port()
+    proxy_env(http_proxy=f"http://127.0.0.1:{dead}", https_proxy=f"http://127.0.0.1:{dead}")
+    proxy_env(grpc_proxy=f"http://127.0.0.1:{dead}")
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, proxy_from_env=False
+    )
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
+        # Discovery ignores it too: a reconnect asks http_addr directly.
+        await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
+        assert await ch.wait_acked(ch.send_finding({"n": 2}), timeout_ms=10_000)
+        assert "proxy" not in (ch.stats().last_error or "")
+    assert local_engine.accepted(run_id) == [1, 2]
+
+
+@pytest.mark.asyncio
+async def test_no_proxy_listing_the_engine_dials_it_directly(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    proxy_env: Callable[..., None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = closed_port()
+    proxy_env(https_proxy=f"http://127.0.0.1:{dead}", http_proxy=f"http://127.0.0.1:{dead}")
+    proxy_env(no_proxy="localhost,127.0.0.0/8")
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    caplog.set_level(logging.INFO, logger="walchannel")
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
+    assert "via proxy" not in caplog.text
+    assert local_engine.accepted(run_id) == [1]
+
+
+@pytest.mark.asyncio
+async def test_a_live_env_proxy_carries_the_stream_and_discovery(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    proxy_env: Callable[..., None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = HttpProxy()
+    await proxy.start()
+    try:
+        proxy_env(HTTPS_PROXY=f"http://scan:SECRET@{proxy.addr}", HTTP_PROXY=f"http://{proxy.addr}")
+        run_id, token = new_run(local_engine)
+        config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+        caplog.set_level(logging.INFO, logger="walchannel")
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "h", "1")
+            assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
+            await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
+            assert await ch.wait_acked(ch.send_finding({"n": 2}), timeout_ms=10_000)
+        assert local_engine.accepted(run_id) == [1, 2]
+        engine = local_engine.grpc_addr
+        assert proxy.requests.count(f"CONNECT {engine}") >= 2
+        assert f"GET {local_engine.http_addr}/grpc-address" in proxy.requests
+        # The credentials in the URL reach the proxy, and only the proxy.
+        assert "Basic " + base64.b64encode(b"scan:SECRET").decode() in proxy.auth
+        assert f"via proxy {proxy.addr} (from HTTPS_PROXY)" in caplog.text
+        assert f"discovery asks {local_engine.http_addr} via proxy {proxy.addr}" in caplog.text
+        assert "SECRET" not in caplog.text
+    finally:
+        await proxy.stop()
+
+
+@pytest.mark.asyncio
+async def test_discovery_through_a_dead_env_proxy_names_it(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    proxy_env: Callable[..., None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = closed_port()
+    proxy_env(http_proxy=f"http://127.0.0.1:{dead}", no_grpc_proxy="127.0.0.1")
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    caplog.set_level(logging.WARNING, logger="walchannel")
+    async with GrpcEngineChannel(config) as ch:
+        # The stream skips the proxy (no_grpc_proxy); discovery, over http://, uses it.
+        await ch.handshake("1", "h", "1")
+        await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
+        await eventually(
+            lambda: f"discovery failed via proxy 127.0.0.1:{dead}" in caplog.text,
+            what="a discovery failure naming the proxy",
+        )
+        assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
+    assert local_engine.accepted(run_id) == [1]

@@ -565,6 +565,36 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     assert local_engine.accepted(run_id) == [1, 2, 3]
 
 
+@pytest.mark.asyncio
+async def test_flush_follows_the_proxy_policy_and_names_a_dead_proxy(
+    tmp_path: Path, local_engine: LocalEngine
+) -> None:
+    run_id, token = new_run()
+    local_engine.register_run(run_id, token)
+    log = make_log(tmp_path / "wal", run_id, 2, token=token)
+    dead = dead_addr()
+    env = child_env(http_proxy=f"http://scan:SECRET@{dead}", https_proxy=f"http://{dead}")
+    for name in ("no_proxy", "NO_PROXY", "grpc_proxy", "no_grpc_proxy", "all_proxy"):
+        env.pop(name, None)
+    stream = await acli(
+        "flush", log, "--grpc-addr", local_engine.grpc_addr, "--timeout", "3", stdin=token, env=env
+    )
+    assert stream.rc == 1, stream.err
+    assert f"via proxy {dead}" in stream.err and "SECRET" not in stream.err
+    found = await acli(
+        "flush", log, "--http-addr", local_engine.http_addr, "--timeout", "3", stdin=token, env=env
+    )
+    assert found.rc == 1, found.err
+    assert f"discovery via proxy {dead}" in found.err
+    assert local_engine.accepted(run_id) == []
+    env["no_proxy"] = "127.0.0.1"
+    direct = await acli(
+        "flush", log, "--http-addr", local_engine.http_addr, "--timeout", "20", stdin=token, env=env
+    )
+    assert direct.rc == 0, direct.err
+    assert local_engine.accepted(run_id) == [1, 2]
+
+
 # -- corrupt files ------------------------------------------------------------------
 
 
@@ -807,6 +837,29 @@ def test_bad_usage_exits_2(args: Sequence[str], tmp_path: Path) -> None:
     result = cli(*args, env=child_env(WALCHANNEL_DIR=str(tmp_path)))
     assert result.rc == 2, (result.out, result.err)
     assert result.err
+
+
+@pytest.mark.parametrize("bad", ["t\u00f6k", "to\tk", "to\x7fk", "to\u00a0k"])
+def test_flush_refuses_a_token_grpc_cannot_send_without_echoing_it(
+    bad: str, tmp_path: Path
+) -> None:
+    token = new_token()
+    run_id = f"run-{secrets.token_hex(4)}"
+    log = make_log(tmp_path / "wal", run_id, 1, token=token)
+    secret = token[:8] + bad + token[8:]
+    _TOKENS.append(secret)
+    for how, env, stdin in (
+        ("TOKEN", child_env(TOKEN=secret), ""),
+        ("standard input", None, secret + "\n"),
+    ):
+        args: list[str | Path] = ["flush", log, "--grpc-addr", dead_addr(), "--timeout", "5"]
+        if env is not None:
+            args += ["--token-env", "TOKEN"]
+        result = cli(*args, env=env, stdin=stdin)
+        assert result.rc == 2, result.err
+        assert "run token" in result.err and how in result.err
+        assert "printable ASCII" in result.err
+        assert bad not in result.err and token[:8] not in result.err
 
 
 def test_unreadable_paths_exit_2_naming_them(tmp_path: Path) -> None:

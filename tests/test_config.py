@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from walchannel import InsecureDiscoveryWarning
+from walchannel import GrpcEngineChannel, InsecureDiscoveryWarning
 from walchannel.config import Backoff, GrpcChannelConfig
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
 
 TOKEN = "tok-SECRET-4f1c"
 
@@ -36,6 +38,7 @@ def test_defaults_are_the_spec_table() -> None:
     assert c.max_message_bytes == 4 * 1024 * 1024
     assert c.max_unacked_bytes is None and c.dead_stream_ms is None
     assert c.durability == "process" and c.hard_deadline is None
+    assert c.proxy_from_env is True
 
 
 def test_token_never_in_repr_or_str() -> None:
@@ -64,6 +67,7 @@ def test_token_never_in_repr_or_str() -> None:
         ("connect_timeout_ms", 0),
         ("connect_timeout_ms", -1),
         ("engine_acks_handshake", 1),
+        ("proxy_from_env", "no"),
         ("dead_stream_ms", 0),
         ("http_addr", "ftp://x"),
         ("http_addr", "engine:8080"),
@@ -167,3 +171,73 @@ async def test_a_real_http_client_and_credentials_are_accepted() -> None:
         credentials = grpc.ssl_channel_credentials()
         config = build(http_client=client, credentials=credentials)
         assert config.http_client is client and config.credentials is credentials
+
+
+# -- values sent as gRPC metadata (issue 13, item 4) ---------------------------------------
+
+METADATA_RULE = "printable ASCII"
+BAD_METADATA_VALUES = [
+    pytest.param(" tok", id="leading-space"),
+    pytest.param("tok ", id="trailing-space"),
+    pytest.param("   ", id="only-spaces"),
+    pytest.param("tök", id="non-ascii"),
+    pytest.param("to\tk", id="tab"),
+    pytest.param("to\x7fk", id="del"),
+    pytest.param("to\u00a0k", id="nbsp"),
+    pytest.param("to\rk", id="cr"),
+    pytest.param("to\x00k", id="nul"),
+    pytest.param("tok\n", id="trailing-newline"),
+]
+
+
+@pytest.mark.parametrize("value", BAD_METADATA_VALUES)
+def test_a_run_token_grpc_cannot_send_is_refused_naming_the_rule_never_the_token(
+    value: str,
+) -> None:
+    secret = value.replace("tok", "SECRET-tok")
+    with pytest.raises(ValueError) as info:
+        build(run_token=secret)
+    message = str(info.value)
+    assert "run_token" in message and METADATA_RULE in message
+    assert "leading or trailing whitespace" in message
+    assert "SECRET" not in message and secret not in message
+
+
+@pytest.mark.parametrize("value", BAD_METADATA_VALUES)
+def test_a_correlation_id_breaking_the_metadata_rule_is_refused(value: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build(correlation_id=value)
+    message = str(info.value)
+    assert "correlation_id" in message and METADATA_RULE in message
+
+
+@pytest.mark.parametrize("value", ["tok", "a b", "Bearer-like.token_~+/=", "x" * 4096, "!~"])
+def test_printable_ascii_metadata_values_pass(value: str) -> None:
+    assert build(run_token=value, correlation_id=value).correlation_id == value
+
+
+def test_the_error_gives_the_position_of_the_bad_character() -> None:
+    with pytest.raises(ValueError, match="character 3"):
+        build(run_token="ab\u00e9cd")
+
+
+@pytest.mark.parametrize("run_id", [".hidden", ".", "..", ".wal"])
+def test_a_run_id_naming_a_hidden_file_is_refused(run_id: str) -> None:
+    with pytest.raises(ValueError, match="run_id"):
+        build(run_id=run_id)
+
+
+@pytest.mark.asyncio
+async def test_every_printable_ascii_token_the_config_accepts_authenticates(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # The accepted set really travels: inner spaces and every punctuation mark.
+    token = "a b " + "".join(chr(c) for c in range(0x21, 0x7F))
+    run_id = "run-ascii"
+    local_engine.register_run(run_id, token)
+    config = local_channel_config(local_engine, tmp_path, run_id, token, correlation_id="c !~")
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        seq = ch.send_finding({"n": 1})
+        assert await ch.wait_acked(seq, timeout_ms=10_000)
+    assert local_engine.accepted(run_id) == [1]

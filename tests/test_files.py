@@ -77,7 +77,10 @@ def test_log_and_sidecar_names(fs: FakeFilesystem) -> None:
 
 @pytest.mark.parametrize(
     "run_id",
-    ["", ".", "..", "a/b", "../x", "a\x00b", "a b", "é", "x" * 201, "a\\b", "a*b", 17, None],
+    [
+        *("", ".", "..", "...", ".hidden", "a/b", "../x", "a\x00b", "a b", "é", "x" * 201),
+        *("a\\b", "a*b", 17, None),
+    ],
 )
 def test_unsafe_run_ids_are_refused(run_id: object) -> None:
     with pytest.raises(ValueError, match="run_id"):
@@ -85,5 +88,5 @@ def test_unsafe_run_ids_are_refused(run_id: object) -> None:
 
 
 def test_safe_run_ids_pass() -> None:
-    for run_id in ("a", "run-1", "RUN_2.x", "ns:run:3", "x" * 200, "..."):
+    for run_id in ("a", "run-1", "RUN_2.x", "ns:run:3", "x" * 200, "a...", "-x", "x."):
         assert files.check_run_id(run_id) == run_id

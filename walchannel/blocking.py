@@ -6,12 +6,18 @@ private thread and offers the same methods without ``await``
 any thread; each call runs on the loop thread and returns its result or
 raises its exception. Callbacks (``on_stop``, ``on_budget_update``) run on
 a dispatcher thread of their own, so a callback may call the channel.
-``close()`` closes the channel and joins both threads. SPEC "The channel".
+``close()`` closes the channel and joins both threads. Every call made
+while ``close()`` runs gets its result or ``ChannelClosedError``: calls
+already queued on the loop run to their end (the closed channel refuses
+them) before the loop stops, and none is ever left waiting on a stopped
+loop. SPEC "The channel".
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import queue
 import random
@@ -32,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _STOP = object()
+#: How long close() lets calls still queued on the loop finish (they return
+#: or raise ChannelClosedError at once on a closed channel) before it cancels them.
+DRAIN_TIMEOUT_S = 5.0
 
 
 class BlockingEngineChannel:
@@ -63,6 +72,11 @@ class BlockingEngineChannel:
         )
         self._closed = False
         self._close_lock = threading.Lock()
+        # The calls submitted to the loop and not finished; under _calls_lock,
+        # with _accepting, so none is queued once close() has begun draining.
+        self._calls: set[concurrent.futures.Future[Any]] = set()
+        self._calls_lock = threading.Lock()
+        self._accepting = True
 
         async def build() -> GrpcEngineChannel:
             return GrpcEngineChannel(config, rng=rng)
@@ -76,14 +90,26 @@ class BlockingEngineChannel:
 
     # -- plumbing -----------------------------------------------------------------
 
-    def _submit(self, coro: Coroutine[Any, Any, _T]) -> _T:
+    def _submit(self, coro: Coroutine[Any, Any, _T], *, closing: bool = False) -> _T:
         if threading.current_thread() is self._loop_thread:
             coro.close()
             raise RuntimeError("BlockingEngineChannel called from its own loop thread")
-        if self._loop.is_closed() or not self._loop.is_running():
-            coro.close()
-            raise ChannelClosedError("the blocking channel is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        with self._calls_lock:
+            if not (self._accepting or closing) or self._loop.is_closed():
+                coro.close()
+                raise ChannelClosedError("the blocking channel is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._calls.add(future)
+        future.add_done_callback(self._call_done)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            # Only close() cancels a call (one that outlived the drain).
+            raise ChannelClosedError("the blocking channel was closed during the call") from None
+
+    def _call_done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._calls_lock:
+            self._calls.discard(future)
 
     def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         async def run() -> _T:
@@ -103,12 +129,44 @@ class BlockingEngineChannel:
                 logger.exception("callback %r raised; ignored", callback)
 
     def _stop_loop(self) -> None:
+        """Refuse new calls, let queued ones finish, stop and close the loop, fail leftovers."""
+        with self._calls_lock:
+            self._accepting = False
+        if self._loop.is_running() and threading.current_thread() is not self._loop_thread:
+            # Runs after every call queued so far (the loop is FIFO): each one
+            # gets its result or the closed channel's ChannelClosedError.
+            drain = asyncio.run_coroutine_threadsafe(self._drain(), self._loop)
+            try:
+                drain.result(DRAIN_TIMEOUT_S + 5)
+            except Exception:
+                logger.exception("draining the loop's calls failed")
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
         if threading.current_thread() is not self._loop_thread:
             self._loop_thread.join()
         if not self._loop.is_running() and not self._loop.is_closed():
             self._loop.close()
+        # Nothing left can run now: a caller still waiting gets an answer.
+        with self._calls_lock:
+            leftover = list(self._calls)
+            self._calls.clear()
+        for future in leftover:
+            if not future.done():
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(ChannelClosedError("the blocking channel is closed"))
+
+    async def _drain(self) -> None:
+        """Wait for the other tasks on the loop (the callers' calls), then cancel stragglers."""
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            logger.warning("close(): cancelled %d call(s) still running on the loop", len(pending))
+            await asyncio.wait(pending, timeout=DRAIN_TIMEOUT_S)
 
     # -- the SyncEngineChannel surface ------------------------------------------------
 
@@ -221,8 +279,10 @@ class BlockingEngineChannel:
             if self._closed:
                 return
             self._closed = True
+        with self._calls_lock:
+            self._accepting = False
         try:
-            self._submit(self._channel.close())
+            self._submit(self._channel.close(), closing=True)
         finally:
             self._stop_loop()
             self._callbacks.put(_STOP)

@@ -29,17 +29,17 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 import grpc.aio
-import httpx
 import msgpack
 
 from walchannel import _killpoints, messages, wire
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.config import GrpcChannelConfig
-from walchannel.discovery import discover
+from walchannel.discovery import discover, discovery_client
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -70,6 +70,9 @@ from walchannel.protocol import (
     describe_end,
     is_too_many_pings,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["GrpcEngineChannel"]
 
@@ -148,8 +151,12 @@ _CLOSED_CHANNEL: Any = _ClosedChannel()
 class _Stream:
     """One dial: its grpc.aio channel and call, its tasks, and why it ended."""
 
-    def __init__(self, addr: str, channel: grpc.aio.Channel, call: Any, loop: Any) -> None:
+    def __init__(
+        self, addr: str, channel: grpc.aio.Channel, call: Any, loop: Any, via: str = ""
+    ) -> None:
         self.addr = addr
+        # " via proxy host:port" when the dial goes through one, else "".
+        self.via = via
         self.channel = channel
         self.call = call
         self.answer: asyncio.Future[int] = loop.create_future()
@@ -186,7 +193,11 @@ class GrpcEngineChannel:
     The constructor opens the run's log (so ``RunCompletedError``,
     ``WalLockedError`` and ``WalCorruptError`` surface there) and touches no
     network; ``handshake()`` starts the connection loop. Use it from the
-    event loop's thread only. ``async with`` closes it (without a handshake).
+    event loop's thread only: the channel belongs to the loop of its first
+    await. Once that loop is closed (an ``asyncio.run()`` ended), every
+    call raises ``ChannelClosedError`` saying so and the log is released;
+    ``close()`` never raises for it. ``async with`` closes it (without a
+    handshake).
 
     Args:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
@@ -282,6 +293,11 @@ class GrpcEngineChannel:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._http: httpx.AsyncClient | None = config.http_client
         self._own_http = False
+        # " via proxy host:port" for our own discovery client, else "".
+        self._http_via = ""
+        # The last (address, proxy) logged, so a route is logged once.
+        self._route: tuple[str, str | None] | None = None
+        self._proxy_scheme_warned = False
         self._closed = False
         self._closing = False
         self._done_sent = False
@@ -299,6 +315,9 @@ class GrpcEngineChannel:
         self._protocol_errors = 0
         self._last_error: str | None = None
         self._last_checkpoint_ms = _now_ms()
+        # The event loop of the first await; the tasks, events, timers and the
+        # gRPC channel all live on it (see _bind_loop).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- read-outs ------------------------------------------------------------
 
@@ -331,11 +350,21 @@ class GrpcEngineChannel:
         """Return the last committed harness progress marker (None for a new run).
 
         SPEC "Harness progress": resume a restarted scan from it.
+
+        Raises:
+            ChannelClosedError: the channel's event loop is gone.
         """
+        self._check_loop()
         return self._log.progress
 
     def stats(self) -> ChannelStats:
-        """Return a :class:`~walchannel.ChannelStats` snapshot."""
+        """Return a :class:`~walchannel.ChannelStats` snapshot.
+
+        On a channel whose event loop is gone it closes the channel (see
+        :meth:`close`) and reports ``CLOSED`` with the reason in ``last_error``.
+        """
+        if self._loop_closed():
+            self._abandon()
         self._store_ack(force=True)
         oldest: float | None = None
         if self._cursor.unacked and not self._log.closed:
@@ -381,9 +410,82 @@ class GrpcEngineChannel:
         except Exception:
             logger.exception("run %s: callback %r raised; ignored", self._run_id, callback)
 
+    # -- the event loop ---------------------------------------------------------------
+
+    def _loop_closed(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.is_closed()
+
+    def _loop_gone(self) -> ChannelClosedError:
+        return ChannelClosedError(
+            f"run {self._run_id}: the channel belongs to an event loop that is closed "
+            "or stopped (an earlier asyncio.run() ended?); it is closed and its log "
+            "released. Open a new GrpcEngineChannel on this loop (the unacked rows "
+            "are kept), or use BlockingEngineChannel from code without a loop"
+        )
+
+    def _check_loop(self) -> None:
+        """For the sync methods: refuse on a channel whose event loop was closed."""
+        if self._loop_closed():
+            self._abandon()
+            raise self._loop_gone()
+
+    def _bind_loop(self) -> None:
+        """For the async methods: bind the channel to the loop of its first await.
+
+        Its tasks, events and gRPC channel live on that loop. On another loop,
+        if that one is closed or stopped the channel is closed without it
+        (:meth:`_abandon`) and ``ChannelClosedError`` says so; if it still runs
+        (in another thread), ``WalchannelError``.
+        """
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            self._loop = running
+        elif loop is not running:
+            if loop.is_closed() or not loop.is_running():
+                self._abandon()
+                raise self._loop_gone()
+            raise WalchannelError(
+                f"run {self._run_id}: the channel belongs to another event loop, running "
+                "in another thread; call it from that loop's thread, or use "
+                "BlockingEngineChannel"
+            )
+
+    def _abandon(self) -> None:
+        """Close without the channel's loop, which is gone: release the log, await nothing.
+
+        The tasks, timers, waiters and the gRPC channel of the dead loop are
+        dropped, not touched (a future of a closed loop cannot be resolved);
+        the socket closes with the gRPC channel object.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._closing = True
+        logger.warning(
+            "run %s: the channel's event loop is gone (closed or stopped); the channel is "
+            "closed and its log released, the unacked rows stay for a new channel",
+            self._run_id,
+        )
+        for timer in (self._deadline_timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
+        self._ack_timer = None
+        self._stream = None
+        self._runner = None
+        self._approvals.clear()
+        try:
+            self._store_ack(force=True)
+            self._set_error(str(self._loop_gone()))
+        finally:
+            self._sm.move(ChannelState.CLOSED)
+            self._log.close()
+
     # -- sending --------------------------------------------------------------------
 
     def _check_sendable(self) -> None:
+        self._check_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         if self._done_sent:
@@ -478,7 +580,8 @@ class GrpcEngineChannel:
             PayloadError: a bad field or payload, or an encoded message over
                 ``max_message_bytes`` (nothing logged, no seq used).
             BacklogFullError: ``max_unacked_bytes`` would be passed.
-            ChannelClosedError: after ``send_done`` or ``close``.
+            ChannelClosedError: after ``send_done`` or ``close``, or once
+                the channel's event loop is gone.
             RunExpiredError: past ``hard_deadline``.
             EngineBehindError: the channel is ``FAILED``.
             RunCompletedError: the engine said the run is completed.
@@ -568,6 +671,7 @@ class GrpcEngineChannel:
 
         SPEC "Shutdown order".
         """
+        self._bind_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         if self._done_sent:
@@ -625,6 +729,7 @@ class GrpcEngineChannel:
             ChannelClosedError: the channel closed while waiting.
             PayloadError, and the errors of ``send_event``.
         """
+        self._bind_loop()
         rid = request_id if request_id is not None else str(uuid.uuid4())
         decided = self._decisions.get(rid)
         if decided is not None:
@@ -662,6 +767,7 @@ class GrpcEngineChannel:
         Returns:
             True when acked, False on timeout or close.
         """
+        self._bind_loop()
         target = self._cursor.high_water if seq is None else seq
         return await self._wait_for(
             lambda: self._cursor.acked >= self._cursor.translate(target), timeout_ms
@@ -692,6 +798,7 @@ class GrpcEngineChannel:
         duplicates by seq). Without a live stream nothing moves: the next
         dial replays from the cursor anyway.
         """
+        self._check_loop()
         self._readahead.clear()
         count = self._cursor.rewind()
         self._wakeup.set()
@@ -723,6 +830,7 @@ class GrpcEngineChannel:
 
         SPEC "Dial".
         """
+        self._bind_loop()
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         for name, value in (
@@ -859,7 +967,10 @@ class GrpcEngineChannel:
         http_addr = self._config.http_addr
         assert http_addr is not None
         if self._http is None:
-            self._http = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+            self._http, proxy = discovery_client(
+                http_addr, proxy_from_env=self._config.proxy_from_env
+            )
+            self._http_via = f" via proxy {proxy.shown}" if proxy is not None else ""
             self._own_http = True
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
@@ -874,13 +985,24 @@ class GrpcEngineChannel:
             )
         except DiscoveryError as exc:
             logger.warning(
-                "run %s: discovery failed, keeping %s: %s", self._run_id, self._addr, exc
+                "run %s: discovery failed%s, keeping %s: %s",
+                self._run_id,
+                self._http_via,
+                self._addr,
+                exc,
             )
-            self._set_error(f"discovery: {exc}")
+            self._set_error(f"discovery{self._http_via}: {exc}")
             return
         except TimeoutError:
-            logger.warning("run %s: discovery timed out, keeping %s", self._run_id, self._addr)
-            self._set_error(f"discovery: no answer from {http_addr} within {timeout_s:.1f} s")
+            logger.warning(
+                "run %s: discovery timed out%s, keeping %s",
+                self._run_id,
+                self._http_via,
+                self._addr,
+            )
+            self._set_error(
+                f"discovery{self._http_via}: no answer from {http_addr} within {timeout_s:.1f} s"
+            )
             return
         if addr != self._addr:
             logger.info(
@@ -888,7 +1010,34 @@ class GrpcEngineChannel:
             )
             self._addr = addr
 
-    def _channel_options(self) -> list[tuple[str, Any]]:
+    def _stream_proxy(self, addr: str) -> Proxy | None:
+        """The proxy a dial to ``addr`` goes through (config ``proxy_from_env``), logged once."""
+        proxy = None
+        if self._config.proxy_from_env:
+            proxy = proxy_for(parse_host_port(addr, what="engine address")[0], "grpc")
+        if proxy is not None and proxy.scheme != "http":
+            if not self._proxy_scheme_warned:
+                self._proxy_scheme_warned = True
+                logger.warning(
+                    "run %s: %s names a %s:// proxy (%s); gRPC can only tunnel through an "
+                    "http:// proxy: dialling %s directly",
+                    self._run_id,
+                    proxy.source,
+                    proxy.scheme,
+                    proxy.shown,
+                    addr,
+                )
+            proxy = None
+        route = (addr, None if proxy is None else f"{proxy.shown} (from {proxy.source})")
+        if route != self._route:
+            if route[1] is not None:
+                logger.info("run %s: dialling %s via proxy %s", self._run_id, addr, route[1])
+            elif self._route is not None and self._route[1] is not None:
+                logger.info("run %s: dialling %s directly (no proxy applies)", self._run_id, addr)
+            self._route = route
+        return proxy
+
+    def _channel_options(self, proxy: Proxy | None = None) -> list[tuple[str, Any]]:
         options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", self._keepalive_ms),
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -901,13 +1050,20 @@ class GrpcEngineChannel:
         ]
         if self._config.tls_server_name is not None:
             options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
+        # The proxy is decided here (_stream_proxy), never by gRPC's own
+        # reading of the environment, so the one logged is the one used.
+        if proxy is not None:
+            options += [("grpc.enable_http_proxy", 1), ("grpc.http_proxy", proxy.url)]
+        else:
+            options.append(("grpc.enable_http_proxy", 0))
         return options
 
     async def _stream_once(self, addr: str) -> None:
         """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
         loop = asyncio.get_running_loop()
         creds = self._config.credentials
-        options = self._channel_options()
+        proxy = self._stream_proxy(addr)
+        options = self._channel_options(proxy)
         if creds is None:
             channel = grpc.aio.insecure_channel(addr, options=options)
         else:
@@ -915,7 +1071,8 @@ class GrpcEngineChannel:
         call = channel.stream_stream(
             METHOD, request_serializer=_identity, response_deserializer=pb.DownMessage.FromString
         )(metadata=self._metadata)
-        stream = _Stream(addr, channel, call, loop)
+        via = f" via proxy {proxy.shown}" if proxy is not None else ""
+        stream = _Stream(addr, channel, call, loop, via)
         self._stream = stream
         stream.tasks.append(loop.create_task(self._read_loop(stream)))
         try:
@@ -1060,8 +1217,10 @@ class GrpcEngineChannel:
             return
         if self._sm.final:
             return
-        logger.warning("run %s: stream to %s ended: %s", self._run_id, stream.addr, text)
-        self._set_error(f"{stream.addr}: {text}")
+        logger.warning(
+            "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
+        )
+        self._set_error(f"{stream.addr}{stream.via}: {text}")
 
     def _on_run_completed(self) -> None:
         """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
@@ -1412,10 +1571,31 @@ class GrpcEngineChannel:
         its end, then stops every task and closes the gRPC channel, stores
         the latest ack, and closes the log. Idempotent; never hangs; unacked
         rows stay on disk for a resume or ``flush``. Pending approvals fail
-        with ``ChannelClosedError``. SPEC "Shutdown order".
+        with ``ChannelClosedError``. The log is closed (its lock released)
+        whatever happens on the way.
+
+        On another event loop than the channel's: if that one is closed or
+        stopped (an earlier ``asyncio.run()`` ended), the channel is closed
+        without it, nothing of it awaited (the socket closes with the gRPC
+        channel object); if it runs in another thread, the close runs there.
+        SPEC "Shutdown order".
         """
         if self._closed:
             return
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is not None and loop is not running:
+            if loop.is_closed() or not loop.is_running():
+                self._abandon()
+                return
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))
+            return
+        try:
+            await self._close()
+        finally:
+            self._log.close()
+
+    async def _close(self) -> None:
         self._closed = True
         self._closing = True
         _killpoints.reached("in_close")
@@ -1453,7 +1633,6 @@ class GrpcEngineChannel:
         if self._own_http and self._http is not None:
             with contextlib.suppress(Exception):
                 await self._http.aclose()
-        self._log.close()
 
     async def _half_close(self, stream: _Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the

@@ -561,20 +561,27 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _read_token(env: str | None) -> str:
+    from walchannel.config import check_metadata_value
+
+    source = env if env is not None else "standard input"
     if env is not None:
         value = os.environ.get(env, "").strip()
         if not value:
             raise _Refused(f"the environment variable {env} is not set or empty")
-        return value
-    if sys.stdin is None:
+    elif sys.stdin is None:
         raise _Refused("no standard input to read the run token from; use --token-env VAR")
-    if sys.stdin.isatty():
+    elif sys.stdin.isatty():
         # Not echoed: the token must not land on the screen or in scrollback.
         value = getpass.getpass("run token: ").strip()
     else:
         value = sys.stdin.readline().strip()
     if not value:
         raise _Refused("no run token on standard input (or use --token-env VAR)")
+    try:
+        # The error gives a position and a kind, never the token.
+        check_metadata_value(f"the run token from {source}", value, secret=True)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
     return value
 
 
@@ -634,8 +641,12 @@ async def _discover_until(
     http_addr: str,
     allowed_hosts: tuple[AllowedHost, ...] | None,
     deadline: float,
+    via: str = "",
 ) -> str | None:
-    """Ask ``http_addr`` for the engine's address, retrying until ``deadline``."""
+    """Ask ``http_addr`` for the engine's address, retrying until ``deadline``.
+
+    ``via`` (`` via proxy host:port`` or empty) goes into the error lines.
+    """
     from walchannel.discovery import discover
     from walchannel.errors import DiscoveryError
 
@@ -653,7 +664,7 @@ async def _discover_until(
                 timeout_s=min(remaining, _FLUSH_CONNECT_TIMEOUT_MS / 1000),
             )
         except DiscoveryError as exc:
-            _err("flush", f"discovery: {exc}")
+            _err("flush", f"discovery{via}: {exc}")
         await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
         delay = min(delay * 2, _DISCOVERY_RETRY_MAX_S)
 
@@ -704,6 +715,7 @@ async def _flush(
 
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
+    from walchannel.discovery import discovery_client
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -736,12 +748,18 @@ async def _flush(
         verify: ssl.SSLContext | bool = True
         if ca is not None:
             verify = ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
-        http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
+        via = ""
+        if args.http_addr is not None:
+            # The channel's proxy policy (the environment's proxy, as the stream).
+            http, proxy = discovery_client(args.http_addr, verify=verify)
+            via = f" via proxy {proxy.shown}" if proxy is not None else ""
+        else:
+            http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
         try:
             with _flush_logging():
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
-                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline)
+                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline, via)
                     if grpc_addr is None:
                         _err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
                         return 1

@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     import grpc
     import httpx
 
-__all__ = ["DEFAULT_BACKOFF", "Backoff", "GrpcChannelConfig"]
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "METADATA_RULE",
+    "Backoff",
+    "GrpcChannelConfig",
+    "check_metadata_value",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,48 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: Below this keepalive many engines (gRPC servers) answer with GOAWAY too_many_pings.
 KEEPALIVE_WARN_BELOW_MS = 10_000
+
+
+#: What gRPC accepts as an ASCII metadata value (its C core refuses anything
+#: else at dial, and HTTP/2 peers strip surrounding whitespace).
+METADATA_RULE = (
+    "gRPC metadata values must be printable ASCII (0x20-0x7E) with no leading or "
+    "trailing whitespace"
+)
+
+
+def check_metadata_value(name: str, value: str, *, secret: bool = False) -> None:
+    """Refuse a value gRPC could never send as (or inside) ASCII call metadata.
+
+    gRPC's C core refuses a metadata value holding anything but printable
+    ASCII (``INTERNAL: Invalid metadata`` at dial), and HTTP/2 peers strip
+    leading and trailing whitespace, so such a token would fail at every
+    dial forever (UNAUTHENTICATED). SPEC "Dial" (the ``authorization``
+    metadata) and "Secrets".
+
+    Args:
+        name: how the error names the value, e.g. ``"run_token"``.
+        value: the value.
+        secret: True for the run token: the error gives the position of the
+            bad character and its kind, never the character or the value.
+
+    Raises:
+        ValueError: naming ``name``, the position and the rule.
+    """
+    for i, ch in enumerate(value):
+        if " " <= ch <= "~":
+            continue
+        if ch > "\x7f":
+            kind = "a non-ASCII character"
+        elif ch.isspace():
+            kind = "a whitespace control character"
+        else:
+            kind = "a control character"
+        shown = "" if secret else f" {ch!r}"
+        raise ValueError(f"{name}: character {i + 1}{shown} is {kind}; {METADATA_RULE}")
+    if value != value.strip(" "):
+        where = "leading" if value[:1] == " " else "trailing"
+        raise ValueError(f"{name} has {where} whitespace; {METADATA_RULE}")
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -100,9 +148,11 @@ class GrpcChannelConfig:
     Attributes:
         grpc_addr: the engine, ``host:port``.
         run_id: the run; a safe file name (it names the log).
-        correlation_id: carried on every message.
+        correlation_id: carried on every message; printable ASCII without
+            leading or trailing whitespace (:data:`METADATA_RULE`).
         run_token: the run's bearer token; only ever sent as call metadata,
-            never logged, stored or shown (not in ``repr``).
+            never logged, stored or shown (not in ``repr``); printable ASCII
+            without leading or trailing whitespace (:data:`METADATA_RULE`).
         keepalive_ms: heartbeat and gRPC keepalive period, >= 1000
             (WARNING below 10 000: engines commonly refuse faster pings).
         connect_timeout_ms: bounds each dial and ``handshake()``.
@@ -128,6 +178,15 @@ class GrpcChannelConfig:
             harness to (None: any; an :class:`InsecureDiscoveryWarning` when
             ``http_addr`` is plaintext).
         hard_deadline: aware datetime, the token's expiry: the run ends there.
+        proxy_from_env: honour the proxy variables for the stream and for
+            discovery (True, the default, as gRPC and httpx do): the stream
+            goes through ``grpc_proxy``, else ``https_proxy``, else
+            ``http_proxy`` (gRPC's order), discovery through the proxy of its
+            URL's scheme, else ``all_proxy``; a host listed in
+            ``no_grpc_proxy``/``no_proxy`` is dialled directly. Either case
+            of the names. False: both connect directly. A reused
+            ``http_client`` keeps its own proxy settings. See
+            :func:`walchannel.address.proxy_for`.
 
     Raises:
         ValueError: naming the field, when a value breaks its rule.
@@ -154,6 +213,7 @@ class GrpcChannelConfig:
     tls_server_name: str | None = None
     allowed_hosts: Sequence[AllowedHost] | None = None
     hard_deadline: datetime | None = None
+    proxy_from_env: bool = True
 
     def __post_init__(self) -> None:
         for name in ("grpc_addr", "run_id", "correlation_id", "run_token"):
@@ -162,8 +222,10 @@ class GrpcChannelConfig:
                 raise ValueError(f"{name} must be a non-empty str")
         parse_host_port(self.grpc_addr, what="grpc_addr")
         files.check_run_id(self.run_id)
-        if any(c in self.run_token for c in "\r\n\x00"):
-            raise ValueError("run_token must not hold line breaks or NUL")
+        # The token goes out as metadata; the correlation id is held to the
+        # same rule so it can travel in headers and log lines as it is.
+        check_metadata_value("run_token", self.run_token, secret=True)
+        check_metadata_value("correlation_id", self.correlation_id)
         if isinstance(self.keepalive_ms, bool) or not isinstance(self.keepalive_ms, int):
             raise ValueError("keepalive_ms must be an int (ms)")
         if self.keepalive_ms < 1000:
@@ -176,8 +238,9 @@ class GrpcChannelConfig:
                 KEEPALIVE_WARN_BELOW_MS,
             )
         _positive("connect_timeout_ms", self.connect_timeout_ms)
-        if not isinstance(self.engine_acks_handshake, bool):
-            raise ValueError("engine_acks_handshake must be a bool")
+        for name in ("engine_acks_handshake", "proxy_from_env"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool")
         _positive("dead_stream_ms", self.dead_stream_ms, allow_none=True)
         if self.http_addr is not None:
             self._check_http_addr(self.http_addr)

@@ -11,14 +11,19 @@ why and the caller keeps its last address. SPEC "Reconnect".
 from __future__ import annotations
 
 import json
+import logging
+import ssl
+from typing import Literal
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from walchannel.address import AllowedHost, host_allowed, parse_host_port
+from walchannel.address import AllowedHost, Proxy, host_allowed, parse_host_port, proxy_for
 from walchannel.errors import DiscoveryError
 
-__all__ = ["MAX_ANSWER_BYTES", "discover", "discovery_url"]
+__all__ = ["MAX_ANSWER_BYTES", "discover", "discovery_client", "discovery_url"]
+
+logger = logging.getLogger(__name__)
 
 #: Most bytes of a discovery answer ever read.
 MAX_ANSWER_BYTES = 1024
@@ -28,6 +33,51 @@ _MAX_REDIRECTS = 3
 def discovery_url(http_addr: str) -> str:
     """Return ``{http_addr}/grpc-address`` (a trailing slash on the base is fine)."""
     return http_addr.rstrip("/") + "/grpc-address"
+
+
+def discovery_client(
+    http_addr: str, *, proxy_from_env: bool = True, verify: ssl.SSLContext | bool = True
+) -> tuple[httpx.AsyncClient, Proxy | None]:
+    """Build the httpx client discovery uses, with the proxy policy of the stream.
+
+    The environment's proxy is resolved here (:func:`walchannel.address.proxy_for`)
+    and handed to httpx explicitly (``trust_env=False``), so what the log
+    and errors name is what is used. httpx tunnels ``https://`` through an
+    ``http://`` proxy with CONNECT and sends ``http://`` requests to it.
+
+    Args:
+        http_addr: the discovery base URL (its scheme picks the variable).
+        proxy_from_env: False: connect directly whatever the environment says.
+        verify: TLS verification for an ``https://`` base (httpx's ``verify``).
+
+    Returns:
+        The client (no redirects followed: :func:`discover` checks them) and
+        the proxy it goes through, or None.
+    """
+    parts = urlsplit(http_addr)
+    scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"
+    proxy = proxy_for(parts.hostname or "", scheme) if proxy_from_env else None
+    if proxy is not None and proxy.scheme not in ("http", "https"):
+        logger.warning(
+            "%s names a %s:// proxy (%s); discovery supports http:// and https:// proxies "
+            "only: asking %s directly",
+            proxy.source,
+            proxy.scheme,
+            proxy.shown,
+            http_addr,
+        )
+        proxy = None
+    if proxy is not None:
+        logger.info(
+            "discovery asks %s via proxy %s (from %s)", http_addr, proxy.shown, proxy.source
+        )
+    client = httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        verify=verify,
+        proxy=proxy.url if proxy is not None else None,
+    )
+    return client, proxy
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:

@@ -38,9 +38,11 @@ _TMP_MARK = ".creating-"
 def check_run_id(run_id: object) -> str:
     """Return ``run_id`` if it is a safe file name, else raise ``ValueError``.
 
-    Refused (SPEC "The log"): a non-``str``, empty, ``.`` or ``..``, over
-    200 bytes, or holding anything outside ``[A-Za-z0-9._:-]`` (so ``/``,
-    NUL, spaces and other separators never reach a path).
+    Refused (SPEC "The log"): a non-``str``, empty, over 200 bytes, holding
+    anything outside ``[A-Za-z0-9._:-]`` (so ``/``, NUL, spaces and other
+    separators never reach a path), or starting with ``.`` (``.``, ``..``
+    and hidden files, which ``inspect`` and ``prune`` do not list: every run
+    id accepted here names a log they show).
 
     Raises:
         ValueError: naming the run id and what is wrong with it.
@@ -53,6 +55,11 @@ def check_run_id(run_id: object) -> str:
         raise ValueError(f"run_id {run_id[:40]!r}... is over {MAX_RUN_ID_BYTES} bytes")
     if run_id in (".", ".."):
         raise ValueError(f"run_id {run_id!r} is not a file name")
+    if run_id.startswith("."):
+        raise ValueError(
+            f"run_id {run_id!r} must not start with '.' (it would name a hidden log "
+            "file, which inspect does not list)"
+        )
     if not _SAFE_RUN_ID.fullmatch(run_id):
         raise ValueError(
             f"run_id {run_id!r} may only hold letters, digits and . _ : - "
