@@ -99,7 +99,7 @@ CHECKPOINT_IDLE_MS = 1_000
 CHECKPOINT_EVERY_MS = 10_000
 #: Retry delays of a checkpoint a reader held off: doubling up to this (ms).
 CHECKPOINT_RETRY_MAX_MS = 30_000
-#: Pages (4 KiB) given back per turn of the event loop (~10-50 ms of work).
+#: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
 CHECKPOINT_STEP_PAGES = 1024
 
 _trace_warned = False

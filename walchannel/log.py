@@ -1102,6 +1102,9 @@ class RunLog:
             left (the file has shrunk: call again), a reader held it off,
             an error stopped it, or the log is closed or not this
             process's (a forked child).
+
+        Raises:
+            ValueError: ``max_pages`` is below 1.
         """
         if self._closed or self._lock.forked:
             return False
