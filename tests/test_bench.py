@@ -74,3 +74,41 @@ def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
         assert r["verdict"] in ("", "-", "pass", "FAIL"), r
     # The scratch folder is cleaned up, and no engine process is left behind.
     assert not list(tmp_path.glob("walchannel-bench-*"))
+
+
+def test_backlog_case_runs_when_named(tmp_path: Path) -> None:
+    # Issue 13's disk scenario is not in the default set (the full size takes
+    # minutes); --only backlog runs it, with and without inspect polling.
+    out = tmp_path / "backlog.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.bench",
+            "--quick",
+            "--only",
+            "backlog",
+            "--json",
+            str(out),
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["name"] for r in results] == [
+        "disk: backlog acked, idle",
+        "disk: backlog acked, idle (inspect polling)",
+    ]
+    for r in results:
+        samples = r["samples"]["wal"]
+        assert all(math.isfinite(v) for values in samples.values() for v in values), r
+        assert samples["rows"] == [0.0], r
+    assert results[1]["samples"]["wal"]["polls"][0] > 0
+    assert not list(tmp_path.glob("walchannel-bench-*"))

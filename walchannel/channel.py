@@ -29,6 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
@@ -95,14 +96,28 @@ STRUCT_GROWTH = 16
 READAHEAD_ROWS = 256
 #: Bound on waiting for a dead stream's tasks and gRPC channel to go (seconds).
 TEARDOWN_TIMEOUT_S = 2.0
-#: Idle time after which the log is checkpointed (ms).
-CHECKPOINT_IDLE_MS = 10_000
+#: Quiet time after the last stored ack after which the log is checkpointed
+#: and its freed pages given back (ms).
+CHECKPOINT_IDLE_MS = 1_000
+#: While acks keep being stored, an empty backlog is checkpointed at most this often (ms).
+CHECKPOINT_EVERY_MS = 10_000
+#: Retry delays of a checkpoint a reader held off: doubling up to this (ms).
+CHECKPOINT_RETRY_MAX_MS = 30_000
+#: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
+CHECKPOINT_STEP_PAGES = 1024
 
 _trace_warned = False
 
 
 def _now_ms() -> float:
     return time.monotonic() * 1000.0
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _identity(data: bytes) -> bytes:
@@ -318,6 +333,10 @@ class GrpcEngineChannel:
         # The event loop of the first await; the tasks, events, timers and the
         # gRPC channel all live on it (see _bind_loop).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_stored_ms = 0.0
+        self._checkpoint_due = False
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_delay_ms = float(CHECKPOINT_IDLE_MS)
 
     # -- read-outs ------------------------------------------------------------
 
@@ -1170,6 +1189,7 @@ class GrpcEngineChannel:
                 self._tail.clear()
                 self._tail_bytes = 0
             self._cursor.on_verified(engine_high, shift)
+            self._maybe_checkpoint()  # the verifying ack deleted rows too
             self._after_ack()
             return engine_high + 1
         if kind is AnswerKind.AHEAD:
@@ -1388,10 +1408,59 @@ class GrpcEngineChannel:
         self._store_ack()
 
     def _maybe_checkpoint(self) -> None:
+        """Rows were deleted: give their pages back once idle (SPEC "The log")."""
         now = _now_ms()
-        if self._cursor.unacked == 0 and now - self._last_checkpoint_ms >= CHECKPOINT_IDLE_MS:
-            self._last_checkpoint_ms = now
-            self._log.checkpoint()
+        self._last_stored_ms = now
+        self._checkpoint_due = True
+        self._checkpoint_delay_ms = CHECKPOINT_IDLE_MS
+        if self._cursor.unacked == 0 and now - self._last_checkpoint_ms >= CHECKPOINT_EVERY_MS:
+            self._checkpoint()
+        else:
+            self._arm_checkpoint(CHECKPOINT_IDLE_MS)
+
+    def _arm_checkpoint(self, delay_ms: float) -> None:
+        """Have the checkpoint timer fire in ``delay_ms`` at the latest."""
+        if self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        when = loop.time() + delay_ms / 1000
+        timer = self._checkpoint_timer
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()  # a long retry wait; new acks bring it forward
+        self._checkpoint_timer = loop.call_at(when, self._checkpoint_timer_fired)
+
+    def _checkpoint_timer_fired(self) -> None:
+        self._checkpoint_timer = None
+        if not self._checkpoint_due or self._closed:
+            return
+        quiet_ms = _now_ms() - self._last_stored_ms
+        if quiet_ms < CHECKPOINT_IDLE_MS:
+            self._arm_checkpoint(CHECKPOINT_IDLE_MS - quiet_ms)  # acks still coming
+            return
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        self._last_checkpoint_ms = _now_ms()
+        if not self._log.writable:
+            return
+        path = self._log.path
+        before = _file_size(path)
+        if self._log.checkpoint(max_pages=CHECKPOINT_STEP_PAGES):
+            self._checkpoint_due = False
+            self._checkpoint_delay_ms = CHECKPOINT_IDLE_MS
+            return
+        if _file_size(path) < before:
+            # A step of a big reclaim: go on after letting the loop run.
+            self._arm_checkpoint(0)
+            return
+        # A reader (inspect) held it off, or it failed: try again, less often.
+        self._arm_checkpoint(self._checkpoint_delay_ms)
+        self._checkpoint_delay_ms = min(2 * self._checkpoint_delay_ms, CHECKPOINT_RETRY_MAX_MS)
 
     def _on_stop(self, reason: str) -> None:
         if self._stop_fired:
@@ -1599,10 +1668,11 @@ class GrpcEngineChannel:
         self._closed = True
         self._closing = True
         _killpoints.reached("in_close")
-        for timer in (self._deadline_timer, self._ack_timer):
+        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
             if timer is not None:
                 timer.cancel()
         self._ack_timer = None
+        self._checkpoint_timer = None
         budget_s = self._config.close_timeout_ms / 1000
         stream = self._stream
         if stream is not None and not stream.ended.is_set():

@@ -20,6 +20,13 @@ Arms:
   (WAL, ``synchronous=NORMAL``, SQLite's defaults otherwise) with one insert
   per message and a delete of the acked rows every ``lag`` inserts, trailing
   by ``lag``.
+- ``backlog-wal`` (case ``backlog``, run only when asked: ``--only
+  backlog``): issue 13's scenario. ``n`` findings of ~300 bytes are logged
+  with the engine down, then a second channel on the same log replays them
+  to an engine that acks them all; the log's size is taken when all are
+  acked, once idle, after ``close()`` and after ``RunLog.checkpoint()`` by
+  hand. ``--inspect`` runs ``walchannel inspect --json`` in a tight loop in
+  another process during the drain and the idle wait.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from tools.bench.common import (
 )
 from tools.bench.engine import ROOT, child_env
 
-__all__ = ["case_memory", "main"]
+__all__ = ["case_backlog", "case_memory", "main"]
 
 _SAMPLE_EVERY = 5_000
 _MB = 1e6
@@ -240,16 +247,135 @@ def _disk_naive(n: int, lag: int, folder: Path) -> dict[str, Any]:
     return {"disk_end": end, "disk_peak": max(peak, end), "disk_closed": disk_bytes(db)}
 
 
+# A finding whose msgpack row body is ~300 bytes, as in issue 13.
+_BACKLOG_PAD = "p" * 270
+# "Shrunk": within this of an empty log (bytes).
+_SHRUNK = 1_000_000
+# How long the idle wait may take before it is reported as not shrunk (seconds).
+_IDLE_WAIT_S = 60.0
+
+_INSPECT_LOOP = """
+import contextlib, io, os, sys
+from walchannel.cli import main
+log, stop = sys.argv[1], sys.argv[2]
+n = 0
+while not os.path.exists(stop):
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["inspect", log, "--json"])
+    n += 1
+print(n)
+"""
+
+
+async def _backlog_wal(
+    addr: str, run_id: str, n: int, folder: Path, *, inspect: bool
+) -> dict[str, Any]:
+    from walchannel.channel import GrpcEngineChannel
+    from walchannel.errors import EngineUnavailableError
+    from walchannel.log import RunLog
+
+    down = GrpcEngineChannel(
+        _config(f"127.0.0.1:{closed_port()}", run_id, folder, connect_timeout_ms=300)
+    )
+    db = down.log.path
+    try:
+        with contextlib.suppress(EngineUnavailableError):
+            await down.handshake("bench", "walchannel", "1")
+        for i in range(n):
+            down.send_finding({"n": i, "pad": _BACKLOG_PAD})
+            await asyncio.sleep(0)
+        assert down.unacked_count == n, down.unacked_count
+        row_bytes = down.log.unacked_bytes / n
+    finally:
+        await down.close()
+    logged = disk_bytes(db)
+    stop = folder / "stop-inspect"
+    poller = None
+    if inspect:
+        poller = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _INSPECT_LOOP,
+            str(db),
+            str(stop),
+            cwd=ROOT,
+            env=child_env(),
+            stdout=asyncio.subprocess.PIPE,
+        )
+    stall = [0.0]
+
+    async def watch_loop() -> None:
+        # The longest the event loop went without running this task (s).
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            stall[0] = max(stall[0], time.perf_counter() - t - 0.01)
+
+    ch = GrpcEngineChannel(_config(addr, run_id, folder, connect_timeout_ms=30_000))
+    watcher = asyncio.create_task(watch_loop())
+    try:
+        t0 = time.perf_counter()
+        await ch.handshake("bench", "walchannel", "1")  # the backlog replays
+        if not await ch.wait_acked(timeout_ms=600_000):
+            raise RuntimeError(f"run {run_id}: the backlog was not acked")
+        drain_s = time.perf_counter() - t0
+        acked = disk_bytes(db)
+        drain_stall, stall[0] = stall[0], 0.0
+        t1 = time.perf_counter()
+        shrink_s = float("nan")
+        while time.perf_counter() - t1 < _IDLE_WAIT_S:
+            if disk_bytes(db) < _SHRUNK:
+                shrink_s = time.perf_counter() - t1
+                break
+            await asyncio.sleep(0.05)
+        idle = disk_bytes(db)
+    finally:
+        watcher.cancel()
+        await ch.close()
+        polls = 0
+        if poller is not None:
+            stop.touch()
+            out, _ = await asyncio.wait_for(poller.communicate(), 60)
+            polls = int(out.strip() or 0)
+    closed = disk_bytes(db)
+    with RunLog.open(folder, run_id, correlation_id=f"corr-{run_id}") as wal:
+        rows = wal.unacked_count
+        wal.checkpoint()
+    return {
+        "row_bytes": row_bytes,
+        "logged": logged,
+        "drain_s": drain_s,
+        "acked": acked,
+        "shrink_s": shrink_s,
+        "idle": idle,
+        "closed": closed,
+        "by_hand": disk_bytes(db),
+        "rows": rows,
+        "polls": polls,
+        "drain_stall_ms": drain_stall * 1000,
+        "idle_stall_ms": stall[0] * 1000,
+    }
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.child")
     parser.add_argument(
-        "arm", choices=("unacked-wal", "unacked-mem", "streamed-wal", "streamed-bare", "disk-naive")
+        "arm",
+        choices=(
+            "unacked-wal",
+            "unacked-mem",
+            "streamed-wal",
+            "streamed-bare",
+            "disk-naive",
+            "backlog-wal",
+        ),
     )
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--lag", type=int, default=1_000)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--addr", default="")
     parser.add_argument("--run-id", default="")
+    parser.add_argument("--inspect", default="0", help="1: poll inspect during the drain")
     return parser.parse_args(argv)
 
 
@@ -264,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = asyncio.run(_streamed_wal(args.addr, args.run_id, args.n, args.lag, args.dir))
     elif args.arm == "streamed-bare":
         out = asyncio.run(_streamed_bare(args.addr, args.run_id, args.n, args.lag))
+    elif args.arm == "backlog-wal":
+        out = asyncio.run(
+            _backlog_wal(args.addr, args.run_id, args.n, args.dir, inspect=args.inspect == "1")
+        )
     else:
         out = _disk_naive(args.n, args.lag, args.dir)
     sys.stdout.write(json.dumps(out) + "\n")
@@ -373,6 +503,53 @@ def case_memory(ctx: Any) -> list[Result]:
             samples={"wal": sw, "naive": nv},
         ),
     ]
+
+
+def case_backlog(ctx: Any) -> list[Result]:
+    """Issue 13: a backlog logged with the engine down, then acked: is its disk given back?"""
+    s = ctx.sizes
+    engine = ctx.engines.get(s.disk_lag)
+    rows = []
+    for n, inspect in ((s.backlog_msgs, False), (s.backlog_inspect_msgs, True)):
+        what = " while inspect --json polls" if inspect else ""
+        ctx.say(f"backlog: {n} findings logged with the engine down, then acked{what}")
+        out = interleave(
+            {
+                "wal": lambda n=n, inspect=inspect: _run_child(
+                    "backlog-wal",
+                    n,
+                    ctx.fresh_dir("backlog-"),
+                    addr=engine.grpc_addr,
+                    run_id=engine.new_run("backlog"),
+                    inspect=int(inspect),
+                )
+            },
+            s.child_reps,
+        )["wal"]
+        rows.append(
+            Result(
+                name=f"disk: backlog acked, idle{' (inspect polling)' if inspect else ''}",
+                n=n,
+                unit="MB",
+                wal=median(out["idle"]) / _MB,
+                base=median(out["logged"]) / _MB,
+                base_label="log before the drain",
+                target=Target("value", "<=", _SHRUNK / _MB, f"<={_SHRUNK / _MB:.0f} MB"),
+                detail=(
+                    f"idle {median(out['idle']) / _MB:.2f} MB; "
+                    f"{median(out['row_bytes']):.0f} B rows; drained in "
+                    f"{median(out['drain_s']):.1f} s, {median(out['acked']) / _MB:.1f} MB then; "
+                    f"shrunk {median(out['shrink_s']):.1f} s later; closed "
+                    f"{median(out['closed']) / _MB:.2f} MB; checkpoint() by hand "
+                    f"{median(out['by_hand']) / _MB:.2f} MB; "
+                    f"longest event-loop stall {median(out['drain_stall_ms']):.0f} ms draining, "
+                    f"{median(out['idle_stall_ms']):.0f} ms idle"
+                    + (f"; {median(out['polls']):.0f} inspect runs" if inspect else "")
+                ),
+                samples={"wal": out},
+            )
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ import grpc
 import msgpack
 
 from tools.bench.cases import CASES, Context
-from tools.bench.child import case_memory
+from tools.bench.child import case_backlog, case_memory
 from tools.bench.common import Result, Sizes, finding_pool, format_table
 from tools.bench.engine import Engines
 
-__all__ = ["ALL_CASES", "machine", "main", "pin_cpus"]
+__all__ = ["ALL_CASES", "EXTRA_CASES", "machine", "main", "pin_cpus"]
 
 ALL_CASES: dict[str, Callable[[Context], list[Result]]] = {
     "append": CASES["append"],
@@ -38,6 +38,10 @@ ALL_CASES: dict[str, Callable[[Context], list[Result]]] = {
     "latency": CASES["latency"],
     "memory": case_memory,
     "power": CASES["power"],
+}
+#: Cases run only when named in ``--only``.
+EXTRA_CASES: dict[str, Callable[[Context], list[Result]]] = {
+    "backlog": case_backlog,
 }
 
 
@@ -98,7 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default="",
-        help=f"comma-separated cases to run (default all: {','.join(ALL_CASES)})",
+        help=(
+            f"comma-separated cases to run (default all: {','.join(ALL_CASES)};"
+            f" only when named: {','.join(EXTRA_CASES)})"
+        ),
     )
     parser.add_argument("--reps", type=int, default=None, help="repetitions per row (override)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
@@ -115,9 +122,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(ALL_CASES)
-    unknown = [n for n in names if n not in ALL_CASES]
+    cases = {**ALL_CASES, **EXTRA_CASES}
+    unknown = [n for n in names if n not in cases]
     if unknown:
-        sys.stderr.write(f"unknown case(s): {', '.join(unknown)}; known: {', '.join(ALL_CASES)}\n")
+        sys.stderr.write(f"unknown case(s): {', '.join(unknown)}; known: {', '.join(cases)}\n")
         return 2
     sizes = Sizes.quick() if args.quick else Sizes.full()
     if args.reps is not None:
@@ -139,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in names:
             t0 = time.perf_counter()
-            results.extend(ALL_CASES[name](ctx))
+            results.extend(cases[name](ctx))
             say(f"{name}: {time.perf_counter() - t0:.1f} s")
     finally:
         engines.close()

@@ -101,6 +101,8 @@ class Sizes:
     disk_lag: int
     open_reps: int
     child_reps: int
+    backlog_msgs: int = 300_000
+    backlog_inspect_msgs: int = 60_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -138,6 +140,8 @@ class Sizes:
             disk_lag=300,
             open_reps=3,
             child_reps=1,
+            backlog_msgs=5_000,
+            backlog_inspect_msgs=2_000,
         )
 
 
