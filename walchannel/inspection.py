@@ -2,7 +2,8 @@
 
 A reader here must never disturb a live run, nor change anything its writer
 needs, whoever runs it: the harness's user, another user, or root (SPEC
-"Operating tools"; docs/operations.md "Reading as another user"):
+"Operating tools"; docs/operations.md "Reading as another user, or as
+root"):
 
 - Nothing is ever written, and no file is ever created in the log folder.
   A WAL-mode database read through SQLite's shared memory needs its
