@@ -11,10 +11,11 @@ about each state.
   its unacked rows with the stored handshake (the only command that loads
   grpc, imported inside its code path).
 - ``export LOG``: the unacked rows as JSON lines; read-only, no grpc.
-- ``prune [PATH] --older-than DAYS``: remove old tombstones and their sidecars.
+- ``prune [PATH] --older-than DAYS [--dry-run]``: remove old tombstones and their sidecars
+  (``--dry-run``: only list them).
 
 Exit codes: 0 all is well; 1 something needs attention (inspect: a run is
-stuck, orphaned, failed or corrupt; flush: not all acked in time, or the
+stuck, orphaned, failed, corrupt or unreadable; flush: not all acked in time, or the
 engine refused the run); 2 bad usage, an unreadable PATH or LOG, or a
 refused flush. The run token is read from an environment variable or
 standard input, never from an argument, and is never printed.
@@ -44,6 +45,7 @@ from walchannel.inspection import (
     ALERT_STATES,
     DEFAULT_STUCK_AFTER_S,
     LogReader,
+    LogUnreadableError,
     PathError,
     RunReport,
     format_age,
@@ -155,9 +157,10 @@ examples:
   walchannel inspect run-42.wal.sqlite3 --show 5 --verify
   walchannel inspect --json | jq '.[] | select(.state == "orphaned") | .file'
 
-states, most urgent first: corrupt, failed, orphaned, stuck, done-pending,
-active, idle, completed. Exit 0 when all is well, 1 when a run is stuck,
-orphaned, failed or corrupt, 2 on bad usage or an unreadable PATH.
+states, most urgent first: corrupt, unreadable, failed, orphaned, stuck,
+done-pending, active, idle, completed. Exit 0 when all is well, 1 when a run
+is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
+2 on bad usage or an unreadable PATH.
 """
 
 
@@ -167,7 +170,8 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="show the state of every run log (read-only)",
         description=(
             "Show one line per run log, most urgent first. Read-only: it never takes a\n"
-            "log's owner lock, never writes, and never blocks or starves a live run."
+            "log's owner lock, never writes or creates a file, and never blocks or\n"
+            "starves a live run, whichever user runs it."
         ),
         epilog=_INSPECT_EXAMPLES,
         formatter_class=_RAW,
@@ -237,7 +241,7 @@ _COLUMNS: Final = (
 
 
 def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
-    ok = report.state != "corrupt"
+    ok = report.state not in ("corrupt", "unreadable")
     if report.last_ack_at is not None:
         last_ack = f"{format_age(now - report.last_ack_at)} ago"
     else:
@@ -375,7 +379,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                         )
                         + "\n"
                     )
-    except WalCorruptError as exc:
+    except (WalCorruptError, LogUnreadableError) as exc:
         _err("export", str(exc))
         return 2
     except BrokenPipeError:
@@ -392,11 +396,13 @@ _PRUNE_EXAMPLES = """\
 examples:
   walchannel prune --older-than 7           # tombstones completed over a week ago
   walchannel prune /var/lib/scan/wal --older-than 0.5
+  walchannel prune --older-than 7 --dry-run # only list what would be removed
 
 Only tombstones (completed runs) are removed, with their -wal, -shm and
 .lock sidecars; a log whose owner lock is held, or that is not a
-tombstone, is never touched. Exit 0, 1 if a tombstone could not be
-removed, 2 on bad usage or an unreadable PATH.
+tombstone, is never touched. --dry-run reads like inspect and removes
+nothing. Exit 0, 1 if a tombstone could not be removed, 2 on bad usage or
+an unreadable PATH.
 """
 
 
@@ -421,6 +427,11 @@ def _add_prune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DAYS",
         help="remove tombstones whose run completed more than DAYS days ago (0: all)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the tombstones that would be removed; remove nothing, take no lock",
+    )
     p.set_defaults(handler=_cmd_prune)
 
 
@@ -434,11 +445,15 @@ def _tombstone_meta(log: Path) -> RunMeta | None:
             meta = reader.meta()
     except WalCorruptError:
         return None
+    except LogUnreadableError as exc:
+        # Maybe a tombstone; say why it is left, rather than skip it silently.
+        _err("prune", f"kept {log}: cannot read it: {exc.reason}")
+        return None
     return meta if meta.completed_at is not None else None
 
 
-def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
-    """Remove one old tombstone. True: removed; False: failed; None: kept on purpose."""
+def _prune_one(log: Path, cutoff: float, now: float, *, dry_run: bool = False) -> bool | None:
+    """Remove one old tombstone. True: removed (or would be); False: failed; None: kept."""
     lock_file = files.lock_path(log)
     try:
         owner = probe_owner(lock_file)
@@ -451,6 +466,10 @@ def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
     if owner is not None:
         _err("prune", f"kept {log}: its lock is held by {owner.describe()}")
         return None
+    if dry_run:
+        age = format_age(now - meta.completed_at)
+        print(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
+        return True
     # Hold the owner lock while removing, so no harness opens the log meanwhile.
     try:
         lock = OwnerLock.acquire(lock_file, log=log)
@@ -485,7 +504,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     folder, logs = found
     now = time.time()
     cutoff = now - args.older_than * _SECONDS_PER_DAY
-    outcomes = [_prune_one(log, cutoff, now) for log in logs]
+    outcomes = [_prune_one(log, cutoff, now, dry_run=args.dry_run) for log in logs]
     removed = outcomes.count(True)
     if not removed:
         print(f"nothing to prune in {folder}")
@@ -617,7 +636,7 @@ def _cmd_flush(args: argparse.Namespace) -> int:
         try:
             with LogReader(path, run_id) as reader:
                 correlation_id = reader.meta().correlation_id
-        except WalCorruptError as exc:
+        except (WalCorruptError, LogUnreadableError) as exc:
             raise _Refused(str(exc)) from None
         try:
             allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None

@@ -1,9 +1,37 @@
 """Read-only views of run logs, for ``walchannel inspect`` and ``walchannel export``.
 
-A reader here must never disturb a live run (SPEC "Operating tools"):
+A reader here must never disturb a live run, nor change anything its writer
+needs, whoever runs it: the harness's user, another user, or root (SPEC
+"Operating tools"; docs/operations.md "Reading as another user, or as
+root"):
 
-- Each file is opened with a read-only SQLite URI (``mode=ro``) and
-  ``PRAGMA query_only``; nothing is ever written to the database.
+- Nothing is ever written, and no file is ever created in the log folder.
+  A WAL-mode database read through SQLite's shared memory needs its
+  ``-wal`` and ``-shm``; SQLite creates them when missing, owned by the
+  reader, which then locks the harness out of its own log (and fails in a
+  read-only folder). So :class:`LogReader` picks a view that needs no new
+  file (https://sqlite.org/wal.html#readonly, https://sqlite.org/uri.html):
+
+  * no ``-wal`` (a log closed cleanly), or an empty one and no ``-shm``:
+    the database file alone holds everything: ``immutable=1`` (no locks,
+    no sidecars). Every read is checked afterwards: if a writer opened the
+    log meanwhile (its ``-wal`` or ``-shm`` appeared, or the file changed),
+    the reader reopens with the view that now applies and reads again.
+  * ``-wal`` and ``-shm`` present: ``mode=ro`` through them, as SQLite
+    readers do (read-only ``-shm`` works since SQLite 3.22).
+  * a non-empty ``-wal`` without its ``-shm``: the file and its ``-wal``
+    are copied into a private temporary folder and the copy is read; the
+    copy counts only if no ``-shm`` appeared and neither file changed
+    while copying (a writer always creates the ``-shm``).
+
+- While a reader is open it holds a read lock (``F_OFD_SETLK``) on the
+  bytes SQLite's own readers lock in the database file. A writer closing
+  meanwhile then cannot take its exclusive lock, so it neither deletes its
+  ``-wal``/``-shm`` (which SQLite would recreate for the reader) nor can a
+  writer that came and went go unnoticed. A reader opens the database
+  ``mode=ro``: it cannot take that exclusive lock either, so it never
+  checkpoints nor deletes the writer's ``-wal``.
+- ``PRAGMA query_only`` on every connection.
 - The owner lock is never taken: liveness comes from
   :func:`walchannel.lock.probe_owner` (``F_OFD_GETLK`` on ``<log>.lock``).
 - Every read transaction is a handful of indexed lookups, or one bounded
@@ -15,10 +43,10 @@ A reader here must never disturb a live run (SPEC "Operating tools"):
   :func:`~walchannel.log.read_meta` and :func:`~walchannel.log.decode_row`,
   never re-implemented. A damaged row is shown as damaged (it is not
   quarantined: that is a write, and the owner's job).
-
-SQLite needs the ``-wal`` and ``-shm`` files to read a WAL-mode database, so
-reading an idle log may leave an empty ``-wal`` and a ``-shm`` beside it (as
-the next owner would); ``walchannel prune`` removes them with the tombstone.
+- A log that cannot be read for a reason other than damage (permissions,
+  a lock held too long) raises :class:`LogUnreadableError`, never
+  :class:`~walchannel.errors.WalCorruptError`: ``inspect`` calls it
+  ``unreadable``, not ``corrupt``.
 
 This module imports neither grpc nor httpx.
 """
@@ -26,14 +54,19 @@ This module imports neither grpc nor httpx.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import shutil
 import sqlite3
 import stat
+import struct
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar
 
 from walchannel import files
 from walchannel.errors import WalCorruptError
@@ -46,6 +79,7 @@ __all__ = [
     "DEFAULT_STUCK_AFTER_S",
     "JSON_KEYS",
     "LogReader",
+    "LogUnreadableError",
     "PathError",
     "RunReport",
     "STATES",
@@ -60,6 +94,7 @@ __all__ = [
 #: Every state, most urgent first: a run gets the first that applies.
 STATES: Final = (
     "corrupt",
+    "unreadable",
     "failed",
     "orphaned",
     "stuck",
@@ -69,7 +104,7 @@ STATES: Final = (
     "completed",
 )
 #: States that make ``inspect`` exit 1.
-ALERT_STATES: Final = frozenset({"corrupt", "failed", "orphaned", "stuck"})
+ALERT_STATES: Final = frozenset({"corrupt", "unreadable", "failed", "orphaned", "stuck"})
 #: ``--stuck-after`` default (seconds).
 DEFAULT_STUCK_AFTER_S: Final = 120.0
 #: The keys of one ``inspect --json`` object, in order (SPEC "Operating tools").
@@ -97,6 +132,43 @@ JSON_KEYS: Final = (
 _BATCH: Final = 2048
 # How long a read waits on a lock SQLite holds briefly (WAL recovery) (s).
 _READ_BUSY_TIMEOUT_S: Final = 2.0
+# How often a reader reopens a log whose writer keeps coming and going.
+_VIEW_ATTEMPTS: Final = 5
+# The bytes SQLite's readers read-lock and its exclusive lock write-locks in
+# a database file (sqlite3.c: SHARED_FIRST = PENDING_BYTE + 2, SHARED_SIZE).
+_SQLITE_SHARED_FIRST: Final = 0x40000000 + 2
+_SQLITE_SHARED_SIZE: Final = 510
+_FLOCK: Final = "hhqqi4x"  # struct flock on Linux; l_pid 0 for OFD locks
+# SQLite result codes (primary, low byte) that mean "cannot read here", not damage.
+_NOT_DAMAGE: Final = frozenset(
+    {
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_AUTH,
+    }
+)
+# IOERR extended codes about locks, shared memory and access, not the data.
+_IOERR_NOT_DAMAGE: Final = frozenset(
+    {
+        sqlite3.SQLITE_IOERR_ACCESS,
+        sqlite3.SQLITE_IOERR_LOCK,
+        sqlite3.SQLITE_IOERR_RDLOCK,
+        sqlite3.SQLITE_IOERR_SHMOPEN,
+        sqlite3.SQLITE_IOERR_SHMSIZE,
+        sqlite3.SQLITE_IOERR_SHMMAP,
+        sqlite3.SQLITE_IOERR_SHMLOCK,
+        sqlite3.SQLITE_IOERR_NOMEM,
+    }
+)
+
+# os.access() asks for the effective uid (sudo, setuid) where it can.
+_EFFECTIVE_IDS: Final = os.access in os.supports_effective_ids
+
+_T = TypeVar("_T")
 
 
 def format_age(seconds: float | None) -> str:
@@ -140,6 +212,24 @@ def format_size(size: int | None) -> str:
 
 class PathError(Exception):
     """The PATH given to ``inspect``/``prune`` cannot be read (the CLI exits 2)."""
+
+
+class LogUnreadableError(Exception):
+    """A log this process cannot read, for a reason other than damage.
+
+    Permissions (the file, its ``-wal`` or ``-shm``), a lock held for too
+    long, no room for a private copy: the file may be a perfectly good log,
+    so ``inspect`` shows it as ``unreadable``, never ``corrupt``.
+
+    Attributes:
+        path: the log file.
+        reason: what could not be read and why.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
 
 
 def run_id_from_name(path: Path) -> str | None:
@@ -210,54 +300,83 @@ class _Snapshot:
     quarantined: int
 
 
+def _strerror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+# (inode, size, mtime in ns) of a file, or None when it does not exist.
+_FileId = tuple[int, int, int] | None
+
+
+def _file_id(path: str | Path) -> _FileId:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _not_damage(exc: sqlite3.Error) -> bool:
+    """True when SQLite's error is about access or locks, not the file's content."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(code, int):
+        return False
+    return (code & 0xFF) in _NOT_DAMAGE or code in _IOERR_NOT_DAMAGE
+
+
 class LogReader:
-    """A read-only handle on one log file; never takes the owner lock.
+    """A read-only handle on one log file; never takes the owner lock, never creates a file.
 
     Open it, read, close it (a context manager). Every method runs short
     read transactions; SQLite errors come out as
-    :class:`~walchannel.errors.WalCorruptError` (path and reason).
+    :class:`~walchannel.errors.WalCorruptError` (damage) or
+    :class:`LogUnreadableError` (permissions, locks), with path and reason.
+    How it reads without creating the ``-wal``/``-shm`` SQLite would, and
+    what it locks meanwhile: this module's docstring.
+
+    Meant for a process of its own (the CLI): in a process that also has the
+    log open through SQLite, closing the reader's descriptor on the file
+    drops that process's POSIX locks on it (fcntl(2)).
 
     Args:
         path: the log file.
         run_id: the run it must belong to (None: any).
 
     Raises:
-        WalCorruptError: the file is a symlink or not a regular file, cannot
-            be opened, or fails :func:`walchannel.log.check_header`.
+        WalCorruptError: the file is a symlink or not a regular file, or
+            fails :func:`walchannel.log.check_header`.
+        LogUnreadableError: this process cannot read the file, its ``-wal``
+            or its ``-shm`` (the reason names which, and the file's owner).
     """
 
     def __init__(self, path: Path, run_id: str | None = None) -> None:
         self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._copy_dir: str | None = None
+        # The (log, -wal, -shm) ids an immutable view is valid for; None: any.
+        self._watch: tuple[_FileId, _FileId, _FileId] | None = None
+        self._fd: int | None = None
         try:
             st = path.lstat()
         except OSError as exc:
-            raise WalCorruptError(str(path), f"cannot read: {exc.strerror or exc}") from None
+            raise LogUnreadableError(str(path), f"cannot read: {_strerror(exc)}") from None
         if stat.S_ISLNK(st.st_mode):
             raise WalCorruptError(str(path), "is a symbolic link; refusing to follow it")
         if not stat.S_ISREG(st.st_mode):
             raise WalCorruptError(str(path), "not a regular file")
+        self._owner_uid = st.st_uid
         # SQLite's own "unable to open" hides the cause: ask the kernel first.
         try:
-            os.close(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+            self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise WalCorruptError(str(path), f"cannot read: {exc.strerror or exc}") from None
+            raise self._denied("cannot read", exc) from None
         try:
-            self._conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro",
-                uri=True,
-                isolation_level=None,
-                timeout=_READ_BUSY_TIMEOUT_S,
-            )
-        except sqlite3.Error as exc:
-            raise WalCorruptError(str(path), f"cannot open: {exc}") from None
-        try:
-            self._conn.execute("PRAGMA query_only = 1")
-            check_header(self._conn, path, run_id)
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+            self._hold_readers_lock()
+            # The first read opens the view; errors are sorted into damage or not.
+            self._read("header", lambda conn: conn.execute("PRAGMA schema_version").fetchall())
+            self._read("header", lambda conn: check_header(conn, path, run_id))
         except BaseException:
-            self._conn.close()
+            self.close()
             raise
 
     def __enter__(self) -> Self:
@@ -267,35 +386,208 @@ class LogReader:
         self.close()
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
-        with contextlib.suppress(sqlite3.Error):
-            self._conn.close()
+        """Close the connection, drop the read lock, remove any private copy (idempotent)."""
+        self._close_view()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
-    def _fail(self, what: str, exc: sqlite3.Error) -> WalCorruptError:
-        if self._conn.in_transaction:
+    # -- the view -----------------------------------------------------------
+
+    def _denied(self, what: str, exc: OSError) -> LogUnreadableError:
+        reason = f"{what}: {_strerror(exc)}"
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            reason += f" (the log belongs to uid {self._owner_uid}; run as that user or root)"
+        return LogUnreadableError(str(self.path), reason)
+
+    def _hold_readers_lock(self) -> None:
+        """Read-lock the bytes SQLite's readers lock, so no closing writer deletes its sidecars."""
+        assert self._fd is not None
+        request = struct.pack(
+            _FLOCK, fcntl.F_RDLCK, os.SEEK_SET, _SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE, 0
+        )
+        deadline = time.monotonic() + _READ_BUSY_TIMEOUT_S
+        while True:
+            try:
+                fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, request)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise LogUnreadableError(
+                        str(self.path), f"cannot lock it for reading: {_strerror(exc)}"
+                    ) from None
+            # A writer holds SQLite's exclusive lock only while it checkpoints at close.
+            if time.monotonic() >= deadline:
+                raise LogUnreadableError(
+                    str(self.path),
+                    f"another process held it exclusively for {_READ_BUSY_TIMEOUT_S:g} s; "
+                    "try again",
+                )
+            time.sleep(0.01)
+
+    def _sidecars(self) -> tuple[_FileId, _FileId, _FileId]:
+        return (_file_id(self.path), _file_id(f"{self.path}-wal"), _file_id(f"{self.path}-shm"))
+
+    def _connect(self, path: Path, query: str) -> None:
+        try:
+            conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?{query}",
+                uri=True,
+                isolation_level=None,
+                timeout=_READ_BUSY_TIMEOUT_S,
+            )
+        except sqlite3.Error as exc:
+            raise self._fail("header", exc) from None
+        try:
+            conn.execute("PRAGMA query_only = 1")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._fail("header", exc) from None
+        self._conn = conn
+
+    def _check_readable(self, path: str, what: str) -> None:
+        # Name the real cause: SQLite would only say "unable to open database file".
+        if not os.access(path, os.R_OK, effective_ids=_EFFECTIVE_IDS):
+            code = errno.EACCES if os.path.lexists(path) else errno.ENOENT
+            raise self._denied(f"cannot read its {what}", OSError(code, os.strerror(code)))
+
+    def _open_view(self) -> bool:
+        """Connect through the view the sidecars allow; False: they changed, try again."""
+        try:
+            seen = self._sidecars()
+        except OSError as exc:
+            raise self._denied("cannot read", exc) from None
+        log, wal, shm = seen
+        if log is None:
+            raise LogUnreadableError(str(self.path), "removed while being read")
+        if wal is None or (wal[1] == 0 and shm is None):
+            # The main file holds every commit: read it alone, no locks, no sidecars.
+            self._connect(self.path, "mode=ro&immutable=1")
+            self._watch = seen
+        elif shm is not None:
+            self._check_readable(f"{self.path}-wal", "-wal")
+            self._check_readable(f"{self.path}-shm", "-shm")
+            self._connect(self.path, "mode=ro")
+            self._watch = None
+        else:
+            # Commits in a -wal without its -shm: SQLite would create the -shm.
+            copy = self._copy()
+            if copy is None or self._sidecars() != seen:
+                return False  # a writer came meanwhile: the copy may be torn
+            self._connect(copy, "mode=ro")
+            self._watch = None
+        return True
+
+    def _copy(self) -> Path | None:
+        """Copy the log and its -wal into a private folder; None if the -wal went away."""
+        assert self._fd is not None
+        try:
+            # mkdtemp makes the folder 0700: the copy holds the run's findings.
+            self._copy_dir = tempfile.mkdtemp(prefix="walchannel-read-")
+            copy = Path(self._copy_dir) / self.path.name
+            with open(copy, "wb") as out:
+                offset = 0
+                while chunk := os.pread(self._fd, 1 << 20, offset):
+                    out.write(chunk)
+                    offset += len(chunk)
+            try:
+                source = open(f"{self.path}-wal", "rb")  # noqa: SIM115
+            except FileNotFoundError:
+                return None
+            with source, open(f"{copy}-wal", "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+        except OSError as exc:
+            self._close_view()
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise LogUnreadableError(
+                str(self.path),
+                "its -wal holds commits but its -shm is missing (the writer died and the -shm "
+                "was removed, or the files were copied without it); reading it in place would "
+                "create the -shm, and copying it to read the copy failed: "
+                f"{where}{_strerror(exc)}",
+            ) from None
+        return copy
+
+    def _close_view(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
             with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
+                conn.close()
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
+        self._watch = None
+
+    def _view_changed(self) -> bool:
+        if self._watch is None:
+            return False
+        try:
+            return self._sidecars() != self._watch
+        except OSError:
+            return True
+
+    def _read(self, what: str, op: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``op`` on the view; once more on a fresh view if a writer came meanwhile."""
+        for _ in range(_VIEW_ATTEMPTS):
+            if self._conn is None and not self._open_view():
+                self._close_view()
+                continue
+            conn = self._conn
+            assert conn is not None
+            try:
+                result = op(conn)
+            except (sqlite3.Error, WalCorruptError) as exc:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if self._view_changed():
+                    self._close_view()
+                    continue
+                if isinstance(exc, WalCorruptError):
+                    raise
+                raise self._fail(what, exc) from None
+            if not self._view_changed():
+                return result
+            self._close_view()
+        raise LogUnreadableError(
+            str(self.path), "a writer kept opening it while it was read; try again"
+        )
+
+    def _fail(self, what: str, exc: sqlite3.Error) -> WalCorruptError | LogUnreadableError:
+        if _not_damage(exc):
+            name = getattr(exc, "sqlite_errorname", "")
+            return LogUnreadableError(str(self.path), f"cannot read {what}: {exc} ({name})")
+        if what == "header":
+            return WalCorruptError(str(self.path), f"not a usable SQLite database: {exc}")
         return WalCorruptError(str(self.path), f"cannot read {what}: {exc}")
+
+    # -- reads ----------------------------------------------------------------
 
     def meta(self) -> RunMeta:
         """Return the meta row.
 
         Raises:
             WalCorruptError: it cannot be read.
+            LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-        try:
-            return read_meta(self._conn)
-        except (sqlite3.Error, ValueError, TypeError) as exc:
-            if isinstance(exc, sqlite3.Error):
-                raise self._fail("meta", exc) from None
-            raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
+
+        def op(conn: sqlite3.Connection) -> RunMeta:
+            try:
+                return read_meta(conn)
+            except (ValueError, TypeError) as exc:
+                raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
+
+        return self._read("meta", op)
 
     def snapshot(self) -> _Snapshot:
         """Read meta and the ends of the backlog in one short read transaction."""
-        conn = self._conn
-        try:
+
+        def op(conn: sqlite3.Connection) -> _Snapshot:
             conn.execute("BEGIN")
-            meta = read_meta(conn)
+            try:
+                meta = read_meta(conn)
+            except (ValueError, TypeError) as exc:
+                raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
             top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchall()
             oldest = conn.execute(
                 "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
@@ -303,19 +595,15 @@ class LogReader:
             ).fetchall()
             quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail("meta and rows", exc) from None
-        except (ValueError, TypeError) as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
-        return _Snapshot(
-            meta=meta,
-            top_seq=int(top[0][0]) if top else None,
-            top_kind=str(top[0][1]) if top else None,
-            oldest_appended_at=float(oldest[0][0]) if oldest else None,
-            quarantined=int(quarantined),
-        )
+            return _Snapshot(
+                meta=meta,
+                top_seq=int(top[0][0]) if top else None,
+                top_kind=str(top[0][1]) if top else None,
+                oldest_appended_at=float(oldest[0][0]) if oldest else None,
+                quarantined=int(quarantined),
+            )
+
+        return self._read("meta and rows", op)
 
     def unacked_bytes(self, after_seq: int, upto_seq: int) -> int:
         """Sum the body sizes of the rows in ``(after_seq, upto_seq]`` (bytes).
@@ -325,15 +613,16 @@ class LogReader:
         """
         total = 0
         cursor = after_seq
+
+        def sizes(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(
+                "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ?"
+                " ORDER BY seq LIMIT ?",
+                (cursor, upto_seq, _BATCH),
+            ).fetchall()
+
         while cursor < upto_seq:
-            try:
-                batch = self._conn.execute(
-                    "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ?"
-                    " ORDER BY seq LIMIT ?",
-                    (cursor, upto_seq, _BATCH),
-                ).fetchall()
-            except sqlite3.Error as exc:
-                raise self._fail("rows", exc) from None
+            batch = self._read("rows", sizes)
             total += sum(int(size or 0) for _, size in batch)
             if len(batch) < _BATCH:
                 break
@@ -354,19 +643,22 @@ class LogReader:
 
         Raises:
             WalCorruptError: SQLite cannot read the rows.
+            LogUnreadableError: the log cannot be read here (permissions, locks).
         """
         cursor = after_seq
         remaining = limit
+        size = _BATCH
+
+        def fetch(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(
+                "SELECT seq, kind, body, crc32, appended_at FROM rows"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (cursor, size),
+            ).fetchall()
+
         while remaining is None or remaining > 0:
             size = _BATCH if remaining is None else min(_BATCH, remaining)
-            try:
-                batch = self._conn.execute(
-                    "SELECT seq, kind, body, crc32, appended_at FROM rows"
-                    " WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (cursor, size),
-                ).fetchall()
-            except sqlite3.Error as exc:
-                raise self._fail("rows", exc) from None
+            batch = self._read("rows", fetch)
             for raw in batch:
                 yield decode_row(*raw)
             if len(batch) < size:
@@ -382,11 +674,16 @@ class LogReader:
 
         Returns:
             An empty list when SQLite finds the file sound.
+
+        Raises:
+            LogUnreadableError: the log cannot be read here (permissions, locks).
         """
         try:
-            answers = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check")]
-        except sqlite3.DatabaseError as exc:
-            return [str(exc)]
+            answers = self._read(
+                "pages", lambda conn: [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
+            )
+        except WalCorruptError as exc:
+            return [exc.reason]
         if answers == ["ok"]:
             return []
         lines = [line for answer in answers for line in answer.splitlines()]
@@ -457,12 +754,18 @@ class RunReport:
         return out
 
 
-def _corrupt(path: Path, run_id: str | None, reason: str, owner: LockOwner | None) -> RunReport:
+def _unread(
+    path: Path,
+    run_id: str | None,
+    exc: WalCorruptError | LogUnreadableError,
+    owner: LockOwner | None,
+) -> RunReport:
+    """The report of a log that could not be read: ``corrupt`` for damage, else ``unreadable``."""
     return RunReport(
         run_id=run_id,
         file=str(path),
-        state="corrupt",
-        reason=reason,
+        state="corrupt" if isinstance(exc, WalCorruptError) else "unreadable",
+        reason=exc.reason,
         locked_by=owner,
         file_bytes=_file_bytes(path),
     )
@@ -529,15 +832,17 @@ def inspect_log(
 
     Returns:
         The report; a file that cannot be read as a walchannel log is
-        ``corrupt`` with the reason (never an exception).
+        ``corrupt`` with the reason, one this process may not read (its
+        permissions, a lock) is ``unreadable`` with the reason (never an
+        exception).
     """
     now = time.time() if now is None else now
     named = run_id_from_name(path)
     owner = _probe(path)
     try:
         reader = LogReader(path, named)
-    except WalCorruptError as exc:
-        return _corrupt(path, named, exc.reason, owner)
+    except (WalCorruptError, LogUnreadableError) as exc:
+        return _unread(path, named, exc, owner)
     with reader:
         try:
             snap = reader.snapshot()
@@ -560,8 +865,8 @@ def inspect_log(
                     for row, damage in reader.rows(acked, show)
                 )
             complaints = reader.quick_check() if verify else []
-        except WalCorruptError as exc:
-            return _corrupt(path, named, exc.reason, owner)
+        except (WalCorruptError, LogUnreadableError) as exc:
+            return _unread(path, named, exc, owner)
     oldest_age = (
         max(0.0, now - snap.oldest_appended_at) if snap.oldest_appended_at is not None else None
     )
