@@ -211,7 +211,11 @@ def _owner_text(report: RunReport) -> str:
 
 def _detail(report: RunReport) -> str:
     detail = report.reason or ""
-    if report.last_error and report.state in ("failed", "orphaned", "stuck", "done-pending"):
+    if (
+        report.last_error
+        and report.state in ("failed", "orphaned", "stuck", "done-pending")
+        and report.last_error not in detail
+    ):
         detail = f"{detail}; last error: {report.last_error}" if detail else report.last_error
     return detail
 
@@ -269,6 +273,12 @@ def _print_table(reports: Sequence[RunReport], now: float) -> None:
                 f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
                 f"  {format_size(shown.size):>9}  {body}"
             )
+        for q in report.shown_quarantined:
+            held = _one_line(q.body) if q.body is not None else "[does not decode]"
+            print(
+                f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
+                f"{format_size(q.size):>9}  [{q.reason}]  {held}"
+            )
 
 
 def _urgency_key(report: RunReport) -> tuple[int, float, str]:
@@ -311,9 +321,15 @@ examples:
   walchannel export run-42.wal.sqlite3 -o run-42-unacked.jsonl
   walchannel export run-42.wal.sqlite3 | jq -c 'select(.kind == "finding") | .body'
 
+  walchannel export run-42.wal.sqlite3 --quarantined -o run-42-quarantine.jsonl
+
 Each line is {"seq", "kind", "body", "appended_at"} (unix seconds). A damaged
 row comes out as the walchannel.row_lost event the channel would send in its
-place. Exit 0, or 2 if LOG cannot be read.
+place. With --quarantined, the quarantine instead: the original rows that
+went out as walchannel.row_lost events (damaged, or refused by the engine
+for their size), one {"seq", "kind", "body", "body_hex", "appended_at",
+"reason", "quarantined_at"} per line; body is null and body_hex holds the
+stored bytes when a row does not decode. Exit 0, or 2 if LOG cannot be read.
 """
 
 
@@ -331,6 +347,11 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--output",
         metavar="FILE",
         help="write to FILE (created with mode 0600: rows hold findings) instead of stdout",
+    )
+    p.add_argument(
+        "--quarantined",
+        action="store_true",
+        help="export the quarantine (rows sent as walchannel.row_lost) instead of the unacked rows",
     )
     p.set_defaults(handler=_cmd_export)
 
@@ -351,13 +372,31 @@ def _cmd_export(args: argparse.Namespace) -> int:
         with LogReader(path, run_id_from_name(path)) as reader:
             after = reader.meta().last_acked_seq
             with _output(args.output) as out:
-                for row, _damage in reader.rows(after):
-                    record = {
-                        "seq": row.seq,
-                        "kind": row.kind,
-                        "body": row.body,
-                        "appended_at": row.appended_at,
-                    }
+                records: Iterator[dict[str, Any]]
+                if args.quarantined:
+                    records = (
+                        {
+                            "seq": q.seq,
+                            "kind": q.kind,
+                            "body": q.body,
+                            "body_hex": q.raw.hex() if q.raw is not None else None,
+                            "appended_at": q.appended_at,
+                            "reason": q.reason,
+                            "quarantined_at": q.quarantined_at,
+                        }
+                        for q in reader.quarantined()
+                    )
+                else:
+                    records = (
+                        {
+                            "seq": row.seq,
+                            "kind": row.kind,
+                            "body": row.body,
+                            "appended_at": row.appended_at,
+                        }
+                        for row, _damage in reader.rows(after)
+                    )
+                for record in records:
                     out.write(
                         json.dumps(
                             record,
