@@ -22,7 +22,16 @@ import grpc
 import pytest
 
 from conftest import eventually, new_run
-from walchannel import ChannelState, GrpcEngineChannel, PayloadError, RunLog, cli, messages, wire
+from walchannel import (
+    ChannelState,
+    EngineUnavailableError,
+    GrpcEngineChannel,
+    PayloadError,
+    RunLog,
+    cli,
+    messages,
+    wire,
+)
 from walchannel.inspection import LogReader, inspect_log
 from walchannel.log import ROW_LOST_TYPE
 from walchannel.protocol import (
@@ -264,6 +273,29 @@ async def test_a_row_logged_under_a_larger_max_message_bytes_is_still_delivered(
         assert engine.bodies(run_id)[0]["body"] == {"fields": {"big": "z" * 300_000}}
 
 
+@pytest.mark.asyncio
+async def test_a_handshake_the_engine_refuses_for_its_size_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with LocalEngine(max_receive_message_bytes=LIMIT) as engine:
+        run_id, token = new_run(engine)
+        ch = channel_for(engine, tmp_path / "wal", run_id, token, connect_timeout_ms=1_000)
+        try:
+            ch.send_finding({"n": 1})
+            with pytest.raises(EngineUnavailableError):
+                await ch.handshake("1", "h", "v" * 70_000)
+            await eventually(
+                lambda: "handshake" in (ch.stats().last_error or ""), what="named handshake"
+            )
+            assert ch.stats().quarantined == 0 and ch.log.quarantined() == []
+        finally:
+            await ch.close()
+    assert any(
+        r.levelno == logging.ERROR and run_id in r.getMessage() and "handshake" in r.getMessage()
+        for r in caplog.records
+    )
+
+
 def test_local_engine_refuses_a_bad_receive_limit() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_receive_message_bytes"):
@@ -402,3 +434,27 @@ def test_set_aside_keeps_the_row_in_the_quarantine_and_sends_row_lost(tmp_path: 
         (q,) = list(reader.quarantined())
     assert q.seq == 2 and q.kind == "finding" and q.body == {"fields": {"big": "x" * 1000}}
     assert q.raw is None and q.reason == "too big for the engine"
+
+
+def test_prune_keeps_a_tombstone_whose_quarantine_holds_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with RunLog.open(tmp_path, "r2", correlation_id="c") as wal:
+        wal.append("finding", {"fields": {"big": "x" * 1000}})
+        wal.set_aside(1, "refused by the engine for its size", kind="finding", size=1, limit=0)
+        wal.append(
+            "done", {"status": "completed", "findings": 1, "coverage": [], "exit_reason": ""}
+        )
+        wal.ack(2)
+        assert wal.completed
+    path = tmp_path / "r2.wal.sqlite3"
+    capsys.readouterr()
+    assert cli.main(["prune", str(tmp_path), "--older-than", "0"]) == 0
+    out = capsys.readouterr()
+    assert path.exists()
+    assert f"kept {path}" in out.err and "1 row(s)" in out.err and "--quarantined" in out.err
+    report = inspect_log(path)
+    assert report.state == "completed" and report.quarantined == 1
+    assert report.reason is not None and "seq 1" in report.reason
+    assert cli.main(["prune", str(tmp_path), "--older-than", "0", "--include-quarantined"]) == 0
+    assert not path.exists() and f"removed {path}" in capsys.readouterr().out

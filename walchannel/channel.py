@@ -573,7 +573,9 @@ class GrpcEngineChannel:
             once past ``hard_deadline``.
 
         Raises:
-            PayloadError: a bad field.
+            PayloadError: a bad field; or the engine refused the ``Done``
+                for its size (the channel stops once the rows before it are
+                acked; the row stays in the log).
             ChannelClosedError: after ``close`` or a previous ``send_done``.
             EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
                 also when the channel fails while waiting (engine behind).
@@ -635,7 +637,9 @@ class GrpcEngineChannel:
             ApprovalTimeoutError: no decision within ``timeout_ms`` (the
                 request stays logged; a later call with the id waits again).
             ChannelClosedError: the channel closed while waiting.
-            PayloadError, and the errors of ``send_event``.
+            PayloadError: as ``send_event``; or the engine refused the request
+                for its size (it was set aside: it will never be decided).
+            The other errors of ``send_event``.
         """
         rid = request_id if request_id is not None else str(uuid.uuid4())
         decided = self._decisions.get(rid)
@@ -1127,7 +1131,14 @@ class GrpcEngineChannel:
             self._set_error(f"{addr}: {text}")
             return
         if verdict.seq is None:
-            if verdict.suspect is None:
+            fields = self._handshake_fields or ("", "", "")
+            hello = wire.handshake_message(self._run_id, self._config.correlation_id, *fields)
+            if verdict.suspect is None and hello.ByteSize() == refusal.received:
+                why = (
+                    "it is the handshake: shorten connector_version, harness_name or "
+                    "harness_version"
+                )
+            elif verdict.suspect is None:
                 why = (
                     "no row written on the stream is over the engine's limit of "
                     f"{refusal.limit} bytes"

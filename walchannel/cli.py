@@ -423,11 +423,15 @@ _PRUNE_EXAMPLES = """\
 examples:
   walchannel prune --older-than 7           # tombstones completed over a week ago
   walchannel prune /var/lib/scan/wal --older-than 0.5
+  walchannel prune --older-than 7 --include-quarantined   # after exporting them
 
 Only tombstones (completed runs) are removed, with their -wal, -shm and
 .lock sidecars; a log whose owner lock is held, or that is not a
-tombstone, is never touched. Exit 0, 1 if a tombstone could not be
-removed, 2 on bad usage or an unreadable PATH.
+tombstone, is never touched. A tombstone whose quarantine holds rows (sent
+as walchannel.row_lost: the engine never got them) is kept unless
+--include-quarantined is given; save them first with 'walchannel export
+--quarantined LOG'. Exit 0, 1 if a tombstone could not be removed, 2 on bad
+usage or an unreadable PATH.
 """
 
 
@@ -452,6 +456,11 @@ def _add_prune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DAYS",
         help="remove tombstones whose run completed more than DAYS days ago (0: all)",
     )
+    p.add_argument(
+        "--include-quarantined",
+        action="store_true",
+        help="also remove tombstones whose quarantine holds rows (export them first)",
+    )
     p.set_defaults(handler=_cmd_prune)
 
 
@@ -468,7 +477,17 @@ def _tombstone_meta(log: Path) -> RunMeta | None:
     return meta if meta.completed_at is not None else None
 
 
-def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
+def _quarantined_count(log: Path) -> int | None:
+    try:
+        with LogReader(log, run_id_from_name(log)) as reader:
+            return reader.snapshot().quarantined
+    except WalCorruptError:
+        return None
+
+
+def _prune_one(
+    log: Path, cutoff: float, now: float, *, include_quarantined: bool = False
+) -> bool | None:
     """Remove one old tombstone. True: removed; False: failed; None: kept on purpose."""
     lock_file = files.lock_path(log)
     try:
@@ -482,6 +501,17 @@ def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
     if owner is not None:
         _err("prune", f"kept {log}: its lock is held by {owner.describe()}")
         return None
+    if not include_quarantined:
+        held = _quarantined_count(log)
+        if held is None or held > 0:
+            # Nothing is deleted silently: those rows never reached the engine.
+            _err(
+                "prune",
+                f"kept {log}: its quarantine holds {held if held is not None else 'unknown'} "
+                f"row(s) the engine never got; save them with 'walchannel export "
+                f"--quarantined {log}', then prune with --include-quarantined",
+            )
+            return None
     # Hold the owner lock while removing, so no harness opens the log meanwhile.
     try:
         lock = OwnerLock.acquire(lock_file, log=log)
@@ -516,7 +546,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     folder, logs = found
     now = time.time()
     cutoff = now - args.older_than * _SECONDS_PER_DAY
-    outcomes = [_prune_one(log, cutoff, now) for log in logs]
+    outcomes = [
+        _prune_one(log, cutoff, now, include_quarantined=args.include_quarantined) for log in logs
+    ]
     removed = outcomes.count(True)
     if not removed:
         print(f"nothing to prune in {folder}")
