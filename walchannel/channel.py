@@ -27,7 +27,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -56,7 +56,7 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.log import RunLog, encode_body
+from walchannel.log import ROW_LOST_TYPE, RunLog, encode_body
 from walchannel.payload import check_text
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
@@ -66,10 +66,14 @@ from walchannel.protocol import (
     Cursor,
     EndKind,
     ReconnectPolicy,
+    SizeRefusal,
     StateMachine,
     classify_end,
     describe_end,
     is_too_many_pings,
+    parse_size_refusal,
+    pick_refused_row,
+    refusal_sets_aside,
 )
 
 if TYPE_CHECKING:
@@ -185,6 +189,11 @@ class _Stream:
         # control past that moment is a heartbeat that cannot go out.
         self.write_since_ms: float | None = None
         self.next_beat_ms = float("inf")
+        # The highest seq whose write started on this stream (a refused row's
+        # write may never complete), and the call's final status (code name,
+        # details) when the server ended it.
+        self.top_written = 0
+        self.status: tuple[str, str] | None = None
 
     def release(self) -> None:
         """Drop the references to the gRPC objects once they are closed."""
@@ -329,6 +338,9 @@ class GrpcEngineChannel:
         self._streams_up = 0
         self._protocol_errors = 0
         self._last_error: str | None = None
+        self._limits_warned: set[tuple[str, int]] = set()
+        # The error to stop with once the rows before a refused Done are acked.
+        self._held: PayloadError | None = None
         self._last_checkpoint_ms = _now_ms()
         # The event loop of the first await; the tasks, events, timers and the
         # gRPC channel all live on it (see _bind_loop).
@@ -400,6 +412,7 @@ class GrpcEngineChannel:
             oldest_unacked_age_s=oldest,
             protocol_errors=self._protocol_errors,
             last_error=self._last_error,
+            quarantined=self._log.quarantined_count if not self._log.closed else 0,
         )
 
     def __repr__(self) -> str:
@@ -683,7 +696,9 @@ class GrpcEngineChannel:
             once past ``hard_deadline``.
 
         Raises:
-            PayloadError: a bad field.
+            PayloadError: a bad field; or the engine refused the ``Done``
+                for its size (the channel stops once the rows before it are
+                acked; the row stays in the log).
             ChannelClosedError: after ``close`` or a previous ``send_done``.
             EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
                 also when the channel fails while waiting (engine behind).
@@ -746,7 +761,9 @@ class GrpcEngineChannel:
             ApprovalTimeoutError: no decision within ``timeout_ms`` (the
                 request stays logged; a later call with the id waits again).
             ChannelClosedError: the channel closed while waiting.
-            PayloadError, and the errors of ``send_event``.
+            PayloadError: as ``send_event``; or the engine refused the request
+                for its size (it was set aside: it will never be decided).
+            The other errors of ``send_event``.
         """
         self._bind_loop()
         rid = request_id if request_id is not None else str(uuid.uuid4())
@@ -929,10 +946,10 @@ class GrpcEngineChannel:
         if self._stream is not None:
             self._stream.finish(_StreamEnded("hard_deadline passed"))
 
-    def _fail(self, error: WalchannelError) -> None:
+    def _fail(self, error: WalchannelError, *, mark_failed: bool = False) -> None:
         logger.error("%s", error)
         self._failure = error
-        self._set_error(str(error), failed=isinstance(error, EngineBehindError))
+        self._set_error(str(error), failed=mark_failed or isinstance(error, EngineBehindError))
         if not self._sm.final:
             self._move(ChannelState.FAILED)
 
@@ -1065,7 +1082,11 @@ class GrpcEngineChannel:
             # Replay is ours: gRPC's transparent retries would reorder nothing
             # useful and hide drops.
             ("grpc.enable_retries", 0),
-            ("grpc.max_send_message_length", self._config.max_message_bytes + 64),
+            # No send cap: max_message_bytes judges new sends (_prepare); a row
+            # already logged (under a larger max_message_bytes) is the engine's
+            # to accept or refuse, and a refusal is handled (_on_size_refusal).
+            # A cap here would refuse such a row on every stream, forever.
+            ("grpc.max_send_message_length", -1),
         ]
         if self._config.tls_server_name is not None:
             options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
@@ -1102,12 +1123,22 @@ class GrpcEngineChannel:
         except asyncio.CancelledError:
             raise
         finally:
+            await self._read_final_status(stream)
             self._cursor.end_stream()
             self._readahead.clear()
             await self._teardown(stream)
             self._stream = None
             if not self._closing:
                 self._record_end(stream)
+
+    async def _read_final_status(self, stream: _Stream) -> None:
+        """Keep the call's final status when the server ended it (not a write's error)."""
+        call = stream.call
+        if call is None or not call.done():
+            return
+        with contextlib.suppress(Exception):
+            code = await call.code()
+            stream.status = (code.name, await call.details() or "")
 
     async def _open(self, stream: _Stream) -> None:
         """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
@@ -1141,6 +1172,10 @@ class GrpcEngineChannel:
                 stream.finish(_StreamEnded("handshake answer refused"))
                 return
             replay_from = replay_from_or_none
+            if self._sm.final:
+                # The answer acked the rows before a refused Done: stopped (_check_held).
+                stream.finish(_StreamEnded("the channel stopped"))
+                return
         self._streams_up += 1
         if self._streams_up > 1:
             self._reconnects += 1
@@ -1229,6 +1264,8 @@ class GrpcEngineChannel:
             debug = reason.debug_error_string() or ""
         elif isinstance(reason, _StreamEnded):
             code, details = reason.code, reason.details
+        if code is None and stream.status is not None and stream.status[0] != "OK":
+            code, details = stream.status
         text = describe_end(code, details) if code else str(reason or "stream ended")
         if is_too_many_pings(f"{details} {debug}"):
             self._double_keepalive()
@@ -1240,7 +1277,159 @@ class GrpcEngineChannel:
         logger.warning(
             "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
         )
+        refusal = parse_size_refusal(code, details)
+        if refusal is not None:
+            self._on_size_refusal(stream, refusal, text)
+            return
         self._set_error(f"{stream.addr}{stream.via}: {text}")
+
+    def _in_flight_sizes(self, top: int) -> Iterator[tuple[int, int]]:
+        """``(seq, encoded size)`` of the unacked rows up to ``top``, in seq order, lazily."""
+        for row in self._log.unacked(after_seq=self._cursor.acked):
+            if row.seq > top:
+                return
+            msg = wire.up_message(
+                self._run_id, self._config.correlation_id, row.seq, row.kind, row.body
+            )
+            yield row.seq, msg.ByteSize()
+
+    def _on_size_refusal(self, stream: _Stream, refusal: SizeRefusal, text: str) -> None:
+        """The engine refused a message for its size: find the row, set it aside or stop.
+
+        The decision rules are :func:`~walchannel.protocol.pick_refused_row`
+        (only a row proven refused) and
+        :func:`~walchannel.protocol.refusal_sets_aside`. docs/design.md.
+        """
+        addr = stream.addr
+        self._warn_engine_limit(addr, refusal.limit)
+        try:
+            verdict = pick_refused_row(self._in_flight_sizes(stream.top_written), refusal)
+        except WalchannelError as exc:
+            logger.error(
+                "run %s: cannot read the log to find the refused row: %s", self._run_id, exc
+            )
+            self._set_error(f"{addr}: {text}")
+            return
+        if verdict.seq is None:
+            fields = self._handshake_fields or ("", "", "")
+            hello = wire.handshake_message(self._run_id, self._config.correlation_id, *fields)
+            if verdict.suspect is None and hello.ByteSize() == refusal.received:
+                why = (
+                    "it is the handshake: shorten connector_version, harness_name or "
+                    "harness_version"
+                )
+            elif verdict.suspect is None:
+                why = (
+                    "no row written on the stream is over the engine's limit of "
+                    f"{refusal.limit} bytes"
+                )
+            else:
+                why = (
+                    f"the first row over the limit, seq {verdict.suspect} "
+                    f"({verdict.suspect_size} bytes), is not the refused "
+                    f"{refusal.received}-byte message"
+                )
+            logger.error(
+                "run %s: the engine at %s refused a %d-byte message (its limit: %d bytes), but %s: "
+                "nothing is set aside; the stream will be retried",
+                self._run_id,
+                addr,
+                refusal.received,
+                refusal.limit,
+                why,
+            )
+            self._set_error(f"{addr}: {text} ({why}; nothing set aside)")
+            return
+        seq = verdict.seq
+        size = refusal.received
+        row = next(self._log.unacked(after_seq=seq - 1, limit=1))
+        kind = row.kind
+        what = (
+            f"seq {seq} ({kind}, {size} bytes) was refused by the engine at {addr}: over its "
+            f"limit of {refusal.limit} bytes"
+        )
+        if not refusal_sets_aside(kind):
+            # The rows before it may not be applied yet (the engine drops what
+            # it had read ahead): deliver them, then stop (_check_held).
+            self._held = PayloadError(
+                kind,
+                f"run {self._run_id}: {what}; the channel stops, the row stays in "
+                f"{self._log.path} (raise the engine's limit, then resume or flush)",
+            )
+            self._cursor.hold_at = seq
+            self._reconnect.on_set_aside()
+            logger.error(
+                "run %s: %s; it is not written again, and the channel stops once the rows "
+                "before it are acked",
+                self._run_id,
+                what,
+            )
+            self._set_error(f"{what}; the channel stops once the rows before it are acked")
+            self._check_held()
+            return
+        reason = (
+            f"refused by the engine at {addr} for its size: {size} bytes, over its limit "
+            f"of {refusal.limit} bytes"
+        )
+        try:
+            self._log.set_aside(seq, reason, kind=kind, size=size, limit=refusal.limit)
+        except (WalchannelError, ValueError) as exc:
+            logger.error("run %s: %s, but it cannot be set aside: %s", self._run_id, what, exc)
+            self._set_error(f"{what}; cannot set it aside: {exc}")
+            return
+        # The tail and readahead may hold the original: read the substitute from disk.
+        self._tail.clear()
+        self._tail_bytes = 0
+        self._readahead.clear()
+        self._reconnect.on_set_aside()
+        logger.error(
+            "run %s: %s; set aside into the quarantine of %s and replaced by a %s event at "
+            "seq %d so later rows flow (recover it: walchannel export --quarantined)",
+            self._run_id,
+            what,
+            self._log.path,
+            ROW_LOST_TYPE,
+            seq,
+        )
+        self._set_error(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
+        if kind == "approval_request":
+            rid = str(row.body.get("request_id", ""))
+            future = self._approvals.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    PayloadError(
+                        kind,
+                        f"run {self._run_id}: approval request {rid!r} at {what}; set aside, "
+                        "the engine will never decide it",
+                    )
+                )
+                future.exception()
+
+    def _check_held(self) -> None:
+        """Stop with the held error once every row before a refused ``Done`` is acked."""
+        hold_at = self._cursor.hold_at
+        if self._held is None or hold_at is None or self._cursor.acked < hold_at - 1:
+            return
+        error, self._held = self._held, None
+        self._fail(error, mark_failed=True)
+        if self._stream is not None:
+            self._stream.finish(_StreamEnded(str(error)))
+
+    def _warn_engine_limit(self, addr: str, limit: int) -> None:
+        """Say once per engine and limit that the engine takes less than ``max_message_bytes``."""
+        if (addr, limit) in self._limits_warned or limit >= self._config.max_message_bytes:
+            return
+        self._limits_warned.add((addr, limit))
+        logger.warning(
+            "run %s: the engine at %s accepts up-messages of at most %d bytes, less than this "
+            "channel's max_message_bytes %d: a larger row is refused by it and set aside; set "
+            "max_message_bytes=%d to refuse such rows at send time instead",
+            self._run_id,
+            addr,
+            limit,
+            self._config.max_message_bytes,
+            limit,
+        )
 
     def _on_run_completed(self) -> None:
         """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
@@ -1378,6 +1567,7 @@ class GrpcEngineChannel:
             self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
         self._store_ack()
         self._acked_changed.set()
+        self._check_held()
 
     def _store_ack(self, *, force: bool = False) -> None:
         seq = self._cursor.ack_to_store(_now_ms(), force=force)
@@ -1533,6 +1723,7 @@ class GrpcEngineChannel:
                     if replay:
                         _killpoints.reached("in_replay")
                     stream.write_since_ms = _now_ms()
+                    stream.top_written = max(stream.top_written, seq)
                     await call.write(data)
                     stream.write_since_ms = None
                     cursor.on_written(seq)

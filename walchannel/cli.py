@@ -221,7 +221,11 @@ def _owner_text(report: RunReport) -> str:
 
 def _detail(report: RunReport) -> str:
     detail = report.reason or ""
-    if report.last_error and report.state in ("failed", "orphaned", "stuck", "done-pending"):
+    if (
+        report.last_error
+        and report.state in ("failed", "orphaned", "stuck", "done-pending")
+        and report.last_error not in detail
+    ):
         detail = f"{detail}; last error: {report.last_error}" if detail else report.last_error
     return detail
 
@@ -279,6 +283,12 @@ def _print_table(reports: Sequence[RunReport], now: float) -> None:
                 f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
                 f"  {format_size(shown.size):>9}  {body}"
             )
+        for q in report.shown_quarantined:
+            held = _one_line(q.body) if q.body is not None else "[does not decode]"
+            print(
+                f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
+                f"{format_size(q.size):>9}  [{q.reason}]  {held}"
+            )
 
 
 def _urgency_key(report: RunReport) -> tuple[int, float, str]:
@@ -323,9 +333,15 @@ examples:
   walchannel export run-42.wal.sqlite3 -o run-42-unacked.jsonl
   walchannel export run-42.wal.sqlite3 | jq -c 'select(.kind == "finding") | .body'
 
+  walchannel export run-42.wal.sqlite3 --quarantined -o run-42-quarantine.jsonl
+
 Each line is {"seq", "kind", "body", "appended_at"} (unix seconds). A damaged
 row comes out as the walchannel.row_lost event the channel would send in its
-place. Exit 0, or 2 if LOG cannot be read.
+place. With --quarantined, the quarantine instead: the original rows that
+went out as walchannel.row_lost events (damaged, or refused by the engine
+for their size), one {"seq", "kind", "body", "body_hex", "appended_at",
+"reason", "quarantined_at"} per line; body is null and body_hex holds the
+stored bytes when a row does not decode. Exit 0, or 2 if LOG cannot be read.
 """
 
 
@@ -343,6 +359,11 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--output",
         metavar="FILE",
         help="write to FILE (created with mode 0600: rows hold findings) instead of stdout",
+    )
+    p.add_argument(
+        "--quarantined",
+        action="store_true",
+        help="export the quarantine (rows sent as walchannel.row_lost) instead of the unacked rows",
     )
     p.set_defaults(handler=_cmd_export)
 
@@ -363,13 +384,31 @@ def _cmd_export(args: argparse.Namespace) -> int:
         with LogReader(path, run_id_from_name(path)) as reader:
             after = reader.meta().last_acked_seq
             with _output(args.output) as out:
-                for row, _damage in reader.rows(after):
-                    record = {
-                        "seq": row.seq,
-                        "kind": row.kind,
-                        "body": row.body,
-                        "appended_at": row.appended_at,
-                    }
+                records: Iterator[dict[str, Any]]
+                if args.quarantined:
+                    records = (
+                        {
+                            "seq": q.seq,
+                            "kind": q.kind,
+                            "body": q.body,
+                            "body_hex": q.raw.hex() if q.raw is not None else None,
+                            "appended_at": q.appended_at,
+                            "reason": q.reason,
+                            "quarantined_at": q.quarantined_at,
+                        }
+                        for q in reader.quarantined()
+                    )
+                else:
+                    records = (
+                        {
+                            "seq": row.seq,
+                            "kind": row.kind,
+                            "body": row.body,
+                            "appended_at": row.appended_at,
+                        }
+                        for row, _damage in reader.rows(after)
+                    )
+                for record in records:
                     out.write(
                         json.dumps(
                             record,
@@ -397,12 +436,16 @@ examples:
   walchannel prune --older-than 7           # tombstones completed over a week ago
   walchannel prune /var/lib/scan/wal --older-than 0.5
   walchannel prune --older-than 7 --dry-run # only list what would be removed
+  walchannel prune --older-than 7 --include-quarantined   # after exporting them
 
 Only tombstones (completed runs) are removed, with their -wal, -shm and
 .lock sidecars; a log whose owner lock is held, or that is not a
-tombstone, is never touched. --dry-run reads like inspect and removes
-nothing. Exit 0, 1 if a tombstone could not be removed, 2 on bad usage or
-an unreadable PATH.
+tombstone, is never touched. A tombstone whose quarantine holds rows (sent
+as walchannel.row_lost: the engine never got them) is kept unless
+--include-quarantined is given; save them first with 'walchannel export
+--quarantined LOG'. --dry-run reads like inspect and removes nothing. Exit
+0, 1 if a tombstone could not be removed, 2 on bad usage or an unreadable
+PATH.
 """
 
 
@@ -432,6 +475,11 @@ def _add_prune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="list the tombstones that would be removed; remove nothing, take no lock",
     )
+    p.add_argument(
+        "--include-quarantined",
+        action="store_true",
+        help="also remove tombstones whose quarantine holds rows (export them first)",
+    )
     p.set_defaults(handler=_cmd_prune)
 
 
@@ -452,7 +500,22 @@ def _tombstone_meta(log: Path) -> RunMeta | None:
     return meta if meta.completed_at is not None else None
 
 
-def _prune_one(log: Path, cutoff: float, now: float, *, dry_run: bool = False) -> bool | None:
+def _quarantined_count(log: Path) -> int | None:
+    try:
+        with LogReader(log, run_id_from_name(log)) as reader:
+            return reader.snapshot().quarantined
+    except (WalCorruptError, LogUnreadableError):
+        return None
+
+
+def _prune_one(
+    log: Path,
+    cutoff: float,
+    now: float,
+    *,
+    dry_run: bool = False,
+    include_quarantined: bool = False,
+) -> bool | None:
     """Remove one old tombstone. True: removed (or would be); False: failed; None: kept."""
     lock_file = files.lock_path(log)
     try:
@@ -466,6 +529,17 @@ def _prune_one(log: Path, cutoff: float, now: float, *, dry_run: bool = False) -
     if owner is not None:
         _err("prune", f"kept {log}: its lock is held by {owner.describe()}")
         return None
+    if not include_quarantined:
+        held = _quarantined_count(log)
+        if held is None or held > 0:
+            # Nothing is deleted silently: those rows never reached the engine.
+            _err(
+                "prune",
+                f"kept {log}: its quarantine holds {held if held is not None else 'unknown'} "
+                f"row(s) the engine never got; save them with 'walchannel export "
+                f"--quarantined {log}', then prune with --include-quarantined",
+            )
+            return None
     if dry_run:
         age = format_age(now - meta.completed_at)
         print(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
@@ -504,7 +578,16 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     folder, logs = found
     now = time.time()
     cutoff = now - args.older_than * _SECONDS_PER_DAY
-    outcomes = [_prune_one(log, cutoff, now, dry_run=args.dry_run) for log in logs]
+    outcomes = [
+        _prune_one(
+            log,
+            cutoff,
+            now,
+            dry_run=args.dry_run,
+            include_quarantined=args.include_quarantined,
+        )
+        for log in logs
+    ]
     removed = outcomes.count(True)
     if not removed:
         print(f"nothing to prune in {folder}")

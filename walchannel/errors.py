@@ -49,6 +49,10 @@ class WalchannelError(Exception):
 class PayloadError(WalchannelError, ValueError):
     """A payload cannot travel: refused before it is logged and before a seq is used.
 
+    Also raised by ``send_done`` and ``request_approval`` for a logged
+    ``Done`` or ``ApprovalRequest`` that the engine refused for its size
+    (``path`` is ``done`` or ``approval_request``; docs/design.md).
+
     Attributes:
         path: where the bad value sits, e.g. ``finding.evidence[3].id``.
         reason: what is wrong with it.

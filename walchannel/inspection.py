@@ -81,6 +81,7 @@ __all__ = [
     "LogReader",
     "LogUnreadableError",
     "PathError",
+    "QuarantinedRow",
     "RunReport",
     "STATES",
     "ShownRow",
@@ -298,6 +299,8 @@ class _Snapshot:
     top_kind: str | None
     oldest_appended_at: float | None
     quarantined: int
+    # (seq, reason) of the row quarantined last, if any.
+    last_quarantined: tuple[int, str] | None = None
 
 
 def _strerror(exc: OSError) -> str:
@@ -594,6 +597,9 @@ class LogReader:
                 (meta.last_acked_seq,),
             ).fetchall()
             quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
+            last_q = conn.execute(
+                "SELECT seq, reason FROM quarantine ORDER BY quarantined_at DESC, seq DESC LIMIT 1"
+            ).fetchall()
             conn.execute("COMMIT")
             return _Snapshot(
                 meta=meta,
@@ -601,6 +607,7 @@ class LogReader:
                 top_kind=str(top[0][1]) if top else None,
                 oldest_appended_at=float(oldest[0][0]) if oldest else None,
                 quarantined=int(quarantined),
+                last_quarantined=(int(last_q[0][0]), str(last_q[0][1])) if last_q else None,
             )
 
         return self._read("meta and rows", op)
@@ -667,6 +674,42 @@ class LogReader:
                 remaining -= len(batch)
             cursor = int(batch[-1][0])
 
+    def quarantined(self, limit: int | None = None) -> Iterator[QuarantinedRow]:
+        """Yield the rows of the ``quarantine`` table in seq order, bodies included.
+
+        Damaged rows and rows the engine refused for their size (each went
+        out as a ``walchannel.row_lost`` event in its place) stay there,
+        also after the run completed. One read transaction per batch.
+
+        Args:
+            limit: stop after this many rows (None: all).
+
+        Raises:
+            WalCorruptError: SQLite cannot read the table.
+            LogUnreadableError: the log cannot be read here (permissions, locks).
+        """
+        cursor = -1  # seqs start at 1
+        remaining = limit
+        size = _BATCH
+
+        def fetch(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(
+                "SELECT seq, kind, body, crc32, appended_at, reason, quarantined_at"
+                " FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?",
+                (cursor, size),
+            ).fetchall()
+
+        while remaining is None or remaining > 0:
+            size = _BATCH if remaining is None else min(_BATCH, remaining)
+            batch = self._read("quarantine", fetch)
+            for seq, kind, blob, crc, appended_at, reason, quarantined_at in batch:
+                yield _quarantined_row(seq, kind, blob, crc, appended_at, reason, quarantined_at)
+            if len(batch) < size:
+                return
+            if remaining is not None:
+                remaining -= len(batch)
+            cursor = int(batch[-1][0])
+
     def quick_check(self) -> list[str]:
         """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.
 
@@ -712,12 +755,68 @@ class ShownRow:
 
 
 @dataclass(frozen=True, slots=True)
+class QuarantinedRow:
+    """One row of a log's ``quarantine`` table (``inspect --show``, ``export --quarantined``).
+
+    Attributes:
+        seq: its seq (a ``walchannel.row_lost`` event took it on the wire).
+        kind: the stored kind (None if unreadable).
+        body: the decoded body, or None when its CRC or msgpack does not
+            check out (then ``raw`` holds the stored bytes).
+        raw: the stored bytes of a body that does not decode, else None.
+        appended_at: when the row was committed (unix seconds; None if unreadable).
+        reason: why it was quarantined.
+        quarantined_at: when (unix seconds).
+        size: the stored body's size (bytes).
+    """
+
+    seq: int
+    kind: str | None
+    body: dict[str, Any] | None
+    raw: bytes | None
+    appended_at: float | None
+    reason: str
+    quarantined_at: float
+    size: int
+
+
+def _quarantined_row(
+    seq: Any,
+    kind: Any,
+    blob: Any,
+    crc: Any,
+    appended_at: Any,
+    reason: Any,
+    quarantined_at: Any,
+) -> QuarantinedRow:
+    body: dict[str, Any] | None = None
+    raw: bytes | None = None
+    if isinstance(blob, bytes) and isinstance(kind, str) and isinstance(crc, int):
+        row, damage = decode_row(int(seq), kind, blob, crc, 0.0)
+        if damage is None:
+            body = row.body
+    if body is None and isinstance(blob, bytes):
+        raw = blob
+    return QuarantinedRow(
+        seq=int(seq),
+        kind=kind if isinstance(kind, str) else None,
+        body=body,
+        raw=raw,
+        appended_at=float(appended_at) if isinstance(appended_at, int | float) else None,
+        reason=str(reason),
+        quarantined_at=float(quarantined_at),
+        size=len(blob) if isinstance(blob, bytes) else 0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class RunReport:
     """What ``inspect`` says about one log. Times are unix seconds, sizes bytes.
 
     The attributes up to ``file_bytes`` are exactly the ``--json`` keys
     (SPEC "Operating tools"); ``locked_by`` is the live owner or None.
-    ``shown`` holds the rows ``--show N`` decoded (human output only).
+    ``shown`` holds the rows ``--show N`` decoded and ``shown_quarantined``
+    the quarantined rows it lists (human output only).
     """
 
     run_id: str | None
@@ -737,6 +836,7 @@ class RunReport:
     quarantined: int | None = None
     file_bytes: int = 0
     shown: tuple[ShownRow, ...] = field(default=())
+    shown_quarantined: tuple[QuarantinedRow, ...] = field(default=())
 
     @property
     def urgency(self) -> int:
@@ -790,6 +890,8 @@ def _state(
     """Pick the first state that applies (SPEC "Operating tools")."""
     meta = snap.meta
     if meta.failed_at is not None:
+        if meta.last_error:
+            return "failed", f"the channel stopped: {meta.last_error}"
         return "failed", (
             "an engine answered below the stored cursor: it lost rows this log already "
             "deleted, which cannot be re-sent"
@@ -828,7 +930,8 @@ def inspect_log(
         stuck_after_s: an owned run whose oldest unacked row is older than
             this is ``stuck`` (seconds).
         verify: also run ``PRAGMA quick_check`` (reads every page).
-        show: decode this many of the oldest unacked rows into ``shown``.
+        show: decode this many of the oldest unacked rows into ``shown``,
+            and as many quarantined rows into ``shown_quarantined``.
 
     Returns:
         The report; a file that cannot be read as a walchannel log is
@@ -864,6 +967,9 @@ def inspect_log(
                     )
                     for row, damage in reader.rows(acked, show)
                 )
+            shown_quarantined: tuple[QuarantinedRow, ...] = ()
+            if show > 0 and snap.quarantined:
+                shown_quarantined = tuple(reader.quarantined(show))
             complaints = reader.quick_check() if verify else []
         except (WalCorruptError, LogUnreadableError) as exc:
             return _unread(path, named, exc, owner)
@@ -876,6 +982,15 @@ def inspect_log(
         state, reason = "corrupt", f"quick_check: {complaints[0]}{more}"
     else:
         state, reason = _state(snap, owner, unacked, oldest_age, stuck_after_s)
+        if snap.last_quarantined is not None:
+            # Never silent: whatever the state, say which row went to the quarantine.
+            seq, why = snap.last_quarantined
+            count = snap.quarantined
+            note = (
+                f"{count} row(s) in the quarantine, sent as walchannel.row_lost "
+                f"(latest: seq {seq}: {why}; walchannel export --quarantined)"
+            )
+            reason = note if reason is None else f"{reason}; {note}"
     return RunReport(
         run_id=meta.run_id,
         file=str(path),
@@ -894,4 +1009,5 @@ def inspect_log(
         quarantined=snap.quarantined,
         file_bytes=_file_bytes(path),
         shown=shown,
+        shown_quarantined=shown_quarantined,
     )

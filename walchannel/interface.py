@@ -61,6 +61,9 @@ class ChannelStats:
         oldest_unacked_age_s: age of the oldest of them (seconds; None if none).
         protocol_errors: engine messages that broke the protocol (ignored).
         last_error: the last connection or engine error (never holds the token).
+        quarantined: rows in the log's quarantine table: damaged rows, and rows
+            the engine refused for their size; each went out as a
+            ``walchannel.row_lost`` event (an addition to SPEC's fields).
     """
 
     state: ChannelState
@@ -73,6 +76,7 @@ class ChannelStats:
     oldest_unacked_age_s: float | None
     protocol_errors: int
     last_error: str | None
+    quarantined: int = 0
 
 
 @runtime_checkable

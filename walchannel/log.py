@@ -224,12 +224,19 @@ def _encode_progress(progress: Mapping[str, Any]) -> str:
         raise PayloadError("progress", f"not JSON-like: {exc}") from None
 
 
-def row_lost_body(seq: int, reason: str) -> dict[str, Any]:
-    """The body of the ``walchannel.row_lost`` event that replaces a damaged row."""
+def row_lost_body(seq: int, reason: str, **details: str | int) -> dict[str, Any]:
+    """The body of the ``walchannel.row_lost`` event that replaces a quarantined row.
+
+    Args:
+        seq: the row's seq.
+        reason: why it was quarantined.
+        details: more payload fields (e.g. ``kind``, ``size``, ``limit`` of a
+            row the engine refused for its size).
+    """
     return {
         "type": ROW_LOST_TYPE,
         "severity": "error",
-        "payload": {"seq": seq, "reason": reason},
+        "payload": {"seq": seq, "reason": reason, **details},
         "ts": _now_iso(),
     }
 
@@ -354,6 +361,7 @@ class RunLog:
         )
         self._done_seq: int | None = top[0] if top and top[1] == "done" else None
         self._unacked_bytes: int | None = None
+        self._quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
         self._closed = False
 
     # -- opening -----------------------------------------------------------
@@ -604,6 +612,11 @@ class RunLog:
     def done_seq(self) -> int | None:
         """The seq of the unacked ``done`` row, if one is logged."""
         return self._done_seq
+
+    @property
+    def quarantined_count(self) -> int:
+        """How many rows the ``quarantine`` table holds (damaged or set aside)."""
+        return self._quarantined
 
     @property
     def closed(self) -> bool:
@@ -1051,11 +1064,68 @@ class RunLog:
                     conn.execute("ROLLBACK")
             log.error("run %s: cannot quarantine seq %d: %s", self._run_id, seq, exc)
             return substitute
+        self._quarantined += 1
         if raw[1] == "done" and self._done_seq == seq:
             self._done_seq = None
         if self._unacked_bytes is not None:
             self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
         return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
+
+    def set_aside(self, seq: int, reason: str, **details: str | int) -> Row:
+        """Move a good row that can never be delivered into the quarantine.
+
+        For a row the engine refuses for its size (docs/design.md): in one
+        transaction the row, body and all, goes to the ``quarantine`` table
+        with ``reason`` (recoverable with ``walchannel export --quarantined``)
+        and its place in ``rows`` is taken by a ``walchannel.row_lost`` event
+        (severity ``error``, payload: ``seq``, ``reason`` and ``details``) at
+        the same seq, so the engine's sequence goes on and the loss is
+        visible. The caller logs it. Never for ``done``: a log keeps its
+        ``Done``.
+
+        Args:
+            seq: an unacked row's seq.
+            reason: why (stored and sent).
+            details: more payload fields, e.g. ``kind``, ``size``, ``limit``.
+
+        Returns:
+            The substitute row.
+
+        Raises:
+            ValueError: no unacked row ``seq``, or it is the ``done`` row.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        conn = self._conn
+        raw = conn.execute(
+            "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq = ? AND seq > ?",
+            (seq, self._last_acked),
+        ).fetchone()
+        if raw is None:
+            raise ValueError(f"run {self._run_id}: no unacked row at seq {seq} to set aside")
+        if raw[1] == "done":
+            raise ValueError(
+                f"run {self._run_id}: seq {seq} is the run's Done; it is never set aside"
+            )
+        body = row_lost_body(seq, reason, **details)
+        blob = msgpack.packb(body, use_bin_type=True)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            # Plain INSERT: an earlier quarantined body at this seq is never replaced.
+            conn.execute(
+                "INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", (*raw, reason, time.time())
+            )
+            conn.execute(
+                "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
+                (blob, zlib.crc32(blob), seq),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail_transaction(exc, f"set aside seq {seq}") from None
+        self._quarantined += 1
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += len(blob) - len(raw[2])
+        return Row(seq, "event", body, float(raw[4]), len(blob))
 
     def quarantined(self) -> list[tuple[int, str]]:
         """Return ``(seq, reason)`` of every quarantined row."""

@@ -11,7 +11,8 @@ pattern). The storage layer (:mod:`walchannel.log`) and the channel
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -24,7 +25,9 @@ __all__ = [
     "Cursor",
     "EndKind",
     "ReconnectPolicy",
+    "RefusalVerdict",
     "STABLE_STREAM_MS",
+    "SizeRefusal",
     "StateError",
     "StateMachine",
     "classify_end",
@@ -32,6 +35,9 @@ __all__ = [
     "is_too_many_pings",
     "next_seq_after",
     "next_seq_at_open",
+    "parse_size_refusal",
+    "pick_refused_row",
+    "refusal_sets_aside",
     "unverified_at_open",
     "verification_shift",
 ]
@@ -208,6 +214,8 @@ class Cursor:
     # (first, end, shift): seqs in [first, end) handed out before a
     # verification shift now live at seq + shift.
     provisional: tuple[int, int, int] | None = None
+    # A Done the engine refused for its size: nothing from it on is written.
+    hold_at: int | None = None
 
     # -- rows ----------------------------------------------------------------
 
@@ -336,8 +344,12 @@ class Cursor:
         self.write_pos = 0
 
     def next_to_write(self) -> int | None:
-        """Return the next seq to write on the live stream, or None when caught up."""
-        if self.write_pos and self.write_pos <= self.high_water:
+        """Return the next seq to write on the live stream, or None when caught up.
+
+        Nothing at or above :attr:`hold_at` is written.
+        """
+        end = self.high_water if self.hold_at is None else min(self.high_water, self.hold_at - 1)
+        if self.write_pos and self.write_pos <= end:
             return self.write_pos
         return None
 
@@ -385,6 +397,10 @@ class ReconnectPolicy:
         """An ack arrived on this stream: reset when it covers a row written here."""
         if self.first_written is not None and seq >= self.first_written:
             self.attempt = 0
+
+    def on_set_aside(self) -> None:
+        """A row the engine refused was set aside: the engine is healthy, dial again soon."""
+        self.attempt = 0
 
     def next_delay_ms(self, now_ms: float, delay_ms: Callable[[int], float]) -> float:
         """The stream (or dial) ended: return the delay before the next dial.
@@ -453,3 +469,112 @@ def is_too_many_pings(text: str) -> bool:
     """Tell whether a status's details/debug text reports a GOAWAY ``too_many_pings``."""
     lowered = text.lower()
     return "too_many_pings" in lowered or "too many pings" in lowered
+
+
+# -- a row the engine refuses for its size ----------------------------------------
+
+# gRPC C-core (Python, C++, ...; "SERVER: " or "CLIENT: " in front since about
+# 1.60), grpc-go ("grpc: received message larger than max (N vs. M)") and
+# grpc-node: "... larger than max (N vs. M)". grpc-java: "gRPC message exceeds
+# maximum size M: N".
+_LARGER_THAN_MAX = re.compile(r"received message larger than max \((\d+) vs\.? (\d+)\)", re.I)
+_EXCEEDS_MAX = re.compile(r"message exceeds maximum size (\d+): (\d+)", re.I)
+# The client's own receive limit (a down message too large for us) reads the
+# same but for this marker: it says nothing about our rows.
+_CLIENT_SIDE = "client:"
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRefusal:
+    """The engine ended a stream because a message was over its receive limit.
+
+    Attributes:
+        received: the size of the message it refused (bytes).
+        limit: its receive limit (bytes), below ``received``.
+    """
+
+    received: int
+    limit: int
+
+
+def parse_size_refusal(code: str | None, details: str | None) -> SizeRefusal | None:
+    """Read a stream's end as the engine refusing an up-message for its size, or None.
+
+    Only RESOURCE_EXHAUSTED whose details give both sizes, the received one
+    over the limit, and that is not the client's own receive limit
+    (``CLIENT:``, a down message too large for us) counts.
+
+    Args:
+        code: the gRPC status name (``"RESOURCE_EXHAUSTED"``).
+        details: the status details.
+    """
+    if code != "RESOURCE_EXHAUSTED" or not details:
+        return None
+    text = details.lower()
+    if _CLIENT_SIDE in text:
+        return None
+    found = _LARGER_THAN_MAX.search(text)
+    if found is not None:
+        received, limit = int(found.group(1)), int(found.group(2))
+    else:
+        found = _EXCEEDS_MAX.search(text)
+        if found is None:
+            return None
+        limit, received = int(found.group(1)), int(found.group(2))
+    if received <= limit:
+        return None
+    return SizeRefusal(received, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalVerdict:
+    """Which in-flight row a :class:`SizeRefusal` proves refused.
+
+    Attributes:
+        seq: the row to set aside, or None when no row is proven.
+        suspect: the first in-flight row over the limit (the one the engine
+            met first), or None when no in-flight row is over it.
+        suspect_size: its encoded size (bytes), or None.
+    """
+
+    seq: int | None
+    suspect: int | None = None
+    suspect_size: int | None = None
+
+
+def pick_refused_row(in_flight: Iterable[tuple[int, int]], refusal: SizeRefusal) -> RefusalVerdict:
+    """Decide which row the engine refused, so that no acceptable row is ever set aside.
+
+    The engine reads a stream's messages in order and refuses the first one
+    over its limit; every row written before it on the stream was no larger
+    than the limit. So the refused row is the first in-flight row (written
+    on the stream, not acked), in seq order, whose encoded size is over
+    ``refusal.limit`` — and it counts as proven only when its size is
+    exactly ``refusal.received``. Anything else (no row over the limit, or
+    a size that differs: a proxy's limit, compression) proves nothing.
+
+    Args:
+        in_flight: ``(seq, encoded UpMessage size in bytes)`` of the rows
+            above the received ack up to the highest seq written on the
+            stream, in seq order; read lazily, up to the first row over the
+            limit.
+        refusal: what the engine said.
+    """
+    for seq, size in in_flight:
+        if size > refusal.limit:
+            if size == refusal.received:
+                return RefusalVerdict(seq, seq, size)
+            return RefusalVerdict(None, seq, size)
+    return RefusalVerdict(None)
+
+
+def refusal_sets_aside(kind: str) -> bool:
+    """Tell whether a refused row of ``kind`` is set aside (True) or stops the channel.
+
+    Every kind is set aside into the quarantine, with a ``walchannel.row_lost``
+    event at its seq so later rows flow — except ``done``: it is the last
+    row, nothing waits behind it, and replacing it would leave the run
+    never completing; the channel stops with a clear error instead and the
+    row stays in the log (docs/design.md).
+    """
+    return kind != "done"

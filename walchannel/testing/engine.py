@@ -335,6 +335,11 @@ class LocalEngine:
             :meth:`replace` always takes a new free port.
         http_port: the discovery HTTP port (0: any free port; None: no
             discovery server, :attr:`http_addr` then raises).
+        max_receive_message_bytes: the largest up-message the server
+            accepts (``grpc.max_receive_message_length``, bytes, > 0; None:
+            gRPC's default, 4 MiB). A larger one ends the stream with
+            RESOURCE_EXHAUSTED "Received message larger than max (N vs. M)",
+            as an engine with a smaller limit than the client's does.
 
     Raises:
         ValueError: a knob out of range.
@@ -357,6 +362,7 @@ class LocalEngine:
         reject_tokens_for_ms: float = 0,
         grpc_port: int = 0,
         http_port: int | None = 0,
+        max_receive_message_bytes: int | None = None,
     ) -> None:
         if isinstance(ack_every, bool) or not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
@@ -379,8 +385,18 @@ class LocalEngine:
         self._credentials = server_credentials
         self._ping_policy: PingPolicy = ping_policy
         self._reject_s = reject_tokens_for_ms / 1000
+        if max_receive_message_bytes is not None and (
+            isinstance(max_receive_message_bytes, bool)
+            or not isinstance(max_receive_message_bytes, int)
+            or max_receive_message_bytes < 1
+        ):
+            raise ValueError(
+                "max_receive_message_bytes must be an int >= 1 or None, "
+                f"got {max_receive_message_bytes!r}"
+            )
         self._grpc_port = grpc_port
         self._http_port = http_port
+        self._max_receive = max_receive_message_bytes
         self._store = EngineStore(store_path)
         # One worker: this engine's transactions run in order, off the event loop.
         self._executor = ThreadPoolExecutor(
@@ -507,7 +523,10 @@ class LocalEngine:
     async def _start_grpc(self, port: int) -> None:
         ping = PERMISSIVE_PING_OPTIONS if self._ping_policy == "permissive" else STRICT_PING_OPTIONS
         for _ in range(_NEW_PORT_ATTEMPTS):
-            server = aio.server(options=[*_BASE_OPTIONS, *ping])
+            limit: tuple[tuple[str, int], ...] = ()
+            if self._max_receive is not None:
+                limit = (("grpc.max_receive_message_length", self._max_receive),)
+            server = aio.server(options=[*_BASE_OPTIONS, *ping, *limit])
             pb_grpc.add_EngineChannelServicer_to_server(_Servicer(self), server)
             bind = f"127.0.0.1:{port}"
             try:
