@@ -36,7 +36,7 @@ import grpc.aio
 import httpx
 import msgpack
 
-from walchannel import _killpoints, messages, wire
+from walchannel import _killpoints, messages, metrics, wire
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.config import GrpcChannelConfig
 from walchannel.discovery import discover
@@ -299,6 +299,8 @@ class GrpcEngineChannel:
         self._protocol_errors = 0
         self._last_error: str | None = None
         self._last_checkpoint_ms = _now_ms()
+        # OpenTelemetry hooks: None when metrics are off or opentelemetry is absent.
+        self._metrics = metrics.attach(self)
 
     # -- read-outs ------------------------------------------------------------
 
@@ -449,6 +451,8 @@ class GrpcEngineChannel:
         while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
             self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
         self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
+        if self._metrics is not None:
+            self._metrics.on_commit(seqs[0])
         self._wakeup.set()
         return seqs
 
@@ -484,9 +488,13 @@ class GrpcEngineChannel:
             RunCompletedError: the engine said the run is completed.
             WalWriteError: the commit failed (disk full); retry later.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         body = messages.event_body(type, severity, payload, ts)
-        return self._log_rows([self._prepare("event", body)], progress)[0]
+        seq = self._log_rows([self._prepare("event", body)], progress)[0]
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seq
 
     def send_finding(
         self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
@@ -503,9 +511,13 @@ class GrpcEngineChannel:
         Raises:
             As :meth:`send_event`.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         body = messages.finding_body(finding)
-        return self._log_rows([self._prepare("finding", body)], progress)[0]
+        seq = self._log_rows([self._prepare("finding", body)], progress)[0]
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seq
 
     def send_findings(
         self,
@@ -528,6 +540,7 @@ class GrpcEngineChannel:
             As :meth:`send_event`; a bad finding names its index
             (``finding``) and nothing of the batch is logged.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         items = []
         for finding in findings:
@@ -537,8 +550,12 @@ class GrpcEngineChannel:
             marker = messages.progress_marker(progress)
             if marker is not None:
                 self._log.append_encoded([], progress=marker)
-            return []
-        return self._log_rows(items, progress)
+            seqs = []
+        else:
+            seqs = self._log_rows(items, progress)
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seqs
 
     async def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
@@ -1453,6 +1470,8 @@ class GrpcEngineChannel:
         if self._own_http and self._http is not None:
             with contextlib.suppress(Exception):
                 await self._http.aclose()
+        if self._metrics is not None:
+            self._metrics.close()
         self._log.close()
 
     async def _half_close(self, stream: _Stream) -> None:
