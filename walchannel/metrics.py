@@ -154,6 +154,8 @@ class OldestTracker:
     def committed(self, first_seq: int, now: float, stored: int, translate: Translate) -> None:
         """Rows from ``first_seq`` were committed at ``now``; ``stored``: the stored ack."""
         marks = self._marks
+        if marks and now - marks[-1][1] < self.resolution_s:
+            return  # the last mark covers these rows (the common case: one check)
         if stored + 1 >= translate(first_seq):
             # Everything committed before is acked and stored: start afresh.
             if marks:
@@ -162,8 +164,6 @@ class OldestTracker:
         else:
             while len(marks) > 1 and translate(marks[1][0]) <= stored + 1:
                 marks.popleft()
-        if marks and now - marks[-1][1] < self.resolution_s:
-            return
         if len(marks) >= self._max:
             self._coarsen()
         self._marks.append((first_seq, now))
@@ -242,8 +242,13 @@ class ChannelMetrics:
 
     def on_commit(self, first_seq: int) -> None:
         """Rows from ``first_seq`` were committed just now (every ``send_*``, ``send_done``)."""
+        now = time.perf_counter()
+        ages = self.ages
+        marks = ages._marks
+        if marks and now - marks[-1][1] < ages.resolution_s:
+            return  # as in OldestTracker.committed, without the call: it is per send
         cursor = self._cursor
-        self.ages.committed(first_seq, time.perf_counter(), cursor.stored, cursor.translate)
+        ages.committed(first_seq, now, cursor.stored, cursor.translate)
         if self._loop is None:
             with contextlib.suppress(RuntimeError):
                 self._loop = asyncio.get_running_loop()
