@@ -9,8 +9,9 @@ does. Without the API, or with ``metrics=False``, this module imports
 nothing of OpenTelemetry and the channel carries no hooks.
 docs/operations.md "Monitoring" lists the instruments and what to alert on.
 
-What it costs (docs/performance.md): per ``send_*`` call one histogram
-record and a clock read; the observable instruments run only when a reader
+What it costs (docs/performance.md): per ``send_*`` call two clock reads
+and a comparison, and at most 200 histogram records a second per channel
+(:data:`SEND_SAMPLE_NS`); the observable instruments run only when a reader
 collects, maybe on its own thread. Their callbacks read plain attributes of
 the channel (its counters, its cursor, its state) and ``os.stat`` the log
 files; they never run SQL, and never on the caller's path. Two values need
@@ -102,7 +103,8 @@ LOG_SIZE: Final = "walchannel.log.size"
 #: UpDownCounter, ``{channel}``: summed over channels, how many are in each state.
 STATE: Final = "walchannel.channel.state"
 #: Time of one ``send_event``/``send_finding``/``send_findings`` call: checks,
-#: encoding, the commit. Histogram, ``us``, no attributes.
+#: encoding, the commit; at most one call per 5 ms per channel is recorded
+#: (:data:`SEND_SAMPLE_NS`). Histogram, ``us``, no attributes.
 SEND_DURATION: Final = "walchannel.send.duration"
 
 #: The run of a per-channel point. One series per open channel: see
@@ -118,6 +120,12 @@ SEND_BUCKETS_US: Final = (
     5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0,
     25_000.0, 100_000.0, 1_000_000.0,
 )  # fmt: skip
+#: :data:`SEND_DURATION` records at most one call per channel per this many ns
+#: (every call below 200 a second): the SDK's ``Histogram.record`` costs 5-13 µs
+#: (docs/performance.md), so recording every call of a fast sender would cost it
+#: ~10% of its CPU. Calls are picked by their start time, never by how long they
+#: took, so the recorded ones are an unbiased sample of the durations.
+SEND_SAMPLE_NS: Final = 5_000_000
 
 #: The age marks' finest resolution (seconds) and how many marks a channel keeps.
 BASE_RESOLUTION_S: Final = 0.1
@@ -228,6 +236,8 @@ class ChannelMetrics:
         self.acked_seen = 0
         # Rows up to here were logged before this channel: dated by seed().
         self._seed_upto = self._cursor.high_water if self._cursor.unacked else 0
+        self._sampled_ns = -SEND_SAMPLE_NS  # the first call is always recorded
+        self._clock_ns = time.perf_counter_ns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prime_asked = False
         with contextlib.suppress(RuntimeError):
@@ -254,8 +264,15 @@ class ChannelMetrics:
                 self._loop = asyncio.get_running_loop()
 
     def on_send(self, started_ns: int) -> None:
-        """A ``send_*`` call that began at ``started_ns`` (``perf_counter_ns``) returns."""
-        self._histogram.record((time.perf_counter_ns() - started_ns) / 1000)
+        """A ``send_*`` call that began at ``started_ns`` (``perf_counter_ns``) returns.
+
+        Recorded when it began :data:`SEND_SAMPLE_NS` or more after the last
+        recorded one.
+        """
+        if started_ns - self._sampled_ns < SEND_SAMPLE_NS:
+            return
+        self._sampled_ns = started_ns
+        self._histogram.record((self._clock_ns() - started_ns) / 1000)
 
     def close(self) -> None:
         """The channel closes: its series end."""

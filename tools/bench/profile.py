@@ -208,7 +208,7 @@ def steps(n: int) -> str:
             hooks.on_commit(i + 1)
             hooks.on_send(started)
 
-        label = "SDK (histogram record)" if arm == "sdk" else "API only, no SDK"
+        label = "SDK (1 record per 5 ms)" if arm == "sdk" else "API only, no SDK"
         timed(f"metrics hooks per send, {label}", both)
         hooked.log.close()
         if provider is not None:
