@@ -320,6 +320,41 @@ async def test_send_duration_records_one_call_per_sample_interval(tmp_path: Path
         assert readout.send_duration().count == hist.count + 1
 
 
+# -- metrics never fail a run -----------------------------------------------------------
+
+
+class BrokenProvider(MeterProvider):
+    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this provider is broken")
+
+
+class BrokenHistogram:
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("this histogram is broken")
+
+
+@pytest.mark.asyncio
+async def test_broken_metrics_never_fail_a_channel_or_a_send(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    wal_dir = tmp_path / "wal"
+    broken = offline_config(wal_dir, "otel-broken", meter_provider=BrokenProvider())
+    async with GrpcEngineChannel(broken) as ch:
+        assert ch._metrics is None
+        assert ch.send_finding({"n": 0}) == 1
+    assert "cannot set up metrics" in caplog.text
+    readout = Readout()
+    config = offline_config(wal_dir, "otel-broken-2", meter_provider=readout.provider)
+    async with GrpcEngineChannel(config) as ch:
+        assert ch._metrics is not None
+        ch._metrics._histogram = BrokenHistogram()  # type: ignore[assignment]
+        # The row is committed before the hook runs: the send must return its seq.
+        assert ch.send_finding({"n": 0}) == 1
+        assert ch.send_findings([{"n": 1}, {"n": 2}]) == [2, 3]
+        assert [r.seq for r in ch.log.unacked()] == [1, 2, 3]
+        assert readout.channel("otel-broken-2")[wm.UNACKED] == 3
+
+
 # -- switching it on and off ----------------------------------------------------------------
 
 _CHILD = """

@@ -258,7 +258,10 @@ class ChannelMetrics:
         if marks and now - marks[-1][1] < ages.resolution_s:
             return  # as in OldestTracker.committed, without the call: it is per send
         cursor = self._cursor
-        ages.committed(first_seq, now, cursor.stored, cursor.translate)
+        try:
+            ages.committed(first_seq, now, cursor.stored, cursor.translate)
+        except Exception:  # the row is committed: metrics must never fail its send
+            _hook_failed(self)
         if self._loop is None:
             with contextlib.suppress(RuntimeError):
                 self._loop = asyncio.get_running_loop()
@@ -272,7 +275,10 @@ class ChannelMetrics:
         if started_ns - self._sampled_ns < SEND_SAMPLE_NS:
             return
         self._sampled_ns = started_ns
-        self._histogram.record((self._clock_ns() - started_ns) / 1000)
+        try:
+            self._histogram.record((self._clock_ns() - started_ns) / 1000)
+        except Exception:  # the row is committed: metrics must never fail its send
+            _hook_failed(self)
 
     def close(self) -> None:
         """The channel closes: its series end."""
@@ -446,7 +452,7 @@ class _Instruments:
                 try:
                     value = read(member, channel)
                 except Exception:  # a callback must not stop the collection
-                    _read_failed(member)
+                    _hook_failed(member)
                     continue
                 if value is not None:
                     attrs = member.sent_attributes if sent else member.attributes
@@ -465,12 +471,12 @@ class _Instruments:
         return out
 
 
-def _read_failed(member: ChannelMetrics) -> None:
-    # A bug, not a condition: loud once, then quiet (collections repeat).
+def _hook_failed(member: ChannelMetrics) -> None:
+    # A bug, not a condition: loud once, then quiet (sends and collections repeat).
     global _FAILED_ONCE
     level = logging.DEBUG if _FAILED_ONCE else logging.WARNING
     _FAILED_ONCE = True
-    logger.log(level, "metrics: reading %r failed", member.attributes, exc_info=True)
+    logger.log(level, "metrics of %r failed; ignored", member.attributes, exc_info=True)
 
 
 _FAILED_ONCE = False
@@ -530,9 +536,17 @@ def attach(channel: GrpcEngineChannel) -> ChannelMetrics | None:
     config = channel.config
     if not config.metrics:
         return None
-    instruments = _instruments(config.meter_provider)
-    if instruments is None:
+    try:
+        instruments = _instruments(config.meter_provider)
+        if instruments is None:
+            return None
+        member = ChannelMetrics(instruments, channel)
+    except Exception:  # a broken provider must not stop the run
+        logger.warning(
+            "run %s: cannot set up metrics; the run goes on without them",
+            config.run_id,
+            exc_info=True,
+        )
         return None
-    member = ChannelMetrics(instruments, channel)
     instruments.add(member)
     return member
