@@ -37,6 +37,9 @@ ROWS = (
     "disk: db+wal after all acked",
     "e2e [power] send_finding, ack/50",
     "e2e [power] send_findings(64), ack/50",
+    "metrics: send_finding, no network [sdk]",
+    "metrics: send_finding, no network [api]",
+    "metrics: e2e send_finding, ack/50 [sdk]",
 )
 
 

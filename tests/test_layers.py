@@ -24,10 +24,12 @@ ORDER = [
     "walchannel.config",
     "walchannel.messages",
     "walchannel.interface",
+    "walchannel.metrics",
     "walchannel.discovery",
     "walchannel.channel",
     "walchannel.blocking",
     "walchannel.inspection",
+    "walchannel.watch",
     "walchannel.testing",
     "walchannel.demo",
     "walchannel.cli",
@@ -46,7 +48,9 @@ NO_NETWORK = {
     "walchannel.config",
     "walchannel.messages",
     "walchannel.interface",
+    "walchannel.metrics",
     "walchannel.inspection",
+    "walchannel.watch",
 }
 NO_IO = {"walchannel.protocol"}
 
@@ -129,6 +133,7 @@ def test_order_lists_only_real_modules() -> None:
     for prefix in ORDER:
         assert any(n == prefix or n.startswith(prefix + ".") for n in names) or prefix in (
             "walchannel.inspection",
+            "walchannel.watch",
             "walchannel.cli",
             "walchannel.__main__",
         ), prefix

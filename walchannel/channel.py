@@ -36,7 +36,7 @@ import grpc
 import grpc.aio
 import msgpack
 
-from walchannel import _killpoints, messages, wire
+from walchannel import _killpoints, messages, metrics, wire
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.config import GrpcChannelConfig
@@ -349,6 +349,8 @@ class GrpcEngineChannel:
         self._checkpoint_due = False
         self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._checkpoint_delay_ms = float(CHECKPOINT_IDLE_MS)
+        # OpenTelemetry hooks: None when metrics are off or opentelemetry is absent.
+        self._metrics = metrics.attach(self)
 
     # -- read-outs ------------------------------------------------------------
 
@@ -500,10 +502,11 @@ class GrpcEngineChannel:
             "closed and its log released, the unacked rows stay for a new channel",
             self._run_id,
         )
-        for timer in (self._deadline_timer, self._ack_timer):
+        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
             if timer is not None:
                 timer.cancel()
         self._ack_timer = None
+        self._checkpoint_timer = None
         self._stream = None
         self._runner = None
         self._approvals.clear()
@@ -512,6 +515,8 @@ class GrpcEngineChannel:
             self._set_error(str(self._loop_gone()))
         finally:
             self._sm.move(ChannelState.CLOSED)
+            if self._metrics is not None:
+                self._metrics.close()
             self._log.close()
 
     # -- sending --------------------------------------------------------------------
@@ -583,6 +588,8 @@ class GrpcEngineChannel:
         while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
             self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
         self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
+        if self._metrics is not None:
+            self._metrics.on_commit(seqs[0])
         self._wakeup.set()
         return seqs
 
@@ -619,9 +626,13 @@ class GrpcEngineChannel:
             RunCompletedError: the engine said the run is completed.
             WalWriteError: the commit failed (disk full); retry later.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         body = messages.event_body(type, severity, payload, ts)
-        return self._log_rows([self._prepare("event", body)], progress)[0]
+        seq = self._log_rows([self._prepare("event", body)], progress)[0]
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seq
 
     def send_finding(
         self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
@@ -638,9 +649,13 @@ class GrpcEngineChannel:
         Raises:
             As :meth:`send_event`.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         body = messages.finding_body(finding)
-        return self._log_rows([self._prepare("finding", body)], progress)[0]
+        seq = self._log_rows([self._prepare("finding", body)], progress)[0]
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seq
 
     def send_findings(
         self,
@@ -663,6 +678,7 @@ class GrpcEngineChannel:
             As :meth:`send_event`; a bad finding names its index
             (``finding``) and nothing of the batch is logged.
         """
+        started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         items = []
         for finding in findings:
@@ -672,8 +688,12 @@ class GrpcEngineChannel:
             marker = messages.progress_marker(progress)
             if marker is not None:
                 self._log.append_encoded([], progress=marker)
-            return []
-        return self._log_rows(items, progress)
+            seqs = []
+        else:
+            seqs = self._log_rows(items, progress)
+        if self._metrics is not None:
+            self._metrics.on_send(started)
+        return seqs
 
     async def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
@@ -1894,6 +1914,8 @@ class GrpcEngineChannel:
         if self._own_http and self._http is not None:
             with contextlib.suppress(Exception):
                 await self._http.aclose()
+        if self._metrics is not None:
+            self._metrics.close()
 
     async def _half_close(self, stream: _Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the

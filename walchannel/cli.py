@@ -156,11 +156,13 @@ examples:
   walchannel inspect /var/lib/scan/wal --stuck-after 300
   walchannel inspect run-42.wal.sqlite3 --show 5 --verify
   walchannel inspect --json | jq '.[] | select(.state == "orphaned") | .file'
+  walchannel inspect /var/lib/scan/wal --watch 5   # live view (PATH before --watch)
 
 states, most urgent first: corrupt, unreadable, failed, orphaned, stuck,
 done-pending, active, idle, completed. Exit 0 when all is well, 1 when a run
 is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
-2 on bad usage or an unreadable PATH.
+2 on bad usage or an unreadable PATH. --watch exits 0 on Ctrl-C; with
+--watch-count N, as inspect would for the last refresh.
 """
 
 
@@ -205,6 +207,21 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--verify",
         action="store_true",
         help="also run PRAGMA quick_check, which reads every page (slower on big logs)",
+    )
+    p.add_argument(
+        "--watch",
+        type=_positive_float,
+        nargs="?",
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C, with rows logged and acked "
+        "per second since the last refresh; redraws on a terminal, appends blocks otherwise",
+    )
+    p.add_argument(
+        "--watch-count",
+        type=_non_negative_int,
+        metavar="N",
+        help="with --watch: stop after N refreshes",
     )
     p.set_defaults(handler=_cmd_inspect)
 
@@ -300,10 +317,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json and args.show:
         _err("inspect", "--show is for the human output; use 'walchannel export LOG' for JSON rows")
         return 2
+    if args.watch_count is not None and (args.watch is None or args.watch_count < 1):
+        _err("inspect", "--watch-count N needs --watch and N >= 1")
+        return 2
+    if args.watch is not None and (args.json or args.show):
+        _err("inspect", "--watch is a view for people: not with --json or --show")
+        return 2
     found = _logs_at("inspect", args.path)
     if found is None:
         return 2
     folder, logs = found
+    if args.watch is not None:
+        return _watch_inspect(args, folder)
     now = time.time()
     reports = sorted(
         (
@@ -323,6 +348,26 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(f"no run logs: {folder} does not exist yet (the default log folder)")
     return 1 if any(r.state in ALERT_STATES for r in reports) else 0
+
+
+def _watch_inspect(args: argparse.Namespace, folder: Path) -> int:
+    from walchannel.watch import watch
+
+    def find() -> list[Path]:
+        if not args.path and not os.path.lexists(folder):
+            return []
+        return list_logs(folder)
+
+    return watch(
+        find,
+        where=str(folder),
+        interval_s=args.watch,
+        out=sys.stdout,
+        clear=sys.stdout.isatty(),
+        count=args.watch_count,
+        stuck_after_s=args.stuck_after,
+        verify=args.verify,
+    )
 
 
 # -- export ------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from walchannel.errors import InsecureDiscoveryWarning
 if TYPE_CHECKING:
     import grpc
     import httpx
+    from opentelemetry.metrics import MeterProvider
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -187,6 +188,11 @@ class GrpcChannelConfig:
             of the names. False: both connect directly. A reused
             ``http_client`` keeps its own proxy settings. See
             :func:`walchannel.address.proxy_for`.
+        metrics: report OpenTelemetry metrics when ``opentelemetry-api`` is
+            installed (the ``walchannel[otel]`` extra); False: never import it.
+        meter_provider: the ``opentelemetry.metrics.MeterProvider`` to report
+            to (None: the global one, a no-op until the application installs
+            the SDK). docs/operations.md "Monitoring".
 
     Raises:
         ValueError: naming the field, when a value breaks its rule.
@@ -214,6 +220,8 @@ class GrpcChannelConfig:
     allowed_hosts: Sequence[AllowedHost] | None = None
     hard_deadline: datetime | None = None
     proxy_from_env: bool = True
+    metrics: bool = True
+    meter_provider: MeterProvider | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("grpc_addr", "run_id", "correlation_id", "run_token"):
@@ -283,6 +291,22 @@ class GrpcChannelConfig:
             not isinstance(self.hard_deadline, datetime) or self.hard_deadline.tzinfo is None
         ):
             raise ValueError("hard_deadline must be an aware datetime (with tzinfo)")
+        self._check_metrics()
+
+    def _check_metrics(self) -> None:
+        if not isinstance(self.metrics, bool):
+            raise ValueError(f"metrics must be a bool, got {self.metrics!r}")
+        if self.meter_provider is None:
+            return
+        # As _check_clients: a real provider means its API is already loaded.
+        api = sys.modules.get("opentelemetry.metrics")
+        if api is None or not isinstance(self.meter_provider, api.MeterProvider):
+            raise ValueError(
+                "meter_provider must be an opentelemetry.metrics.MeterProvider or None, "
+                f"got {type(self.meter_provider).__name__}"
+            )
+        if not self.metrics:
+            raise ValueError("meter_provider is set but metrics=False: drop one of them")
 
     def _check_clients(self) -> None:
         # Without importing grpc or httpx (this module stays light): a real

@@ -628,6 +628,14 @@ class RunLog:
         """True while open and owned by this process (False in a forked child)."""
         return not self._closed and not self._lock.forked
 
+    @property
+    def unacked_bytes_known(self) -> int | None:
+        """:attr:`unacked_bytes` when it is already in memory, else None.
+
+        Never touches SQLite, so a metrics reader on another thread may read it.
+        """
+        return self._unacked_bytes
+
     def meta(self) -> RunMeta:
         """Return the meta row as stored now.
 

@@ -27,6 +27,7 @@ from tools.bench.cases import CASES, Context
 from tools.bench.child import case_backlog, case_memory
 from tools.bench.common import Result, Sizes, finding_pool, format_table
 from tools.bench.engine import Engines
+from tools.bench.metrics import case_metrics
 
 __all__ = ["ALL_CASES", "EXTRA_CASES", "machine", "main", "pin_cpus"]
 
@@ -38,6 +39,7 @@ ALL_CASES: dict[str, Callable[[Context], list[Result]]] = {
     "latency": CASES["latency"],
     "memory": case_memory,
     "power": CASES["power"],
+    "metrics": case_metrics,
 }
 #: Cases run only when named in ``--only``.
 EXTRA_CASES: dict[str, Callable[[Context], list[Result]]] = {

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import pstats
 import shutil
 import sys
@@ -136,6 +137,7 @@ def steps(n: int) -> str:
 
     from tools.bench.cases import raw_connect
     from tools.bench.common import RUN_TOKEN, closed_port
+    from tools.bench.metrics import meter_provider_for
     from walchannel import messages, wire
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
@@ -188,6 +190,29 @@ def steps(n: int) -> str:
     ch = GrpcEngineChannel(config)  # never handshaken: no stream, no network
     timed("GrpcEngineChannel.send_finding, no stream", lambda i: ch.send_finding(pool[i % size]))
     ch.log.close()
+    off = GrpcEngineChannel(dataclasses.replace(config, run_id="steps-off", metrics=False))
+    timed("  the same, metrics=False", lambda i: off.send_finding(pool[i % size]))
+    off.log.close()
+    # The metrics hooks of one send_* call (on_commit + on_send) alone.
+    clock = time.perf_counter_ns
+    for arm in ("api", "sdk"):
+        provider = meter_provider_for(arm)
+        hooked = GrpcEngineChannel(
+            dataclasses.replace(config, run_id=f"steps-{arm}", meter_provider=provider)
+        )
+        hooks = hooked._metrics
+        assert hooks is not None
+
+        def both(i: int, hooks: Any = hooks) -> None:
+            started = clock()
+            hooks.on_commit(i + 1)
+            hooks.on_send(started)
+
+        label = "SDK (1 record per 5 ms)" if arm == "sdk" else "API only, no SDK"
+        timed(f"metrics hooks per send, {label}", both)
+        hooked.log.close()
+        if provider is not None:
+            provider.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
     width = max(len(k) for k in results)
     lines = [f"{'step':<{width}}  µs/call (median of 5 x {n})"]

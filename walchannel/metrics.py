@@ -1,0 +1,552 @@
+"""OpenTelemetry metrics of the open channels (the optional extra ``walchannel[otel]``).
+
+Switched on as an instrumented library is: with ``opentelemetry-api``
+importable and ``GrpcChannelConfig.metrics`` True (the default), every
+channel reports to ``config.meter_provider``, or, when that is None, to the
+global provider (``opentelemetry.metrics.get_meter``), which does nothing
+until the application installs the OpenTelemetry SDK and binds once it
+does. Without the API, or with ``metrics=False``, this module imports
+nothing of OpenTelemetry and the channel carries no hooks.
+docs/operations.md "Monitoring" lists the instruments and what to alert on.
+
+What it costs (docs/performance.md): per ``send_*`` call two clock reads
+and a comparison, and at most 200 histogram records a second per channel
+(:data:`SEND_SAMPLE_NS`); the observable instruments run only when a reader
+collects, maybe on its own thread. Their callbacks read plain attributes of
+the channel (its counters, its cursor, its state) and ``os.stat`` the log
+files; they never run SQL, and never on the caller's path. Two values need
+the log once: the unacked bytes (kept in memory by the log once summed) and
+when the rows left by an earlier process were committed; the first
+collection asks the channel's event loop to read them (``call_soon_threadsafe``)
+and the values appear from the next collection on.
+
+The oldest unacked row's age comes from :class:`OldestTracker`: marks of
+``(first seq, commit time)`` kept at a resolution of 0.1 s (coarsened when
+a backlog outgrows :data:`MAX_MARKS`), so it costs a comparison per commit
+and bounded memory, and errs at most two resolutions on the old side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from walchannel import __version__
+from walchannel.errors import WalchannelError
+from walchannel.protocol import ChannelState
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
+
+    from walchannel.channel import GrpcEngineChannel
+    from walchannel.protocol import Cursor
+
+    Translate = Callable[[int], int]
+    Read = Callable[["ChannelMetrics", GrpcEngineChannel], float | int | None]
+
+__all__ = [
+    "ACKED",
+    "LOG_SIZE",
+    "OLDEST_AGE",
+    "PROTOCOL_ERRORS",
+    "RECONNECTS",
+    "REPLAYED",
+    "RUN_ID_ATTR",
+    "SCOPE",
+    "SEND_DURATION",
+    "SENT",
+    "STATE",
+    "STATE_ATTR",
+    "UNACKED",
+    "UNACKED_SIZE",
+    "ChannelMetrics",
+    "OldestTracker",
+    "attach",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The instrumentation scope (the meter's name).
+SCOPE: Final = "walchannel"
+#: Data messages written to streams, re-sends included (OpenTelemetry messaging
+#: semantic conventions). Counter, ``{message}``.
+SENT: Final = "messaging.client.sent.messages"
+#: The run's cumulative ack: the highest seq the engine acked. Seqs run 1, 2, …
+#: per run, so it counts the rows acked over the whole run. Counter, ``{message}``.
+ACKED: Final = "walchannel.acked.messages"
+#: Data messages written again after a reconnect or rewind. Counter, ``{message}``.
+REPLAYED: Final = "walchannel.replayed.messages"
+#: Streams established after the channel's first. Counter, ``{reconnect}``.
+RECONNECTS: Final = "walchannel.reconnects"
+#: Engine messages that broke the protocol (ignored). Counter, ``{error}``.
+PROTOCOL_ERRORS: Final = "walchannel.protocol.errors"
+#: Logged rows not covered by a received ack. UpDownCounter, ``{message}``.
+UNACKED: Final = "walchannel.unacked.messages"
+#: Their msgpack size, as the log stores the cursor (up to ~100 ms behind the
+#: received ack). UpDownCounter, ``By``.
+UNACKED_SIZE: Final = "walchannel.unacked.size"
+#: Age of the oldest unacked row (0 when none). Gauge, ``s``.
+OLDEST_AGE: Final = "walchannel.unacked.oldest.age"
+#: The log file and its ``-wal`` on disk (as ``inspect``'s DISK). UpDownCounter, ``By``.
+LOG_SIZE: Final = "walchannel.log.size"
+#: 1 for the channel's state, 0 for the others (attribute :data:`STATE_ATTR`).
+#: UpDownCounter, ``{channel}``: summed over channels, how many are in each state.
+STATE: Final = "walchannel.channel.state"
+#: Time of one ``send_event``/``send_finding``/``send_findings`` call: checks,
+#: encoding, the commit; at most one call per 5 ms per channel is recorded
+#: (:data:`SEND_SAMPLE_NS`). Histogram, ``us``, no attributes.
+SEND_DURATION: Final = "walchannel.send.duration"
+
+#: The run of a per-channel point. One series per open channel: see
+#: docs/operations.md "Monitoring" on cardinality.
+RUN_ID_ATTR: Final = "walchannel.run_id"
+#: The state name (``streaming``, ``backoff``, …) on :data:`STATE` points.
+STATE_ATTR: Final = "walchannel.channel.state"
+_SYSTEM: Final = {"messaging.system": "walchannel"}
+_OPERATION: Final = {"messaging.operation.name": "send", "messaging.operation.type": "send"}
+#: Bucket bounds of :data:`SEND_DURATION` (µs): a commit takes tens of µs,
+#: an fsync ("power") milliseconds.
+SEND_BUCKETS_US: Final = (
+    5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0,
+    25_000.0, 100_000.0, 1_000_000.0,
+)  # fmt: skip
+#: :data:`SEND_DURATION` records at most one call per channel per this many ns
+#: (every call below 200 a second): the SDK's ``Histogram.record`` costs 5-13 µs
+#: (docs/performance.md), so recording every call of a fast sender would cost it
+#: ~10% of its CPU. Calls are picked by their start time, never by how long they
+#: took, so the recorded ones are an unbiased sample of the durations.
+SEND_SAMPLE_NS: Final = 5_000_000
+
+#: The age marks' finest resolution (seconds) and how many marks a channel keeps.
+BASE_RESOLUTION_S: Final = 0.1
+MAX_MARKS: Final = 1024
+#: Rows read to date a backlog an earlier process left (one primary-key read each).
+SEED_SAMPLES: Final = 32
+
+
+class OldestTracker:
+    """When the unacked rows were committed, in bounded memory.
+
+    Holds marks ``(seq, t)``: the rows from ``seq`` up to the next mark were
+    committed at ``t`` or later, less than two :attr:`resolution_s` later. A
+    commit adds a mark only when the last is at least ``resolution_s`` old;
+    with :data:`MAX_MARKS` marks the resolution doubles and close marks merge.
+    Seqs are as handed out; ``translate`` maps them through a verification
+    shift (SPEC "Dial"). Times are any one clock (``time.perf_counter``).
+
+    :meth:`committed` and :meth:`seed` run on the channel's thread; :meth:`oldest`
+    may run on a metrics reader's thread: it copies the marks (one C call,
+    atomic under the GIL) and never changes them.
+    """
+
+    def __init__(self, resolution_s: float = BASE_RESOLUTION_S, max_marks: int = MAX_MARKS) -> None:
+        self._marks: deque[tuple[int, float]] = deque()
+        self._base = resolution_s
+        self._max = max(2, max_marks)
+        #: The current resolution (seconds).
+        self.resolution_s = resolution_s
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def committed(self, first_seq: int, now: float, stored: int, translate: Translate) -> None:
+        """Rows from ``first_seq`` were committed at ``now``; ``stored``: the stored ack."""
+        marks = self._marks
+        if marks and now - marks[-1][1] < self.resolution_s:
+            return  # the last mark covers these rows (the common case: one check)
+        if stored + 1 >= translate(first_seq):
+            # Everything committed before is acked and stored: start afresh.
+            if marks:
+                marks.clear()
+                self.resolution_s = self._base
+        else:
+            while len(marks) > 1 and translate(marks[1][0]) <= stored + 1:
+                marks.popleft()
+        if len(marks) >= self._max:
+            self._coarsen()
+        self._marks.append((first_seq, now))
+
+    def _coarsen(self) -> None:
+        marks = self._marks
+        while len(marks) > self._max // 2:
+            self.resolution_s *= 2
+            kept: deque[tuple[int, float]] = deque([marks[0]])
+            for mark in marks:
+                if mark[1] - kept[-1][1] >= self.resolution_s:
+                    kept.append(mark)
+            marks = kept
+        # A new deque, not changed in place: a reader may be copying the old one.
+        self._marks = marks
+
+    def seed(self, points: Iterable[tuple[int, float]]) -> None:
+        """Put ``(seq, t)`` points below every mark (the rows of an earlier process)."""
+        marks = self._marks
+        first = marks[0][0] if marks else None
+        kept: list[tuple[int, float]] = []
+        for seq, t in points:
+            if first is not None and seq >= first:
+                break
+            if kept and t < kept[-1][1]:
+                t = kept[-1][1]  # a clock stepped back: keep the marks in time order
+            kept.append((seq, t))
+        self._marks = deque([*kept, *marks])
+
+    def oldest(self, first_unacked: int, translate: Translate) -> float | None:
+        """When row ``first_unacked`` was committed (at the latest); None if not known."""
+        best: float | None = None
+        for seq, t in tuple(self._marks):
+            if translate(seq) > first_unacked:
+                break
+            best = t
+        return best
+
+
+class ChannelMetrics:
+    """The hooks of one channel: called by it on commits, sends and close.
+
+    Made by :func:`attach`; the instruments' callbacks read the channel
+    through a weak reference, so a channel dropped without ``close()`` leaves
+    the metrics too.
+    """
+
+    def __init__(self, instruments: _Instruments, channel: GrpcEngineChannel) -> None:
+        self._instruments = instruments
+        self._ref = weakref.ref(channel)
+        self._cursor: Cursor = channel._cursor
+        self._histogram = instruments.histogram
+        self.ages = OldestTracker()
+        base = {**_SYSTEM, RUN_ID_ATTR: channel.config.run_id}
+        self.attributes: dict[str, str] = base
+        self.sent_attributes: dict[str, str] = {**base, **_OPERATION}
+        self.state_attributes: dict[ChannelState, dict[str, str]] = {
+            state: {**base, STATE_ATTR: state.name.lower()} for state in ChannelState
+        }
+        path = channel.log.path
+        self.files = (os.fspath(path), f"{path}-wal")
+        self.acked_seen = 0
+        # Rows up to here were logged before this channel: dated by seed().
+        self._seed_upto = self._cursor.high_water if self._cursor.unacked else 0
+        self._sampled_ns = -SEND_SAMPLE_NS  # the first call is always recorded
+        self._clock_ns = time.perf_counter_ns
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._prime_asked = False
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+
+    @property
+    def channel(self) -> GrpcEngineChannel | None:
+        """The channel, or None once it is gone."""
+        return self._ref()
+
+    # -- on the channel's thread -----------------------------------------------
+
+    def on_commit(self, first_seq: int) -> None:
+        """Rows from ``first_seq`` were committed just now (every ``send_*``, ``send_done``)."""
+        now = time.perf_counter()
+        ages = self.ages
+        marks = ages._marks
+        if marks and now - marks[-1][1] < ages.resolution_s:
+            return  # as in OldestTracker.committed, without the call: it is per send
+        cursor = self._cursor
+        try:
+            ages.committed(first_seq, now, cursor.stored, cursor.translate)
+        except Exception:  # the row is committed: metrics must never fail its send
+            _hook_failed(self)
+        if self._loop is None:
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
+
+    def on_send(self, started_ns: int) -> None:
+        """A ``send_*`` call that began at ``started_ns`` (``perf_counter_ns``) returns.
+
+        Recorded when it began :data:`SEND_SAMPLE_NS` or more after the last
+        recorded one.
+        """
+        if started_ns - self._sampled_ns < SEND_SAMPLE_NS:
+            return
+        self._sampled_ns = started_ns
+        try:
+            self._histogram.record((self._clock_ns() - started_ns) / 1000)
+        except Exception:  # the row is committed: metrics must never fail its send
+            _hook_failed(self)
+
+    def close(self) -> None:
+        """The channel closes: its series end."""
+        self._instruments.remove(self)
+
+    def _prime(self) -> None:
+        # On the loop's thread, asked for by a collection: the SQL that the
+        # callbacks must not run themselves.
+        self._prime_asked = False
+        channel = self._ref()
+        if channel is None or channel.log.closed:
+            return
+        log = channel.log
+        try:
+            log.unacked_bytes  # noqa: B018 - sums once; the log keeps it current
+            if self._seed_upto:
+                self._seed(channel)
+        except WalchannelError as exc:
+            logger.debug("run %s: metrics cannot read the log: %s", log.run_id, exc)
+
+    def _seed(self, channel: GrpcEngineChannel) -> None:
+        cursor = self._cursor
+        upto, self._seed_upto = self._seed_upto, 0
+        after = cursor.stored
+        if after >= cursor.translate(upto):
+            return
+        step = max(1, (cursor.translate(upto) - after) // SEED_SAMPLES)
+        wall, perf = time.time(), time.perf_counter()
+        points: list[tuple[int, float]] = []
+        while len(points) <= SEED_SAMPLES:
+            row = next(iter(channel.log.unacked(after_seq=after, limit=1)), None)
+            if row is None or row.seq > cursor.translate(upto):
+                break
+            points.append((self._untranslate(row.seq), perf - max(0.0, wall - row.appended_at)))
+            after = row.seq + step - 1
+        self.ages.seed(points)
+
+    def _untranslate(self, seq: int) -> int:
+        # The log's seqs are final; the marks hold seqs as handed out.
+        if self._cursor.provisional is not None:
+            first, end, shift = self._cursor.provisional
+            if first + shift <= seq < end + shift:
+                return seq - shift
+        return seq
+
+    # -- on a reader's thread ------------------------------------------------------
+
+    def ask_prime(self) -> None:
+        """Have the channel's loop read what the callbacks may not (once per need)."""
+        loop = self._loop
+        if self._prime_asked or loop is None:
+            return
+        self._prime_asked = True
+        try:
+            loop.call_soon_threadsafe(self._prime)
+        except RuntimeError:  # the loop is closed
+            self._prime_asked = False
+
+    def unacked_size(self, channel: GrpcEngineChannel) -> int | None:
+        size = channel.log.unacked_bytes_known
+        if size is None:
+            self.ask_prime()
+        return size
+
+    def oldest_age(self, channel: GrpcEngineChannel) -> float | None:
+        cursor = channel._cursor
+        if cursor.unacked <= 0:
+            return 0.0
+        if self._seed_upto:
+            self.ask_prime()
+        at = self.ages.oldest(cursor.acked + 1, cursor.translate)
+        return None if at is None else max(0.0, time.perf_counter() - at)
+
+    def acked(self, channel: GrpcEngineChannel) -> int:
+        # Monotonic, as a counter must be: an engine that forgot acks it gave
+        # (not yet stored) moves the cursor back until it acks them again.
+        self.acked_seen = max(self.acked_seen, channel._cursor.acked)
+        return self.acked_seen
+
+    def log_size(self, channel: GrpcEngineChannel) -> int:
+        total = 0
+        for name in self.files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(name).st_size
+        return total
+
+
+class _Instruments:
+    """The instruments of one meter, observing every attached channel."""
+
+    def __init__(self, api: ModuleType, meter: Meter) -> None:
+        self._api = api
+        self._lock = threading.Lock()
+        # Replaced, never changed in place: callbacks iterate it unlocked.
+        self._members: tuple[ChannelMetrics, ...] = ()
+        counters: tuple[tuple[str, str, str, Read], ...] = (
+            (SENT, "{message}", "Data messages written to streams, re-sends included.",
+             lambda m, ch: ch._sent),
+            (ACKED, "{message}", "The run's cumulative ack: rows the engine acked over the run.",
+             ChannelMetrics.acked),
+            (REPLAYED, "{message}", "Data messages written again after a reconnect or rewind.",
+             lambda m, ch: ch._replayed),
+            (RECONNECTS, "{reconnect}", "Streams established after the channel's first.",
+             lambda m, ch: ch._reconnects),
+            (PROTOCOL_ERRORS, "{error}", "Engine messages that broke the protocol (ignored).",
+             lambda m, ch: ch._protocol_errors),
+        )  # fmt: skip
+        for name, unit, text, read in counters:
+            meter.create_observable_counter(
+                name, [self._observe(read, sent=name == SENT)], unit=unit, description=text
+            )
+        updown: tuple[tuple[str, str, str, Read], ...] = (
+            (UNACKED, "{message}", "Logged rows not covered by a received ack.",
+             lambda m, ch: ch._cursor.unacked),
+            (UNACKED_SIZE, "By", "Msgpack bytes of the unacked rows (as the log stores the ack).",
+             ChannelMetrics.unacked_size),
+            (LOG_SIZE, "By", "The run's log file and its -wal on disk.",
+             ChannelMetrics.log_size),
+        )  # fmt: skip
+        for name, unit, text, read in updown:
+            meter.create_observable_up_down_counter(
+                name, [self._observe(read)], unit=unit, description=text
+            )
+        meter.create_observable_gauge(
+            OLDEST_AGE,
+            [self._observe(ChannelMetrics.oldest_age)],
+            unit="s",
+            description="Age of the oldest unacked row (0 when none).",
+        )
+        meter.create_observable_up_down_counter(
+            STATE,
+            [self._states],
+            unit="{channel}",
+            description="1 for the channel's state, 0 for the others.",
+        )
+        text = "Time of one send_event/send_finding/send_findings call (checks, encoding, commit)."
+        try:
+            self.histogram: Histogram = meter.create_histogram(
+                SEND_DURATION,
+                unit="us",
+                description=text,
+                explicit_bucket_boundaries_advisory=SEND_BUCKETS_US,
+            )
+        except TypeError:  # opentelemetry-api < 1.23: the SDK's default buckets
+            self.histogram = meter.create_histogram(SEND_DURATION, unit="us", description=text)
+
+    def add(self, member: ChannelMetrics) -> None:
+        with self._lock:
+            self._members = (*self._members, member)
+
+    def remove(self, member: ChannelMetrics) -> None:
+        with self._lock:
+            self._members = tuple(m for m in self._members if m is not member)
+
+    def _live(self) -> Iterable[tuple[ChannelMetrics, GrpcEngineChannel]]:
+        for member in self._members:
+            channel = member.channel
+            if channel is None:
+                self.remove(member)
+            else:
+                yield member, channel
+
+    def _observe(
+        self, read: Read, *, sent: bool = False
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        observation = self._api.Observation
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for member, channel in self._live():
+                try:
+                    value = read(member, channel)
+                except Exception:  # a callback must not stop the collection
+                    _hook_failed(member)
+                    continue
+                if value is not None:
+                    attrs = member.sent_attributes if sent else member.attributes
+                    out.append(observation(value, attrs))
+            return out
+
+        return callback
+
+    def _states(self, options: CallbackOptions) -> Iterable[Observation]:
+        observation = self._api.Observation
+        out = []
+        for member, channel in self._live():
+            current = channel._sm.state
+            for state, attrs in member.state_attributes.items():
+                out.append(observation(1 if state is current else 0, attrs))
+        return out
+
+
+def _hook_failed(member: ChannelMetrics) -> None:
+    # A bug, not a condition: loud once, then quiet (sends and collections repeat).
+    global _FAILED_ONCE
+    level = logging.DEBUG if _FAILED_ONCE else logging.WARNING
+    _FAILED_ONCE = True
+    logger.log(level, "metrics of %r failed; ignored", member.attributes, exc_info=True)
+
+
+_FAILED_ONCE = False
+_LOCK = threading.Lock()
+_API: Any = None
+_UNAVAILABLE = False
+_GLOBAL: _Instruments | None = None
+_BY_PROVIDER: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+
+
+def _api() -> ModuleType | None:
+    """``opentelemetry.metrics``, or None when it cannot be imported (then never tried again)."""
+    global _API, _UNAVAILABLE
+    if _API is None and not _UNAVAILABLE:
+        try:
+            from opentelemetry import metrics as api
+        except ImportError:
+            _UNAVAILABLE = True
+        else:
+            _API = api
+    return _API  # type: ignore[no-any-return]
+
+
+def _instruments(provider: Any) -> _Instruments | None:
+    global _GLOBAL
+    api = _api()
+    if api is None:
+        return None
+    with _LOCK:
+        if provider is None:
+            # The API's proxy binds these to the SDK whenever it is installed.
+            if _GLOBAL is None:
+                _GLOBAL = _Instruments(api, api.get_meter(SCOPE, __version__))
+            return _GLOBAL
+        found = _BY_PROVIDER.get(provider)
+        if found is None:
+            found = _Instruments(api, provider.get_meter(SCOPE, __version__))
+            _BY_PROVIDER[provider] = found
+        return found
+
+
+def attach(channel: GrpcEngineChannel) -> ChannelMetrics | None:
+    """Report ``channel`` to its configured meter provider; None when metrics are off.
+
+    Off when ``config.metrics`` is False or ``opentelemetry`` cannot be
+    imported: then nothing of it is imported and the channel has no hooks.
+    Instruments are made once per provider and observe every attached channel.
+
+    Args:
+        channel: a channel at the end of its construction.
+
+    Returns:
+        Its hooks, or None.
+
+    README "Monitoring"; docs/operations.md "Monitoring".
+    """
+    config = channel.config
+    if not config.metrics:
+        return None
+    try:
+        instruments = _instruments(config.meter_provider)
+        if instruments is None:
+            return None
+        member = ChannelMetrics(instruments, channel)
+    except Exception:  # a broken provider must not stop the run
+        logger.warning(
+            "run %s: cannot set up metrics; the run goes on without them",
+            config.run_id,
+            exc_info=True,
+        )
+        return None
+    instruments.add(member)
+    return member

@@ -1,0 +1,244 @@
+"""``walchannel inspect --watch``: a live view of a log folder for an operator at a terminal.
+
+Every refresh reads each log with :func:`walchannel.inspection.inspect_log`
+(read-only: no owner lock, no writes, short read transactions) and shows
+one row per run, most urgent first, with two rates since the previous
+refresh: rows logged per second (the change in ``next_seq``) and rows acked
+per second (the change in the stored cursor). On a terminal each refresh
+redraws the screen (ANSI clear); into a pipe or file the refreshes are
+appended as blocks separated by a blank line. Ctrl-C ends it with exit 0.
+docs/operations.md "inspect --watch".
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from walchannel.inspection import (
+    ALERT_STATES,
+    PathError,
+    RunReport,
+    format_age,
+    format_size,
+    inspect_log,
+)
+
+__all__ = ["CLEAR_SCREEN", "Rates", "render", "watch"]
+
+#: Cursor home, then erase the screen (ANSI): a redraw in place.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+_COLUMNS = (
+    # header, right-aligned
+    ("STATE", False),
+    ("RUN", False),
+    ("UNACKED", True),
+    ("OLDEST", True),
+    ("LOGGED/s", True),
+    ("ACKED/s", True),
+    ("LAST ACK", True),
+    ("OWNER", False),
+    ("DISK", True),
+    ("DETAIL", False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """One run's counters at one refresh (``at``: the monotonic clock, seconds)."""
+
+    at: float
+    next_seq: int | None
+    acked: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Rows per second since the previous refresh (None: not known yet)."""
+
+    logged: float | None
+    acked: float | None
+
+
+def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
+    if now is None or before is None or seconds <= 0 or now < before:
+        return None  # a first sight, an unreadable log, or a new log under the same name
+    return (now - before) / seconds
+
+
+def _format_rate(rate: float | None) -> str:
+    if rate is None:
+        return "-"
+    return f"{rate:.1f}" if rate < 100 else f"{rate:,.0f}"
+
+
+def _owner(report: RunReport) -> str:
+    owner = report.locked_by
+    if owner is None:
+        return "-"
+    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
+    if owner.host and owner.host != socket.gethostname():
+        return f"{pid}@{owner.host}"
+    return pid
+
+
+def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
+    if report.last_ack_at is not None:
+        last_ack = f"{format_age(now - report.last_ack_at)} ago"
+    else:
+        last_ack = "never" if report.state not in ("corrupt", "unreadable") else "-"
+    detail = report.reason or ""
+    if report.last_error and report.state in ALERT_STATES:
+        detail = f"{detail}; last error: {report.last_error}" if detail else report.last_error
+    return (
+        report.state,
+        report.run_id or Path(report.file).name,
+        "-" if report.unacked_count is None else str(report.unacked_count),
+        format_age(report.oldest_unacked_age_s),
+        _format_rate(rates.logged),
+        _format_rate(rates.acked),
+        last_ack,
+        _owner(report),
+        format_size(report.file_bytes),
+        detail,
+    )
+
+
+def render(
+    reports: Sequence[RunReport],
+    rates: Sequence[Rates],
+    *,
+    where: str,
+    interval_s: float,
+    now: float,
+) -> list[str]:
+    """Return the lines of one refresh.
+
+    Args:
+        reports: the runs, most urgent first.
+        rates: each run's rates, in the same order.
+        where: the folder or file watched (for the header).
+        interval_s: the refresh period (seconds).
+        now: the wall clock (unix seconds) for ages and the header.
+
+    Returns:
+        A header, a count of runs per state, and the table (or a line
+        saying there are no runs).
+    """
+    stamp = time.strftime("%H:%M:%S", time.localtime(now))
+    lines = [f"walchannel inspect --watch {interval_s:g}s  {where}  {stamp}  (Ctrl-C to stop)"]
+    if not reports:
+        lines.append("no run logs")
+        return lines
+    counts: dict[str, int] = {}
+    for report in reports:
+        counts[report.state] = counts.get(report.state, 0) + 1
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items())
+    lines.append(f"{len(reports)} run(s): {summary}")
+    rows = [
+        tuple(h for h, _ in _COLUMNS),
+        *(_row(r, x, now) for r, x in zip(reports, rates, strict=True)),
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
+        ]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return lines
+
+
+def _urgency(report: RunReport) -> tuple[int, float, str]:
+    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
+
+
+def watch(
+    find_logs: Callable[[], list[Path]],
+    *,
+    where: str,
+    interval_s: float,
+    out: TextIO,
+    clear: bool,
+    count: int | None = None,
+    stuck_after_s: float,
+    verify: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Refresh the view every ``interval_s`` until Ctrl-C (or ``count`` refreshes).
+
+    Args:
+        find_logs: lists the log files (called at every refresh, so new
+            runs appear); a :class:`~walchannel.inspection.PathError` is shown
+            in the refresh and the watch goes on.
+        where: the folder or file watched (for the header).
+        interval_s: seconds from one refresh's start to the next's.
+        out: where to write.
+        clear: redraw in place (ANSI; for a terminal) instead of appending blocks.
+        count: stop after this many refreshes (None: until Ctrl-C).
+        stuck_after_s: as ``inspect --stuck-after`` (seconds).
+        verify: run ``PRAGMA quick_check`` on every refresh (reads every page).
+        sleep, clock: the waiting and the monotonic clock (seconds), for tests.
+
+    Returns:
+        0 after Ctrl-C; after ``count`` refreshes, what ``inspect`` would
+        return for the last: 1 when a run is stuck, orphaned, failed or
+        corrupt, else 0.
+
+    SPEC "Operating tools" (``inspect``); docs/operations.md.
+    """
+    seen: dict[str, _Seen] = {}
+    done = 0
+    try:
+        while True:
+            started = clock()
+            now = time.time()
+            try:
+                logs = find_logs()
+                problem = None
+            except PathError as exc:
+                logs, problem = [], str(exc)
+            reports = sorted(
+                (inspect_log(p, now=now, stuck_after_s=stuck_after_s, verify=verify) for p in logs),
+                key=_urgency,
+            )
+            rates = []
+            current: dict[str, _Seen] = {}
+            for report in reports:
+                mark = _Seen(started, report.next_seq, report.last_acked_seq)
+                before = seen.get(report.file)
+                if before is None:
+                    rates.append(Rates(None, None))
+                else:
+                    span = started - before.at
+                    rates.append(
+                        Rates(
+                            _rate(mark.next_seq, before.next_seq, span),
+                            _rate(mark.acked, before.acked, span),
+                        )
+                    )
+                current[report.file] = mark
+            seen = current
+            lines = render(reports, rates, where=where, interval_s=interval_s, now=now)
+            if problem is not None:
+                lines.append(problem)
+            if clear:
+                out.write(CLEAR_SCREEN)
+            elif done:
+                out.write("\n")
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+            done += 1
+            if count is not None and done >= count:
+                return 1 if any(r.state in ALERT_STATES for r in reports) else 0
+            sleep(max(0.0, interval_s - (clock() - started)))
+    except KeyboardInterrupt:
+        out.write("\n")
+        out.flush()
+        return 0
