@@ -28,6 +28,7 @@ ORDER = [
     "walchannel.channel",
     "walchannel.blocking",
     "walchannel.inspection",
+    "walchannel.replication",
     "walchannel.testing",
     "walchannel.demo",
     "walchannel.cli",
@@ -47,6 +48,7 @@ NO_NETWORK = {
     "walchannel.messages",
     "walchannel.interface",
     "walchannel.inspection",
+    "walchannel.replication",
 }
 NO_IO = {"walchannel.protocol"}
 

@@ -1087,7 +1087,14 @@ class RunLog:
             free = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
             if free:
                 self._conn.execute("PRAGMA incremental_vacuum")
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            # TRUNCATE waits on readers for the busy timeout; a long reader
+            # (Litestream's read transaction) would stall the channel. Try,
+            # never wait: the next idle checkpoint tries again.
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         except sqlite3.Error as exc:
             log.warning("run %s: checkpoint of %s failed: %s", self._run_id, self._path, exc)
 
