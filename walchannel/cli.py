@@ -428,6 +428,19 @@ def _sidecars(log: Path) -> tuple[Path, ...]:
     return (Path(f"{log}-wal"), Path(f"{log}-shm"), files.lock_path(log))
 
 
+def _remove_litestream_state(log: Path) -> None:
+    """Remove Litestream's local state of a pruned log (``.<log>-litestream``); its replica stays.
+
+    Litestream (``walchannel replicate``) stops replicating a deleted file
+    but leaves this folder behind, one per run.
+    """
+    import shutil
+
+    state = log.with_name(f".{log.name}-litestream")
+    if state.is_dir() and not state.is_symlink():
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def _tombstone_meta(log: Path) -> RunMeta | None:
     try:
         with LogReader(log, run_id_from_name(log)) as reader:
@@ -471,6 +484,7 @@ def _prune_one(log: Path, cutoff: float, now: float) -> bool | None:
         except OSError as exc:
             _err("prune", f"cannot remove {log}: {exc.strerror or exc}")
             return False
+        _remove_litestream_state(log)
     finally:
         lock.release()
     completed = meta.completed_at
