@@ -31,6 +31,7 @@ ORDER = [
     "walchannel.replication",
     "walchannel.testing",
     "walchannel.demo",
+    "walchannel.demo_hostloss",
     "walchannel.cli",
     "walchannel.__main__",
 ]

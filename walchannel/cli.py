@@ -853,7 +853,17 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from walchannel import demo
 
     demo.add_arguments(p)
-    p.set_defaults(handler=demo.run)
+    p.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    if args.host_loss:
+        from walchannel import demo_hostloss
+
+        return demo_hostloss.run(args)
+    from walchannel import demo
+
+    return demo.run(args)
 
 
 # -- replicate / restore (host loss) -----------------------------------------------
