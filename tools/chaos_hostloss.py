@@ -63,6 +63,7 @@ def loop(
     rng: random.Random,
     workroot: Path,
     keep: bool,
+    durability: str,
 ) -> dict[str, Any]:
     harness = demo._harness_path(None)
     done_losses: list[demo_hostloss.HostLoss] = []
@@ -84,6 +85,7 @@ def loop(
                 pace=pace,
                 say=lambda _text: None,
                 plog=plog,
+                durability=durability,
             )
         fig = demo_hostloss.figures(outcome, expected, files, tree)
         ok = fig.ok and len(outcome.losses) == count
@@ -111,6 +113,7 @@ def loop(
     lags = [x.lag_s for x in replicated if x.lag_s is not None]
     twice = [r["twice"] for r in runs]
     return {
+        "durability": durability,
         "sync_interval_s": sync_interval_s,
         "runs": len(runs),
         "losses": len(done_losses),
@@ -141,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pace", type=float, default=0.25, help="harness pause per file, s (default 0.25)"
     )
+    parser.add_argument(
+        "--durability",
+        choices=("process", "replicated"),
+        default="process",
+        help="the harness's durability (default process)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed the random loss points")
     parser.add_argument("--keep", action="store_true", help="keep every run's work dir")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON too")
@@ -155,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(seed)
     workroot = Path(tempfile.mkdtemp(prefix="walchannel-chaos-hostloss-"))
     print(
-        f"chaos-hostloss: {args.losses} host losses per sync interval, bandit over {tree} "
+        f"chaos-hostloss: {args.losses} host losses per sync interval, "
+        f"durability={args.durability!r}, bandit over {tree} "
         f"({len(files)} files, pace {args.pace:g} s), seed {seed}",
         flush=True,
     )
@@ -176,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 rng=rng,
                 workroot=workroot,
                 keep=args.keep,
+                durability=args.durability,
             )
         )
     print()

@@ -70,6 +70,7 @@ from walchannel.protocol import (
     describe_end,
     is_too_many_pings,
 )
+from walchannel.replication import SOCKET_ENV
 
 __all__ = ["GrpcEngineChannel"]
 
@@ -94,6 +95,11 @@ READAHEAD_ROWS = 256
 TEARDOWN_TIMEOUT_S = 2.0
 #: Idle time after which the log is checkpointed (ms).
 CHECKPOINT_IDLE_MS = 10_000
+#: durability="replicated": Litestream's bound on one sync (s), the pause after a
+#: failed one (s), and how long failures stay quiet (a new log is being picked up).
+REPLICA_SYNC_TIMEOUT_S = 30
+REPLICA_RETRY_S = 0.2
+REPLICA_QUIET_S = 5.0
 
 _trace_warned = False
 
@@ -224,7 +230,8 @@ class GrpcEngineChannel:
                 config.wal_dir,
                 config.run_id,
                 correlation_id=config.correlation_id,
-                durability=config.durability,
+                # "replicated" is "process" on disk, plus the replica gate below.
+                durability="power" if config.durability == "power" else "process",
             )
         elif log.run_id != config.run_id or not log.writable:
             raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
@@ -281,6 +288,13 @@ class GrpcEngineChannel:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._http: httpx.AsyncClient | None = config.http_client
+        # durability="replicated": rows <= _replicated_through are on the replica.
+        self._replica_socket = (
+            os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
+        )
+        self._replica: httpx.AsyncClient | None = None
+        self._replicated_through = 0
+        self._replica_failing_since: float | None = None
         self._own_http = False
         self._closed = False
         self._closing = False
@@ -1299,6 +1313,8 @@ class GrpcEngineChannel:
                                 await self._wakeup.wait()
                     if self._sm.final:
                         return
+                elif self._replica_socket is not None and seq > self._replicated_through:
+                    await self._replicate()
                 else:
                     data = self._row_bytes(seq)
                     replay = seq <= self._max_written
@@ -1344,6 +1360,49 @@ class GrpcEngineChannel:
         except Exception as exc:
             logger.exception("run %s: writing the stream failed", self._run_id)
             stream.finish(exc)
+
+    async def _replicate(self) -> None:
+        """Wait until Litestream's replica holds every row committed so far (one attempt).
+
+        ``durability="replicated"``: POST ``/sync`` with ``wait`` on
+        Litestream's control socket; when it answers 200 the replica holds
+        every commit made before the call (rows and progress marker). On a
+        failure the rows stay unsent (never dropped): it logs, records the
+        error and pauses before the writer's next try.
+        """
+        assert self._replica_socket is not None
+        target = self._log.next_seq - 1
+        if self._replica is None:
+            self._replica = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self._replica_socket),
+                timeout=REPLICA_SYNC_TIMEOUT_S + 5,
+                trust_env=False,
+            )
+        try:
+            answer = await self._replica.post(
+                "http://litestream/sync",
+                json={
+                    "path": str(self._log.path.resolve()),
+                    "wait": True,
+                    "timeout": REPLICA_SYNC_TIMEOUT_S,
+                },
+            )
+            if answer.status_code != 200:
+                raise httpx.HTTPError(f"HTTP {answer.status_code}: {answer.text[:200]}")
+        except httpx.HTTPError as exc:
+            now = time.monotonic()
+            if self._replica_failing_since is None:
+                self._replica_failing_since = now
+            # A new log is picked up by Litestream within about a second: be quiet first.
+            if now - self._replica_failing_since >= REPLICA_QUIET_S:
+                message = f"the replica does not confirm rows up to seq {target}: {exc}"
+                if self._last_error != message:
+                    logger.warning("run %s: %s; rows wait, unsent", self._run_id, message)
+                self._last_error = message
+            await asyncio.sleep(REPLICA_RETRY_S)
+            return
+        self._replica_failing_since = None
+        self._replicated_through = max(self._replicated_through, target)
 
     async def _watchdog(self, stream: _Stream) -> None:
         """End ``stream`` when it is dead: the ``dead_stream_ms`` rule and stalled writes.
@@ -1453,6 +1512,9 @@ class GrpcEngineChannel:
         if self._own_http and self._http is not None:
             with contextlib.suppress(Exception):
                 await self._http.aclose()
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                await self._replica.aclose()
         self._log.close()
 
     async def _half_close(self, stream: _Stream) -> None:

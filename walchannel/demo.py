@@ -97,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --host-loss: Litestream's sync interval (default: %(default)s)",
     )
     parser.add_argument(
+        "--durability",
+        choices=("process", "replicated"),
+        default="process",
+        help="with --host-loss: the harness's durability; 'replicated' writes a row to the "
+        "engine only once the replica holds it (default: %(default)s)",
+    )
+    parser.add_argument(
         "--harness-kill-at",
         type=float,
         default=0.5,

@@ -127,6 +127,7 @@ def stream_with_host_losses(
     pace: float,
     say: Callable[[str], None],
     plog: IO[str],
+    durability: str = "process",
 ) -> Outcome:
     """Stream one bandit run, losing its machine at each fraction of ``loss_at``.
 
@@ -179,20 +180,23 @@ def stream_with_host_losses(
                 str(harness_path), "--run-id", run_id, "--grpc-addr", str(info["grpc_addr"]),
                 "--http-addr", str(dinfo["http_addr"]), "--wal-dir", str(wal_dir),
                 "--tree", str(tree), "--token-env", "DEMO_TOKEN", "--pace", str(pace),
+                "--durability", durability,
             ]  # fmt: skip
             if limit is not None:
                 cmd += ["--limit", str(limit)]
             proc = subprocess.Popen(
-                [sys.executable, *cmd], stdout=plog, stderr=plog, text=True, env=env
-            )
+                [sys.executable, *cmd], stdout=plog, stderr=plog, text=True,
+                env=rep.child_env(env),
+            )  # fmt: skip
             procs.append(proc)
             return rep, proc
 
         host = 0
         replicator, harness = start_machine(host)
         say(
-            f"host-{host}: harness pid {harness.pid} streams run {run_id}; Litestream pid "
-            f"{replicator.pid} replicates its log every {sync_interval_s:g} s"
+            f"host-{host}: harness pid {harness.pid} streams run {run_id} "
+            f"(durability={durability!r}); Litestream pid {replicator.pid} replicates its log "
+            f"every {sync_interval_s:g} s"
         )
         store = EngineStore(store_path)
         pending = sorted(loss_at)
@@ -238,9 +242,13 @@ def stream_with_host_losses(
                     f">>> host-{host - 1} LOST at {fraction:.0%} of the files (engine holds "
                     f"{findings} findings): Litestream and harness SIGKILLed, folder deleted"
                 )
+                window = (
+                    f"files {loss.restored_next_file + 1}..{loss.lost_next_file}"
+                    if loss.lost_next_file > loss.restored_next_file
+                    else "no file"
+                )
                 say(
-                    f"    the replica was {lag} behind: {loss.rows_lost} rows "
-                    f"(files {loss.restored_next_file + 1}..{loss.lost_next_file}) "
+                    f"    the replica was {lag} behind: {loss.rows_lost} rows ({window}) "
                     "were only on the lost machine"
                 )
                 replicator, harness = start_machine(host)
@@ -405,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
                 pace=args.pace,
                 say=say,
                 plog=plog,
+                durability=args.durability,
             )
         finally:
             audit_proc.wait()

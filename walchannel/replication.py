@@ -57,6 +57,7 @@ from walchannel.protocol import next_seq_at_open
 
 __all__ = [
     "LITESTREAM_ENV",
+    "SOCKET_ENV",
     "ReplicationError",
     "Replicator",
     "RestoredLog",
@@ -69,6 +70,9 @@ __all__ = [
 
 #: Environment variable naming the ``litestream`` binary (else PATH, else beside Python).
 LITESTREAM_ENV: Final = "WALCHANNEL_LITESTREAM"
+#: Environment variable naming Litestream's control socket, for ``durability="replicated"``
+#: (``walchannel replicate --exec`` sets it for its command).
+SOCKET_ENV: Final = "WALCHANNEL_LITESTREAM_SOCKET"
 #: The WAL size (pages) past which Litestream truncates the ``-wal``: ~4 MiB, the
 #: bound walchannel's own ``journal_size_limit`` keeps without Litestream.
 TRUNCATE_PAGES: Final = 1024
@@ -222,8 +226,11 @@ class Replicator:
             sync_interval_s=sync_interval_s,
             monitor_interval_s=monitor_interval_s,
         )
+        self._sync_interval_s = sync_interval_s
+        self._monitor_interval_s = monitor_interval_s
         self._env = env
         self._log_file = log_file
+        self._socket: Path | None = None
         self._workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -231,6 +238,19 @@ class Replicator:
     def config_text(self) -> str:
         """The Litestream config this replicator runs with."""
         return self._config_text
+
+    @property
+    def socket_path(self) -> Path | None:
+        """Litestream's control socket while started (for ``durability="replicated"``)."""
+        return self._socket
+
+    def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment for a harness: ``base`` (default: this process's) with
+        ``$WALCHANNEL_LITESTREAM_SOCKET`` naming this replicator's control socket."""
+        env = dict(os.environ if base is None else base)
+        if self._socket is not None:
+            env[SOCKET_ENV] = str(self._socket)
+        return env
 
     @property
     def pid(self) -> int | None:
@@ -249,6 +269,14 @@ class Replicator:
         binary = find_litestream()
         self._workdir = Path(tempfile.mkdtemp(prefix="walchannel-litestream-"))
         config = self._workdir / "litestream.yml"
+        self._socket = self._workdir / "control.sock"
+        self._config_text = litestream_config(
+            self.wal_dir,
+            self.url,
+            sync_interval_s=self._sync_interval_s,
+            monitor_interval_s=self._monitor_interval_s,
+            socket_path=self._socket,
+        )
         config.write_text(self._config_text)
         self._proc = subprocess.Popen(
             [binary, "replicate", "-config", str(config)],
@@ -261,7 +289,7 @@ class Replicator:
             code = self._proc.wait(0.2)
         except subprocess.TimeoutExpired:
             return self
-        self._proc = None
+        self.stop()
         raise ReplicationError(
             f"litestream replicate exited at once with status {code} "
             f"(replica {self.url!r}, folder {self.wal_dir}); see its output"
@@ -295,6 +323,7 @@ class Replicator:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+            self._socket = None
         return code
 
     def drain(self, timeout_s: float = 60.0) -> None:
@@ -306,16 +335,12 @@ class Replicator:
         Raises:
             ReplicationError: a log's replica is not there within ``timeout_s``.
         """
-        from walchannel.inspection import LogReader
-
         deadline = time.monotonic() + timeout_s
         for path in sorted(self.wal_dir.glob("*" + files.LOG_SUFFIX)):
             run_id = path.name.removesuffix(files.LOG_SUFFIX)
-            with LogReader(path, run_id) as reader:
-                snap = reader.snapshot()
-            meta = snap.meta
+            meta, _, next_seq = _check_restored(path, run_id, str(path))
             want = (
-                next_seq_at_open(meta.high_water, snap.top_seq, meta.last_acked_seq),
+                next_seq,
                 meta.last_acked_seq,
                 meta.completed_at is not None,
                 meta.progress,
