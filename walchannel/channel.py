@@ -1395,9 +1395,14 @@ class GrpcEngineChannel:
                 self._replica_failing_since = now
             # A new log is picked up by Litestream within about a second: be quiet first.
             if now - self._replica_failing_since >= REPLICA_QUIET_S:
-                message = f"the replica does not confirm rows up to seq {target}: {exc}"
+                message = f"Litestream does not confirm the replica of new rows: {exc}"
                 if self._last_error != message:
-                    logger.warning("run %s: %s; rows wait, unsent", self._run_id, message)
+                    logger.warning(
+                        "run %s: %s; rows from seq %d wait, unsent",
+                        self._run_id,
+                        message,
+                        self._replicated_through + 1,
+                    )
                 self._last_error = message
             await asyncio.sleep(REPLICA_RETRY_S)
             return
