@@ -7,8 +7,10 @@ installable here. docs/operations.md "Surviving the loss of a machine".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -282,3 +284,39 @@ def test_s3_replica_restores_the_log(tmp_path: Path, s3_endpoint: str) -> None:
     with RunLog.open(tmp_path / "new", "r1", correlation_id="corr") as wal:
         assert [r.body["i"] for r in wal.unacked()][-1] == 199
     assert files.LOG_SUFFIX in replica_url(url, "r1")
+
+
+def test_a_sigkilled_replicate_leaves_no_litestream_behind(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "walchannel", "replicate", str(tmp_path / "wal"), "--to",
+         (tmp_path / "replica").as_uri()],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"Litestream pid (\d+)", line)
+        assert match, line
+        litestream = int(match.group(1))
+        os.kill(litestream, 0)  # alive
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    try:
+        while Path(f"/proc/{litestream}").exists() and not _zombie(litestream):
+            assert time.monotonic() < deadline, "Litestream outlived its SIGKILLed owner"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(litestream, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return False

@@ -33,6 +33,7 @@ imports neither grpc nor httpx.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -77,6 +78,7 @@ SOCKET_ENV: Final = "WALCHANNEL_LITESTREAM_SOCKET"
 #: bound walchannel's own ``journal_size_limit`` keeps without Litestream.
 TRUNCATE_PAGES: Final = 1024
 _RESTORING = "restoring"
+_PR_SET_PDEATHSIG = 1
 
 
 class ReplicationError(WalchannelError):
@@ -193,7 +195,9 @@ class Replicator:
     """``litestream replicate`` over one log folder, as a supervised child process.
 
     A context manager: ``with Replicator(wal_dir, url): ...`` starts it and
-    stops it (SIGTERM, so Litestream syncs once more) on exit.
+    stops it (SIGTERM, so Litestream syncs once more) on exit. Litestream
+    gets SIGTERM too when this process dies, even by SIGKILL (Linux
+    ``PR_SET_PDEATHSIG``): no sidecar outlives its owner.
 
     Args:
         wal_dir: the log folder (created 0700 if missing).
@@ -280,6 +284,7 @@ class Replicator:
         config.write_text(self._config_text)
         self._proc = subprocess.Popen(
             [binary, "replicate", "-config", str(config)],
+            preexec_fn=_die_with_parent,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file if self._log_file is not None else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -368,6 +373,20 @@ class Replicator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM (a last sync) when the parent dies, even by SIGKILL.
+
+    Linux ``PR_SET_PDEATHSIG``; it fires when the thread that started the
+    child ends, so start a :class:`Replicator` from a long-lived thread.
+    """
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the prctl: go now
+        os._exit(1)
 
 
 @dataclass(frozen=True, slots=True)
