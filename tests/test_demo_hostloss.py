@@ -23,7 +23,7 @@ def test_host_loss_demo_restores_resumes_and_passes_its_audit(tmp_path: Path) ->
     tree = Path(sysconfig.get_paths()["stdlib"]) / "email"
     out = subprocess.run(
         [PYTHON, "-m", "walchannel", "demo", "--host-loss", "--tree", str(tree),
-         "--pace", "0.05", "--sync-interval", "0.5", "--workdir", str(tmp_path)],
+         "--pace", "0.05", "--sync-interval", "0.2", "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
         env=child_env(),

@@ -237,7 +237,11 @@ def stream_with_host_losses(
                         int(marker.get("next_file", 0)),
                     )
                 outcome.losses.append(loss)
-                lag = f"{loss.lag_s:.2f} s" if loss.lag_s is not None else "everything"
+                lag = (
+                    f"the replica was {loss.lag_s:.2f} s behind"
+                    if loss.lag_s is not None
+                    else "no replica yet"
+                )
                 say(
                     f">>> host-{host - 1} LOST at {fraction:.0%} of the files (engine holds "
                     f"{findings} findings): Litestream and harness SIGKILLed, folder deleted"
@@ -247,10 +251,7 @@ def stream_with_host_losses(
                     if loss.lost_next_file > loss.restored_next_file
                     else "no file"
                 )
-                say(
-                    f"    the replica was {lag} behind: {loss.rows_lost} rows ({window}) "
-                    "were only on the lost machine"
-                )
+                say(f"    {lag}: {loss.rows_lost} rows ({window}) were only on the lost machine")
                 replicator, harness = start_machine(host)
                 say(
                     f">>> restored on host-{host}; harness pid {harness.pid} resumes with file "
