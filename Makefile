@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-stress demo lint typecheck pytest chaos sim bench proto clean
+.PHONY: test test-stress demo demo-hostloss lint typecheck pytest chaos chaos-hostloss sim bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test-stress: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/walchannel demo
 
+# The log replicated with Litestream; the whole machine lost, restored, resumed.
+demo-hostloss: $(STAMP)
+	$(VENV)/bin/walchannel demo --host-loss
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check walchannel tests tools examples
 
@@ -39,6 +43,12 @@ proto: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) tools/chaos.py --all
+
+# 20 host losses at random times, each restored and resumed (not in make test).
+LOSSES ?= 20
+SYNC_INTERVALS ?= 1
+chaos-hostloss: $(STAMP)
+	$(PY) tools/chaos_hostloss.py --losses $(LOSSES) --sync-intervals $(SYNC_INTERVALS)
 
 sim: $(STAMP)
 	$(PY) tools/sim.py --seeds 100000

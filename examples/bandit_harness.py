@@ -16,7 +16,7 @@ Usage::
 
     HARNESS_TOKEN=... python examples/bandit_harness.py --run-id RUN \\
         --grpc-addr 127.0.0.1:50051 [--http-addr http://127.0.0.1:8080] \\
-        [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS]
+        [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D]
 
 Exit codes: 0 when the run is done and its Done acked (also when started
 again on a completed run, and when the engine stopped the run), 1 when the
@@ -127,6 +127,7 @@ async def run(args: argparse.Namespace, token: str, tree: Path, files: list[Path
         correlation_id=args.correlation_id or f"bandit-{args.run_id}",
         run_token=token,
         wal_dir=args.wal_dir,
+        durability=args.durability,
         connect_timeout_ms=5_000,
         backoff=Backoff(initial_ms=200, multiplier=2, max_ms=3_000, jitter_ms=100),
     )
@@ -227,6 +228,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pace", type=float, default=0.0, help="seconds to pause per file")
     parser.add_argument("--done-wait", type=float, default=120.0, help="seconds to wait for Done")
     parser.add_argument("--token-env", default="HARNESS_TOKEN", help="variable with the token")
+    parser.add_argument(
+        "--durability",
+        choices=("process", "power", "replicated"),
+        default="process",
+        help="the log's durability (replicated: under 'walchannel replicate --exec')",
+    )
     return parser.parse_args(argv)
 
 

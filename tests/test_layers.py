@@ -18,6 +18,7 @@ ORDER = [
     "walchannel.lock",
     "walchannel.protocol",
     "walchannel.log",
+    "walchannel.replication",
     "walchannel.wire",
     "walchannel.contract",
     "walchannel.address",
@@ -32,6 +33,7 @@ ORDER = [
     "walchannel.watch",
     "walchannel.testing",
     "walchannel.demo",
+    "walchannel.demo_hostloss",
     "walchannel.cli",
     "walchannel.__main__",
 ]
@@ -51,6 +53,7 @@ NO_NETWORK = {
     "walchannel.metrics",
     "walchannel.inspection",
     "walchannel.watch",
+    "walchannel.replication",
 }
 NO_IO = {"walchannel.protocol"}
 

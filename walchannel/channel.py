@@ -30,10 +30,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import grpc
 import grpc.aio
+import httpx
 import msgpack
 
 from walchannel import _killpoints, messages, metrics, wire
@@ -75,9 +76,7 @@ from walchannel.protocol import (
     pick_refused_row,
     refusal_sets_aside,
 )
-
-if TYPE_CHECKING:
-    import httpx
+from walchannel.replication import SOCKET_ENV
 
 __all__ = ["GrpcEngineChannel"]
 
@@ -109,6 +108,11 @@ CHECKPOINT_EVERY_MS = 10_000
 CHECKPOINT_RETRY_MAX_MS = 30_000
 #: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
 CHECKPOINT_STEP_PAGES = 1024
+#: durability="replicated": Litestream's bound on one sync (s), the pause after a
+#: failed one (s), and how long failures stay quiet (a new log is being picked up).
+REPLICA_SYNC_TIMEOUT_S = 30
+REPLICA_RETRY_S = 0.2
+REPLICA_QUIET_S = 5.0
 
 _trace_warned = False
 
@@ -259,7 +263,8 @@ class GrpcEngineChannel:
                 config.wal_dir,
                 config.run_id,
                 correlation_id=config.correlation_id,
-                durability=config.durability,
+                # "replicated" is "process" on disk, plus the replica gate below.
+                durability="power" if config.durability == "power" else "process",
             )
         elif log.run_id != config.run_id or not log.writable:
             raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
@@ -316,6 +321,13 @@ class GrpcEngineChannel:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._http: httpx.AsyncClient | None = config.http_client
+        # durability="replicated": rows <= _replicated_through are on the replica.
+        self._replica_socket = (
+            os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
+        )
+        self._replica: httpx.AsyncClient | None = None
+        self._replicated_through = 0
+        self._replica_failing_since: float | None = None
         self._own_http = False
         # " via proxy host:port" for our own discovery client, else "".
         self._http_via = ""
@@ -1737,6 +1749,8 @@ class GrpcEngineChannel:
                                 await self._wakeup.wait()
                     if self._sm.final:
                         return
+                elif self._replica_socket is not None and seq > self._replicated_through:
+                    await self._replicate()
                 else:
                     data = self._row_bytes(seq)
                     replay = seq <= self._max_written
@@ -1783,6 +1797,54 @@ class GrpcEngineChannel:
         except Exception as exc:
             logger.exception("run %s: writing the stream failed", self._run_id)
             stream.finish(exc)
+
+    async def _replicate(self) -> None:
+        """Wait until Litestream's replica holds every row committed so far (one attempt).
+
+        ``durability="replicated"``: POST ``/sync`` with ``wait`` on
+        Litestream's control socket; when it answers 200 the replica holds
+        every commit made before the call (rows and progress marker). On a
+        failure the rows stay unsent (never dropped): it logs, records the
+        error and pauses before the writer's next try.
+        """
+        assert self._replica_socket is not None
+        target = self._log.next_seq - 1
+        if self._replica is None:
+            self._replica = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self._replica_socket),
+                timeout=REPLICA_SYNC_TIMEOUT_S + 5,
+                trust_env=False,
+            )
+        try:
+            answer = await self._replica.post(
+                "http://litestream/sync",
+                json={
+                    "path": str(self._log.path.resolve()),
+                    "wait": True,
+                    "timeout": REPLICA_SYNC_TIMEOUT_S,
+                },
+            )
+            if answer.status_code != 200:
+                raise httpx.HTTPError(f"HTTP {answer.status_code}: {answer.text[:200]}")
+        except httpx.HTTPError as exc:
+            now = time.monotonic()
+            if self._replica_failing_since is None:
+                self._replica_failing_since = now
+            # A new log is picked up by Litestream within about a second: be quiet first.
+            if now - self._replica_failing_since >= REPLICA_QUIET_S:
+                message = f"Litestream does not confirm the replica of new rows: {exc}"
+                if self._last_error != message:
+                    logger.warning(
+                        "run %s: %s; rows from seq %d wait, unsent",
+                        self._run_id,
+                        message,
+                        self._replicated_through + 1,
+                    )
+                self._last_error = message
+            await asyncio.sleep(REPLICA_RETRY_S)
+            return
+        self._replica_failing_since = None
+        self._replicated_through = max(self._replicated_through, target)
 
     async def _watchdog(self, stream: _Stream) -> None:
         """End ``stream`` when it is dead: the ``dead_stream_ms`` rule and stalled writes.
@@ -1916,6 +1978,9 @@ class GrpcEngineChannel:
                 await self._http.aclose()
         if self._metrics is not None:
             self._metrics.close()
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                await self._replica.aclose()
 
     async def _half_close(self, stream: _Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the

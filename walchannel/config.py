@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts, parse_host_port
 from walchannel.errors import InsecureDiscoveryWarning
+from walchannel.replication import SOCKET_ENV
 
 if TYPE_CHECKING:
     import grpc
@@ -166,7 +167,12 @@ class GrpcChannelConfig:
         http_client: an ``httpx.AsyncClient`` to reuse for discovery.
         wal_dir: the log folder (None: the default, see
             :func:`walchannel.files.default_wal_dir`).
-        durability: ``"process"`` or ``"power"`` (SPEC "The log").
+        durability: ``"process"`` or ``"power"`` (SPEC "The log"), or
+            ``"replicated"``: as ``"process"`` on disk, and a row is written
+            to the engine only once Litestream's replica holds it (its
+            control socket named by ``$WALCHANNEL_LITESTREAM_SOCKET``, which
+            ``walchannel replicate --exec`` sets), so a restored log is never
+            behind what the engine applied (docs/operations.md).
         done_ack_timeout_ms: how long ``send_done`` waits for its ack.
         close_timeout_ms: how long ``close`` waits for the stream's end.
         backoff: reconnect delays.
@@ -209,7 +215,7 @@ class GrpcChannelConfig:
     http_addr: str | None = None
     http_client: httpx.AsyncClient | None = field(default=None, repr=False, compare=False)
     wal_dir: str | os.PathLike[str] | None = None
-    durability: Literal["process", "power"] = "process"
+    durability: Literal["process", "power", "replicated"] = "process"
     done_ack_timeout_ms: int = 5_000
     close_timeout_ms: int = 2_000
     backoff: Backoff = DEFAULT_BACKOFF
@@ -252,8 +258,15 @@ class GrpcChannelConfig:
         _positive("dead_stream_ms", self.dead_stream_ms, allow_none=True)
         if self.http_addr is not None:
             self._check_http_addr(self.http_addr)
-        if self.durability not in ("process", "power"):
-            raise ValueError(f"durability must be 'process' or 'power', got {self.durability!r}")
+        if self.durability not in ("process", "power", "replicated"):
+            raise ValueError(
+                f"durability must be 'process', 'power' or 'replicated', got {self.durability!r}"
+            )
+        if self.durability == "replicated" and not os.environ.get(SOCKET_ENV):
+            raise ValueError(
+                f"durability='replicated' needs Litestream's control socket in ${SOCKET_ENV} "
+                "(run the harness under 'walchannel replicate --exec')"
+            )
         _positive("done_ack_timeout_ms", self.done_ack_timeout_ms)
         _positive("close_timeout_ms", self.close_timeout_ms)
         if not isinstance(self.backoff, Backoff):

@@ -76,6 +76,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "this fraction of the files reached the engine (default: %(default)s)",
     )
     parser.add_argument(
+        "--host-loss",
+        action="store_true",
+        help="instead: replicate the log with Litestream, lose the whole machine (harness and "
+        "Litestream SIGKILLed, its folder deleted), restore the log on another, resume",
+    )
+    parser.add_argument(
+        "--host-loss-at",
+        type=float,
+        default=0.4,
+        metavar="FRACTION",
+        help="with --host-loss: lose the machine once this fraction of the files reached "
+        "the engine (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sync-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="with --host-loss: Litestream's sync interval (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("process", "replicated"),
+        default="process",
+        help="with --host-loss: the harness's durability; 'replicated' writes a row to the "
+        "engine only once the replica holds it (default: %(default)s)",
+    )
+    parser.add_argument(
         "--harness-kill-at",
         type=float,
         default=0.5,

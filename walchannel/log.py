@@ -83,6 +83,7 @@ _JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
 _BUSY_TIMEOUT_MS = 5000
 # How long a checkpoint waits for readers to leave the -wal (ms): short, as
 # it runs on the channel's event loop; a held-off checkpoint is retried.
+# Litestream holds a read transaction for good: this bounds the stall.
 _CHECKPOINT_BUSY_MS = 250
 
 _SCHEMA = (
