@@ -642,3 +642,51 @@ def test_a_channel_built_in_one_loop_and_first_awaited_in_another_works(
 
     asyncio.run(use())
     assert engine.accepted(run_id) == [1, 2]
+
+
+@pytest.mark.asyncio
+async def test_an_engine_echoing_a_short_token_is_masked_whole_word_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 14: a short token was masked inside every word ("In***ernal"),
+    # and the stream-end log line carried the echoed token unmasked.
+    token = "t"
+    streams: list[int] = []
+
+    async def script(stream: RogueStream) -> None:
+        streams.append(1)
+        if len(streams) == 1:
+            await stream.read()
+            await stream.context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"token {token} is not valid at the gate"
+            )
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.WhichOneof("body") == "finding":
+                stream.ack(msg.seq)
+
+    engine = RogueEngine(script)
+    await engine.start()
+    config = local_channel_config(
+        engine,  # type: ignore[arg-type]
+        tmp_path / "wal",
+        "echo",
+        token,
+        http_addr=None,
+    )
+    try:
+        with caplog.at_level(logging.DEBUG):
+            async with GrpcEngineChannel(config) as ch:
+                ch.send_finding(finding(0))
+                await ch.handshake("1", "h", "1")
+                assert await ch.wait_acked(timeout_ms=10_000)
+                stored = ch.log.meta().last_error
+                last = ch.stats().last_error
+    finally:
+        await engine.stop()
+    expected = "token *** is not valid at the gate"
+    assert last is not None and expected in last
+    assert stored is not None and expected in stored
+    assert expected in caplog.text
+    assert f"token {token} is" not in caplog.text
+    assert "UNAUTHENTICATED" in caplog.text  # "t" inside words is left alone

@@ -285,6 +285,23 @@ def test_verify_shifts_unverified_rows_past_the_engine(wal_dir: Path) -> None:
         assert wal.completed
 
 
+def test_last_ack_at_moves_only_when_an_ack_covers_new_rows(wal_dir: Path) -> None:
+    # Issue 14: a handshake answer that acked nothing new showed "LAST ACK 0s ago".
+    with open_log(wal_dir) as wal:
+        wal.append_many([("finding", finding(i)) for i in range(1, 4)])
+        assert wal.verify(0) == 0
+        assert wal.meta().last_ack_at is None
+        wal.ack(2)
+        first = wal.meta().last_ack_at
+        assert first is not None
+    with open_log(wal_dir) as wal:
+        wal.verify(2)  # the next process's handshake: Ack(2) again
+        assert wal.meta().last_ack_at == first
+        wal.ack(3)
+        later = wal.meta().last_ack_at
+        assert later is not None and later >= first
+
+
 def test_verify_keeps_verified_rows_and_acks_them(wal_dir: Path) -> None:
     with open_log(wal_dir) as wal:
         wal.append_many([("finding", finding(i)) for i in range(1, 4)])

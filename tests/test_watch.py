@@ -6,6 +6,7 @@ import asyncio
 import io
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from conftest import PYTHON, child_env, eventually, new_run
 from walchannel import GrpcEngineChannel, RunLog
 from walchannel.cli import main
-from walchannel.inspection import list_logs
+from walchannel.inspection import RunReport, list_logs
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.watch import CLEAR_SCREEN, watch
@@ -168,3 +169,29 @@ def test_watch_usage_errors_exit_2(
     wal_dir = idle_folder(tmp_path)
     assert main(["inspect", str(wal_dir), *argv]) == 2
     assert capsys.readouterr().err
+
+
+def test_detail_dates_the_last_error_and_says_when_rows_were_acked_after_it() -> None:
+    # Issue 14: an old error read like the current one after the channel got past it.
+    now = 1_000_000.0
+    base = RunReport(
+        run_id="r", file="r.wal.sqlite3", state="orphaned", reason="2 unacked rows, no owner"
+    )
+    stale = replace(
+        base,
+        last_error="10.0.0.1:50051: UNAVAILABLE: connection refused",
+        last_error_at=now - 300,
+        last_ack_at=now - 60,
+    )
+    assert stale.detail(now) == (
+        "2 unacked rows, no owner; last error (5m00s ago, rows acked since): "
+        "10.0.0.1:50051: UNAVAILABLE: connection refused"
+    )
+    fresh = replace(stale, last_ack_at=now - 600)
+    assert fresh.detail(now).endswith(
+        "last error (5m00s ago): 10.0.0.1:50051: UNAVAILABLE: connection refused"
+    )
+    assert replace(stale, state="active").detail(now) == "2 unacked rows, no owner"
+    assert replace(base, state="unreadable").last_ack_text(now) == "-"
+    assert base.last_ack_text(now) == "never"
+    assert replace(base, last_ack_at=now - 65).last_ack_text(now) == "1m05s ago"

@@ -40,7 +40,7 @@ import msgpack
 from walchannel import _killpoints, messages, metrics, wire
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
-from walchannel.config import GrpcChannelConfig
+from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.discovery import discover, discovery_client
 from walchannel.errors import (
     ApprovalTimeoutError,
@@ -986,7 +986,7 @@ class GrpcEngineChannel:
             self._move(ChannelState.FAILED)
 
     def _set_error(self, message: str, *, failed: bool = False) -> None:
-        text = message.replace(self._config.run_token, "***")
+        text = redact_secret(message, self._config.run_token)
         self._last_error = text
         if not self._log.writable:
             return
@@ -1052,14 +1052,15 @@ class GrpcEngineChannel:
                 timeout_s,
             )
         except DiscoveryError as exc:
+            why = redact_secret(str(exc), self._config.run_token)
             logger.warning(
                 "run %s: discovery failed%s, keeping %s: %s",
                 self._run_id,
                 self._http_via,
                 self._addr,
-                exc,
+                why,
             )
-            self._set_error(f"discovery{self._http_via}: {exc}")
+            self._set_error(f"discovery{self._http_via}: {why}")
             return
         except TimeoutError:
             logger.warning(
@@ -1299,6 +1300,8 @@ class GrpcEngineChannel:
         if code is None and stream.status is not None and stream.status[0] != "OK":
             code, details = stream.status
         text = describe_end(code, details) if code else str(reason or "stream ended")
+        # The engine's text may echo the token (SPEC "Secrets").
+        text = redact_secret(text, self._config.run_token)
         if is_too_many_pings(f"{details} {debug}"):
             self._double_keepalive()
         if classify_end(code, details) is EndKind.RUN_COMPLETED:
@@ -1688,7 +1691,11 @@ class GrpcEngineChannel:
         if self._stop_fired:
             return
         self._stop_fired = True
-        logger.info("run %s: the engine sent Stop(%r)", self._run_id, reason)
+        logger.info(
+            "run %s: the engine sent Stop(%r)",
+            self._run_id,
+            redact_secret(reason, self._config.run_token),
+        )
         for callback in list(self._stop_callbacks):
             self._call_back(callback, reason)
 

@@ -236,17 +236,6 @@ def _owner_text(report: RunReport) -> str:
     return pid
 
 
-def _detail(report: RunReport) -> str:
-    detail = report.reason or ""
-    if (
-        report.last_error
-        and report.state in ("failed", "orphaned", "stuck", "done-pending")
-        and report.last_error not in detail
-    ):
-        detail = f"{detail}; last error: {report.last_error}" if detail else report.last_error
-    return detail
-
-
 _COLUMNS: Final = (
     # header, right-aligned
     ("STATE", False),
@@ -262,21 +251,16 @@ _COLUMNS: Final = (
 
 
 def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
-    ok = report.state not in ("corrupt", "unreadable")
-    if report.last_ack_at is not None:
-        last_ack = f"{format_age(now - report.last_ack_at)} ago"
-    else:
-        last_ack = "never" if ok else "-"
     return (
         report.state,
         report.run_id or Path(report.file).name,
         "-" if report.unacked_count is None else str(report.unacked_count),
         format_size(report.unacked_bytes),
         format_age(report.oldest_unacked_age_s),
-        last_ack,
+        report.last_ack_text(now),
         _owner_text(report),
         format_size(report.file_bytes),
-        _detail(report),
+        report.detail(now),
     )
 
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "Backoff",
     "GrpcChannelConfig",
     "check_metadata_value",
+    "redact_secret",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,33 @@ def check_metadata_value(name: str, value: str, *, secret: bool = False) -> None
     if value != value.strip(" "):
         where = "leading" if value[:1] == " " else "trailing"
         raise ValueError(f"{name} has {where} whitespace; {METADATA_RULE}")
+
+
+# Characters a bearer token is made of (RFC 6750 token68): an occurrence of
+# the token inside a longer run of them is another word, not the token.
+_WORD_CHARS = r"A-Za-z0-9\-._~+/="
+
+
+def redact_secret(text: str, secret: str) -> str:
+    """Return ``text`` with every whole occurrence of ``secret`` replaced by ``***``.
+
+    For text that came from elsewhere (an engine's status details, a
+    discovery answer) before it is logged or stored: SPEC "Secrets". Only
+    occurrences not inside a longer run of token characters (letters,
+    digits, ``-._~+/=``) count, so a short token such as ``"t"`` masks an
+    echoed ``"token t is bad"`` but leaves ``"UNAUTHENTICATED"`` readable.
+
+    Args:
+        text: the text to clean.
+        secret: the run token (an empty one changes nothing).
+
+    Returns:
+        The cleaned text.
+    """
+    if not secret or secret not in text:
+        return text
+    pattern = rf"(?<![{_WORD_CHARS}]){re.escape(secret)}(?![{_WORD_CHARS}])"
+    return re.sub(pattern, "***", text)
 
 
 def _positive(name: str, value: object, *, allow_none: bool = False) -> None:

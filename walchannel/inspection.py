@@ -106,6 +106,8 @@ STATES: Final = (
 )
 #: States that make ``inspect`` exit 1.
 ALERT_STATES: Final = frozenset({"corrupt", "unreadable", "failed", "orphaned", "stuck"})
+# States whose DETAIL shows the last error.
+_ERROR_STATES: Final = frozenset({"failed", "orphaned", "stuck", "done-pending"})
 #: ``--stuck-after`` default (seconds).
 DEFAULT_STUCK_AFTER_S: Final = 120.0
 #: The keys of one ``inspect --json`` object, in order (SPEC "Operating tools").
@@ -842,6 +844,39 @@ class RunReport:
     def urgency(self) -> int:
         """The state's rank: 0 is the most urgent."""
         return STATES.index(self.state)
+
+    def last_ack_text(self, now: float) -> str:
+        """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread.
+
+        Args:
+            now: the time to measure from (unix seconds).
+        """
+        if self.last_ack_at is not None:
+            return f"{format_age(now - self.last_ack_at)} ago"
+        return "-" if self.state in ("corrupt", "unreadable") else "never"
+
+    def detail(self, now: float) -> str:
+        """The DETAIL cell: ``reason``, plus the last error where the state calls for it.
+
+        The last error is added for a run that needs attention (an alert
+        state, or ``done-pending``), with its age, and says so when rows
+        were acked after it (an error the channel got past), so an old
+        error is not read as the current one.
+
+        Args:
+            now: the time to measure from (unix seconds).
+        """
+        detail = self.reason or ""
+        error = self.last_error
+        if not error or self.state not in _ERROR_STATES or error in detail:
+            return detail
+        when = ""
+        if self.last_error_at is not None:
+            when = f" {format_age(now - self.last_error_at)} ago"
+            if self.last_ack_at is not None and self.last_ack_at > self.last_error_at:
+                when += ", rows acked since"
+        text = f"last error ({when.strip()}): {error}" if when else f"last error: {error}"
+        return f"{detail}; {text}" if detail else text
 
     def to_json(self) -> dict[str, Any]:
         """Return the ``inspect --json`` object: exactly :data:`JSON_KEYS`."""

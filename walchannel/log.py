@@ -915,8 +915,11 @@ class RunLog:
                 "UPDATE meta SET last_acked_seq = ?, high_water = max(high_water, ?),"
                 " unverified_from = CASE WHEN ? THEN NULL ELSE unverified_from END,"
                 " completed_at = CASE WHEN ? THEN ? ELSE completed_at END,"
-                " last_ack_at = ?, updated_at = ? WHERE id = 1",
-                (acked, high, verify, completed, now, now, now),
+                # An answer that covers no new row (a handshake's Ack(h)) is
+                # not progress: last_ack_at says when rows were last acked.
+                " last_ack_at = CASE WHEN ? THEN ? ELSE last_ack_at END,"
+                " updated_at = ? WHERE id = 1",
+                (acked, high, verify, completed, now, acked > self._last_acked, now, now),
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:

@@ -88,13 +88,6 @@ def _owner(report: RunReport) -> str:
 
 
 def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
-    if report.last_ack_at is not None:
-        last_ack = f"{format_age(now - report.last_ack_at)} ago"
-    else:
-        last_ack = "never" if report.state not in ("corrupt", "unreadable") else "-"
-    detail = report.reason or ""
-    if report.last_error and report.state in ALERT_STATES:
-        detail = f"{detail}; last error: {report.last_error}" if detail else report.last_error
     return (
         report.state,
         report.run_id or Path(report.file).name,
@@ -102,10 +95,10 @@ def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
         format_age(report.oldest_unacked_age_s),
         _format_rate(rates.logged),
         _format_rate(rates.acked),
-        last_ack,
+        report.last_ack_text(now),
         _owner(report),
         format_size(report.file_bytes),
-        detail,
+        report.detail(now),
     )
 
 
