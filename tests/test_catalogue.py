@@ -45,7 +45,7 @@ from walchannel import (
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.cli import main
 from walchannel.config import GrpcChannelConfig
-from walchannel.log import ROW_LOST_TYPE
+from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

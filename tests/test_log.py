@@ -24,7 +24,7 @@ from walchannel import (
     WalLockedError,
     WalWriteError,
 )
-from walchannel.log import APPLICATION_ID, ROW_LOST_TYPE, SCHEMA_VERSION
+from walchannel.log_format import APPLICATION_ID, ROW_LOST_TYPE, SCHEMA_VERSION
 
 FINDING = {"fields": {"test_id": "B101", "line": 3, "path": "a/b.py"}}
 DONE = {"status": "completed", "findings": 1, "coverage": ["a"], "exit_reason": ""}

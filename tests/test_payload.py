@@ -142,7 +142,7 @@ def _as_struct_numbers(value: Any) -> Any:
 def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> None:
     # GrpcEngineChannel skips the exact size check below this bound.
     from walchannel.channel import STRUCT_GROWTH
-    from walchannel.log import encode_body
+    from walchannel.log_format import encode_body
 
     body = {"fields": payload}
     blob = encode_body("finding", body)
@@ -152,7 +152,7 @@ def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> 
 
 def test_struct_size_bound_holds_for_the_worst_shape() -> None:
     from walchannel.channel import STRUCT_GROWTH
-    from walchannel.log import encode_body
+    from walchannel.log_format import encode_body
 
     for fields in ({"l": [1] * 10_000}, {"l": [[]] * 10_000}, {"l": [None] * 10_000}):
         body = {"fields": fields}

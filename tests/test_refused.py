@@ -33,7 +33,7 @@ from walchannel import (
     wire,
 )
 from walchannel.inspection import LogReader, inspect_log
-from walchannel.log import ROW_LOST_TYPE
+from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.protocol import (
     Cursor,
     RefusalVerdict,

@@ -32,11 +32,11 @@ _EXPORTS: dict[str, str] = {
     "GrpcChannelConfig": "walchannel.config",
     "GrpcEngineChannel": "walchannel.channel",
     "PayloadError": "walchannel.errors",
-    "Row": "walchannel.log",
+    "Row": "walchannel.log_format",
     "RunCompletedError": "walchannel.errors",
     "RunExpiredError": "walchannel.errors",
     "RunLog": "walchannel.log",
-    "RunMeta": "walchannel.log",
+    "RunMeta": "walchannel.log_format",
     "SyncEngineChannel": "walchannel.interface",
     "WalCorruptError": "walchannel.errors",
     "WalLockedError": "walchannel.errors",
@@ -99,7 +99,8 @@ if TYPE_CHECKING:
         EngineChannel,
         SyncEngineChannel,
     )
-    from walchannel.log import Row, RunLog, RunMeta
+    from walchannel.log import RunLog
+    from walchannel.log_format import Row, RunMeta
     from walchannel.protocol import ChannelState
 
 

@@ -57,7 +57,8 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.log import ROW_LOST_TYPE, RunLog, encode_body
+from walchannel.log import RunLog
+from walchannel.log_format import ROW_LOST_TYPE, encode_body
 from walchannel.payload import check_text
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,

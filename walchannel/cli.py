@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     import httpx
 
     from walchannel.channel import GrpcEngineChannel
-    from walchannel.log import RunLog, RunMeta
+    from walchannel.log import RunLog
+    from walchannel.log_format import RunMeta
 
 __all__ = ["build_parser", "main"]
 

@@ -39,10 +39,13 @@ root"):
   checkpoint cannot copy past a reader's snapshot nor restart the ``-wal``
   while a reader holds one, and a ``TRUNCATE`` checkpoint waits on readers
   (https://sqlite.org/wal.html#concurrency).
-- The format is read through :func:`walchannel.log.check_header`,
-  :func:`~walchannel.log.read_meta` and :func:`~walchannel.log.decode_row`,
-  never re-implemented. A damaged row is shown as damaged (it is not
-  quarantined: that is a write, and the owner's job).
+- The format is read through :mod:`walchannel.log_format`
+  (:func:`~walchannel.log_format.check_header`,
+  :func:`~walchannel.log_format.read_meta`,
+  :func:`~walchannel.log_format.decode_row`,
+  :func:`~walchannel.log_format.quick_check`), never re-implemented. A
+  damaged row is shown as damaged (it is not quarantined: that is a write,
+  and the owner's job).
 - A log that cannot be read for a reason other than damage (permissions,
   a lock held too long) raises :class:`LogUnreadableError`, never
   :class:`~walchannel.errors.WalCorruptError`: ``inspect`` calls it
@@ -71,7 +74,7 @@ from typing import Any, Final, Self, TypeVar
 from walchannel import files
 from walchannel.errors import WalCorruptError
 from walchannel.lock import LockOwner, probe_owner
-from walchannel.log import Row, RunMeta, check_header, decode_row, read_meta
+from walchannel.log_format import Row, RunMeta, check_header, decode_row, quick_check, read_meta
 from walchannel.protocol import next_seq_after
 
 __all__ = [
@@ -349,7 +352,7 @@ class LogReader:
 
     Raises:
         WalCorruptError: the file is a symlink or not a regular file, or
-            fails :func:`walchannel.log.check_header`.
+            fails :func:`walchannel.log_format.check_header`.
         LogUnreadableError: this process cannot read the file, its ``-wal``
             or its ``-shm`` (the reason names which, and the file's owner).
     """
@@ -575,24 +578,14 @@ class LogReader:
             WalCorruptError: it cannot be read.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-
-        def op(conn: sqlite3.Connection) -> RunMeta:
-            try:
-                return read_meta(conn)
-            except (ValueError, TypeError) as exc:
-                raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
-
-        return self._read("meta", op)
+        return self._read("meta", lambda conn: read_meta(conn, self.path))
 
     def snapshot(self) -> _Snapshot:
         """Read meta and the ends of the backlog in one short read transaction."""
 
         def op(conn: sqlite3.Connection) -> _Snapshot:
             conn.execute("BEGIN")
-            try:
-                meta = read_meta(conn)
-            except (ValueError, TypeError) as exc:
-                raise WalCorruptError(str(self.path), f"broken meta: {exc}") from None
+            meta = read_meta(conn, self.path)
             top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchall()
             oldest = conn.execute(
                 "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
@@ -724,15 +717,9 @@ class LogReader:
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
         try:
-            answers = self._read(
-                "pages", lambda conn: [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
-            )
+            return self._read("pages", quick_check)
         except WalCorruptError as exc:
             return [exc.reason]
-        if answers == ["ok"]:
-            return []
-        lines = [line for answer in answers for line in answer.splitlines()]
-        return [line for line in lines if line and not line.startswith("***")]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,14 @@
-"""RunLog: the per-run write-ahead log, SQLite in WAL mode with msgpack rows.
+"""RunLog: the writer of a run's write-ahead log, SQLite in WAL mode with msgpack rows.
 
-One database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log")::
-
-    rows       (seq INTEGER PRIMARY KEY, kind TEXT, body BLOB, crc32 INTEGER,
-                appended_at REAL)                  -- the unacked messages
-    quarantine (seq, kind, body, crc32, appended_at, reason, quarantined_at)
-    meta       (one row: run identity, handshake, cursor, progress, status)
-
-``PRAGMA application_id`` marks the file as ours and ``PRAGMA user_version``
-holds the schema version. A row is committed before a seq is handed out;
-an ack deletes every row ``<= seq`` and stores the cursor in one
-transaction; the ack that deletes the ``done`` row turns the log into a
-tombstone. The log knows nothing of gRPC.
+One database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log");
+its tables, header and row encoding are :mod:`walchannel.log_format`, which
+the read-only tools share. This module holds the one writer: creating a log,
+its owner lock (:mod:`walchannel.lock`), the transactions that append rows,
+store acks and meta, quarantine damaged rows, and the checkpoints that keep
+the file small. A row is committed before a seq is handed out; an ack
+deletes every row ``<= seq`` and stores the cursor in one transaction; the
+ack that deletes the ``done`` row turns the log into a tombstone. The log
+knows nothing of gRPC.
 
 Durability (https://sqlite.org/pragma.html#pragma_synchronous):
 ``"process"`` is ``synchronous=NORMAL`` — a commit survives the process
@@ -31,14 +28,9 @@ import secrets
 import socket
 import sqlite3
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Self
-
-import msgpack
 
 from walchannel import files
 from walchannel.errors import (
@@ -50,8 +42,26 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.lock import OwnerLock
+from walchannel.log_format import (
+    APPLICATION_ID,
+    KINDS,
+    ROW_LOST_TYPE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    Row,
+    RunMeta,
+    body_crc,
+    check_header,
+    decode_row,
+    encode_body,
+    quick_check,
+    read_meta,
+    row_lost_body,
+)
 from walchannel.protocol import next_seq_at_open, unverified_at_open, verification_shift
 
+# The format's names below were defined here before walchannel.log_format
+# held them: they stay importable from this module.
 __all__ = [
     "APPLICATION_ID",
     "Durability",
@@ -68,14 +78,6 @@ log = logging.getLogger(__name__)
 
 Durability = Literal["process", "power"]
 
-#: ``PRAGMA application_id`` of every walchannel log ("WALC").
-APPLICATION_ID: Final = 0x57414C43
-#: The schema this code writes and the newest it reads.
-SCHEMA_VERSION: Final = 1
-#: Event type that stands in, at the same seq, for a row that failed its checks.
-ROW_LOST_TYPE: Final = "walchannel.row_lost"
-
-_KINDS: Final = frozenset({"event", "finding", "approval_request", "done"})
 _SYNCHRONOUS: Final = {"process": "NORMAL", "power": "FULL"}
 _BATCH = 512
 # Keep the -wal file from staying large after a burst (bytes).
@@ -86,104 +88,6 @@ _BUSY_TIMEOUT_MS = 5000
 # Litestream holds a read transaction for good: this bounds the stall.
 _CHECKPOINT_BUSY_MS = 250
 
-_SCHEMA = (
-    """CREATE TABLE rows (
-        seq INTEGER PRIMARY KEY,
-        kind TEXT NOT NULL,
-        body BLOB NOT NULL,
-        crc32 INTEGER NOT NULL,
-        appended_at REAL NOT NULL)""",
-    """CREATE TABLE quarantine (
-        seq INTEGER PRIMARY KEY,
-        kind TEXT,
-        body BLOB,
-        crc32 INTEGER,
-        appended_at REAL,
-        reason TEXT NOT NULL,
-        quarantined_at REAL NOT NULL)""",
-    """CREATE TABLE meta (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        schema_version INTEGER NOT NULL,
-        run_id TEXT NOT NULL,
-        correlation_id TEXT NOT NULL,
-        connector_version TEXT,
-        harness_name TEXT,
-        harness_version TEXT,
-        last_acked_seq INTEGER NOT NULL DEFAULT 0,
-        high_water INTEGER NOT NULL DEFAULT 0,
-        unverified_from INTEGER,
-        progress TEXT,
-        token_sha256 TEXT,
-        owner_pid INTEGER,
-        owner_host TEXT,
-        last_engine_addr TEXT,
-        last_ack_at REAL,
-        last_error TEXT,
-        last_error_at REAL,
-        reconnects INTEGER NOT NULL DEFAULT 0,
-        failed_at REAL,
-        completed_at REAL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL)""",
-)
-
-_ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One logged message.
-
-    Attributes:
-        seq: its seq (>= 1).
-        kind: the ``UpMessage`` oneof name (``event``, ``finding``,
-            ``approval_request``, ``done``).
-        body: the inner message as a plain mapping (SPEC "Control vs data").
-        appended_at: when it was committed (unix seconds).
-        size: the size of its msgpack body (bytes).
-    """
-
-    seq: int
-    kind: str
-    body: dict[str, Any]
-    appended_at: float
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class RunMeta:
-    """The log's meta row (SPEC "The log"). Times are unix seconds.
-
-    ``progress`` is the harness's resume marker (decoded JSON), never a seq;
-    ``token_sha256`` is the sha256 of the run token, never the token;
-    ``failed_at`` is set when an engine was found behind the stored cursor.
-    """
-
-    schema_version: int
-    run_id: str
-    correlation_id: str
-    connector_version: str | None
-    harness_name: str | None
-    harness_version: str | None
-    last_acked_seq: int
-    high_water: int
-    unverified_from: int | None
-    progress: dict[str, Any] | None
-    token_sha256: str | None
-    owner_pid: int | None
-    owner_host: str | None
-    last_engine_addr: str | None
-    last_ack_at: float | None
-    last_error: str | None
-    last_error_at: float | None
-    reconnects: int
-    failed_at: float | None
-    completed_at: float | None
-    created_at: float
-    updated_at: float
-
-
-_META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
 #: Meta fields callers may set with update_meta(); the rest are the log's own.
 WRITABLE_META: Final = frozenset(
     {
@@ -202,131 +106,11 @@ WRITABLE_META: Final = frozenset(
 )
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def encode_body(kind: str, body: Mapping[str, Any]) -> bytes:
-    """Encode a row body as msgpack, the form it is stored in.
-
-    Raises:
-        PayloadError: msgpack cannot encode it (named by ``kind``).
-    """
-    try:
-        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
-    except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
-        raise PayloadError(kind, f"msgpack cannot encode the body: {exc}") from None
-
-
 def _encode_progress(progress: Mapping[str, Any]) -> str:
     try:
         return json.dumps(progress, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError("progress", f"not JSON-like: {exc}") from None
-
-
-def row_lost_body(seq: int, reason: str, **details: str | int) -> dict[str, Any]:
-    """The body of the ``walchannel.row_lost`` event that replaces a quarantined row.
-
-    Args:
-        seq: the row's seq.
-        reason: why it was quarantined.
-        details: more payload fields (e.g. ``kind``, ``size``, ``limit`` of a
-            row the engine refused for its size).
-    """
-    return {
-        "type": ROW_LOST_TYPE,
-        "severity": "error",
-        "payload": {"seq": seq, "reason": reason, **details},
-        "ts": _now_iso(),
-    }
-
-
-def decode_row(
-    seq: int, kind: str, blob: bytes, crc: int, appended_at: float
-) -> tuple[Row, str | None]:
-    """Check and decode one stored row.
-
-    Returns:
-        ``(row, None)`` for a good row; ``(substitute, reason)`` for a row
-        whose CRC, msgpack or kind does not check out, where the substitute
-        is the ``walchannel.row_lost`` event at the same seq.
-    """
-    reason: str | None = None
-    body: Any = None
-    if not isinstance(blob, bytes):
-        reason = f"body is {type(blob).__name__}, not a blob"
-    elif zlib.crc32(blob) != crc:
-        reason = f"crc32 mismatch (stored {crc}, computed {zlib.crc32(blob)})"
-    elif kind not in _KINDS:
-        reason = f"unknown kind {kind!r}"
-    else:
-        try:
-            body = msgpack.unpackb(blob, raw=False)
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            reason = f"msgpack does not decode: {exc}"
-        else:
-            if not isinstance(body, dict):
-                reason = f"body decodes to {type(body).__name__}, not a mapping"
-    if reason is not None:
-        lost = row_lost_body(seq, reason)
-        size = len(msgpack.packb(lost, use_bin_type=True))
-        return Row(seq, "event", lost, appended_at, size), reason
-    return Row(seq, kind, body, appended_at, len(blob)), None
-
-
-def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> None:
-    """Check that ``conn`` holds a walchannel log of this schema (and this run, if given).
-
-    Reads only: the file is left untouched whatever it holds.
-
-    Raises:
-        WalCorruptError: not a walchannel log, a newer schema, another run's
-            log, or a broken header, schema or meta row (path and reason).
-    """
-    try:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if app_id != APPLICATION_ID:
-            tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
-            what = "an empty file" if tables == 0 else f"application_id {app_id:#x}"
-            raise WalCorruptError(str(path), f"not a walchannel log ({what})")
-        if version > SCHEMA_VERSION:
-            raise WalCorruptError(
-                str(path),
-                f"newer schema version {version} (this walchannel reads up to {SCHEMA_VERSION})",
-            )
-        if version < 1:
-            raise WalCorruptError(str(path), f"broken header: schema version {version}")
-        for table, wanted in (("rows", _ROW_COLUMNS), ("meta", _META_FIELDS)):
-            cols = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})"))
-            missing = [c for c in wanted if c not in cols]
-            if missing:
-                raise WalCorruptError(
-                    str(path), f"broken schema: table {table} lacks {', '.join(missing)}"
-                )
-        metas = conn.execute("SELECT run_id, schema_version FROM meta").fetchall()
-        if len(metas) != 1:
-            raise WalCorruptError(str(path), f"broken meta: {len(metas)} meta rows, expected 1")
-        stored_run, stored_version = metas[0]
-        if stored_version != version:
-            raise WalCorruptError(
-                str(path),
-                f"broken meta: schema version {stored_version} != header {version}",
-            )
-        if run_id is not None and stored_run != run_id:
-            raise WalCorruptError(str(path), f"belongs to run {stored_run!r}, not {run_id!r}")
-    except sqlite3.DatabaseError as exc:
-        raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
-
-
-def read_meta(conn: sqlite3.Connection) -> RunMeta:
-    """Read the meta row (after :func:`check_header`)."""
-    cur = conn.execute(f"SELECT {', '.join(_META_FIELDS)} FROM meta WHERE id = 1")  # noqa: S608
-    values = dict(zip(_META_FIELDS, cur.fetchone(), strict=True))
-    raw = values["progress"]
-    values["progress"] = json.loads(raw) if raw is not None else None
-    return RunMeta(**values)
 
 
 class RunLog:
@@ -458,7 +242,7 @@ class RunLog:
                 raise WalCorruptError(str(path), f"cannot use WAL mode (journal_mode={mode})")
             conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[durability]}")
             conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT}")
-            meta = read_meta(conn)
+            meta = read_meta(conn, path)
             wal = cls(conn, path, lock, meta, durability)
             wal._claim(meta, correlation_id)
             return wal
@@ -494,7 +278,7 @@ class RunLog:
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("BEGIN IMMEDIATE")
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     conn.execute(statement)
                 now = time.time()
                 conn.execute(
@@ -646,7 +430,7 @@ class RunLog:
         """
         self._check_open()
         try:
-            return read_meta(self._conn)
+            return read_meta(self._conn, self._path)
         except sqlite3.DatabaseError as exc:
             raise WalCorruptError(str(self._path), f"cannot read meta: {exc}") from None
 
@@ -783,13 +567,13 @@ class RunLog:
         rows: list[tuple[int, str, bytes, int, float]] = []
         done_at: int | None = None
         for kind, blob in items:
-            if kind not in _KINDS:
+            if kind not in KINDS:
                 raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
             if done_at is not None:
                 raise ChannelClosedError(
                     f"run {self._run_id}: rows after Done (seq {done_at}) are refused"
                 )
-            rows.append((seq, kind, blob, zlib.crc32(blob), now))
+            rows.append((seq, kind, blob, body_crc(blob), now))
             if kind == "done":
                 done_at = seq
             seq += 1
@@ -1056,7 +840,7 @@ class RunLog:
         )
         if self._lock.forked:
             return substitute
-        blob = msgpack.packb(substitute.body, use_bin_type=True)
+        blob = encode_body("event", substitute.body)
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -1066,7 +850,7 @@ class RunLog:
             )
             conn.execute(
                 "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
-                (blob, zlib.crc32(blob), seq),
+                (blob, body_crc(blob), seq),
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -1120,7 +904,7 @@ class RunLog:
                 f"run {self._run_id}: seq {seq} is the run's Done; it is never set aside"
             )
         body = row_lost_body(seq, reason, **details)
-        blob = msgpack.packb(body, use_bin_type=True)
+        blob = encode_body("event", body)
         try:
             conn.execute("BEGIN IMMEDIATE")
             # Plain INSERT: an earlier quarantined body at this seq is never replaced.
@@ -1129,7 +913,7 @@ class RunLog:
             )
             conn.execute(
                 "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
-                (blob, zlib.crc32(blob), seq),
+                (blob, body_crc(blob), seq),
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -1155,10 +939,9 @@ class RunLog:
         """
         self._check_open()
         try:
-            answers = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check")]
+            return quick_check(self._conn)
         except sqlite3.DatabaseError as exc:
             return [str(exc)]
-        return [] if answers == ["ok"] else answers
 
     def checkpoint(self, *, max_pages: int | None = None) -> bool:
         """Checkpoint the WAL, give freed pages back to the file system, truncate the ``-wal``.

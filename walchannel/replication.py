@@ -53,7 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from walchannel import files
 from walchannel.errors import WalchannelError, WalCorruptError
-from walchannel.log import RunMeta, check_header, read_meta
+from walchannel.log_format import RunMeta, check_header, read_meta
 from walchannel.protocol import next_seq_at_open
 
 __all__ = [
@@ -498,7 +498,7 @@ def _check_restored(path: Path, run_id: str, source: str) -> tuple[RunMeta, int,
         raise ReplicationError(f"restored {source!r} cannot be opened: {exc}") from None
     try:
         check_header(conn, path, run_id)
-        meta = read_meta(conn)
+        meta = read_meta(conn, path)
         unacked, top = conn.execute("SELECT COUNT(*), MAX(seq) FROM rows").fetchone()
     except WalCorruptError as exc:
         raise ReplicationError(f"restored {source!r} is not this run's log: {exc}") from None

@@ -23,7 +23,7 @@ import msgpack
 from walchannel import messages
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, StopCallback
-from walchannel.log import encode_body
+from walchannel.log_format import encode_body
 from walchannel.payload import check_text
 
 __all__ = ["InMemoryEngineChannel"]

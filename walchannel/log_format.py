@@ -1,0 +1,330 @@
+"""The on-disk format of a run log, shared by its writer and its readers.
+
+One SQLite database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log")::
+
+    rows       (seq INTEGER PRIMARY KEY, kind TEXT, body BLOB, crc32 INTEGER,
+                appended_at REAL)                  -- the unacked messages
+    quarantine (seq, kind, body, crc32, appended_at, reason, quarantined_at)
+    meta       (one row: run identity, handshake, cursor, progress, status)
+
+``PRAGMA application_id`` marks the file as ours and ``PRAGMA user_version``
+holds the schema version. This module holds what a file must look like and
+how it is read: the schema (:data:`SCHEMA`, :data:`SCHEMA_VERSION`), the
+:class:`Row` and :class:`RunMeta` types, the body encoding and CRC
+(:func:`encode_body`, :func:`body_crc`), row and meta decoding
+(:func:`decode_row`, :func:`read_meta`), the header checks
+(:func:`check_header`) and ``PRAGMA quick_check`` (:func:`quick_check`).
+
+It never writes a file and never takes a lock: the writer is
+:class:`walchannel.log.RunLog`, the readers are in
+:mod:`walchannel.inspection` and :mod:`walchannel.replication`, and all of
+them read the format through the functions here, never re-implemented. It
+imports neither grpc nor httpx.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import msgpack
+
+from walchannel.errors import PayloadError, WalCorruptError
+
+__all__ = [
+    "APPLICATION_ID",
+    "KINDS",
+    "META_FIELDS",
+    "ROW_LOST_TYPE",
+    "Row",
+    "RunMeta",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "body_crc",
+    "check_header",
+    "decode_row",
+    "encode_body",
+    "quick_check",
+    "read_meta",
+    "row_lost_body",
+]
+
+#: ``PRAGMA application_id`` of every walchannel log ("WALC").
+APPLICATION_ID: Final = 0x57414C43
+#: The schema this code writes and the newest it reads.
+SCHEMA_VERSION: Final = 1
+#: Event type that stands in, at the same seq, for a row that failed its checks.
+ROW_LOST_TYPE: Final = "walchannel.row_lost"
+
+#: The row kinds: the ``UpMessage`` oneof names that go through the log.
+KINDS: Final = frozenset({"event", "finding", "approval_request", "done"})
+
+#: The CREATE statements of a new log, in order.
+SCHEMA: Final = (
+    """CREATE TABLE rows (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        body BLOB NOT NULL,
+        crc32 INTEGER NOT NULL,
+        appended_at REAL NOT NULL)""",
+    """CREATE TABLE quarantine (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT,
+        body BLOB,
+        crc32 INTEGER,
+        appended_at REAL,
+        reason TEXT NOT NULL,
+        quarantined_at REAL NOT NULL)""",
+    """CREATE TABLE meta (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        schema_version INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        correlation_id TEXT NOT NULL,
+        connector_version TEXT,
+        harness_name TEXT,
+        harness_version TEXT,
+        last_acked_seq INTEGER NOT NULL DEFAULT 0,
+        high_water INTEGER NOT NULL DEFAULT 0,
+        unverified_from INTEGER,
+        progress TEXT,
+        token_sha256 TEXT,
+        owner_pid INTEGER,
+        owner_host TEXT,
+        last_engine_addr TEXT,
+        last_ack_at REAL,
+        last_error TEXT,
+        last_error_at REAL,
+        reconnects INTEGER NOT NULL DEFAULT 0,
+        failed_at REAL,
+        completed_at REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL)""",
+)
+
+_ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One logged message.
+
+    Attributes:
+        seq: its seq (>= 1).
+        kind: the ``UpMessage`` oneof name (``event``, ``finding``,
+            ``approval_request``, ``done``).
+        body: the inner message as a plain mapping (SPEC "Control vs data").
+        appended_at: when it was committed (unix seconds).
+        size: the size of its msgpack body (bytes).
+    """
+
+    seq: int
+    kind: str
+    body: dict[str, Any]
+    appended_at: float
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunMeta:
+    """The log's meta row (SPEC "The log"). Times are unix seconds.
+
+    ``progress`` is the harness's resume marker (decoded JSON), never a seq;
+    ``token_sha256`` is the sha256 of the run token, never the token;
+    ``failed_at`` is set when an engine was found behind the stored cursor.
+    """
+
+    schema_version: int
+    run_id: str
+    correlation_id: str
+    connector_version: str | None
+    harness_name: str | None
+    harness_version: str | None
+    last_acked_seq: int
+    high_water: int
+    unverified_from: int | None
+    progress: dict[str, Any] | None
+    token_sha256: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    last_engine_addr: str | None
+    last_ack_at: float | None
+    last_error: str | None
+    last_error_at: float | None
+    reconnects: int
+    failed_at: float | None
+    completed_at: float | None
+    created_at: float
+    updated_at: float
+
+
+#: The meta row's columns, in :class:`RunMeta` order.
+META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def encode_body(kind: str, body: Mapping[str, Any]) -> bytes:
+    """Encode a row body as msgpack, the form it is stored in.
+
+    Raises:
+        PayloadError: msgpack cannot encode it (named by ``kind``).
+    """
+    try:
+        return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
+        raise PayloadError(kind, f"msgpack cannot encode the body: {exc}") from None
+
+
+def body_crc(blob: bytes) -> int:
+    """The ``crc32`` column of a row: zlib's CRC-32 of its msgpack body."""
+    return zlib.crc32(blob)
+
+
+def row_lost_body(seq: int, reason: str, **details: str | int) -> dict[str, Any]:
+    """The body of the ``walchannel.row_lost`` event that replaces a quarantined row.
+
+    Args:
+        seq: the row's seq.
+        reason: why it was quarantined.
+        details: more payload fields (e.g. ``kind``, ``size``, ``limit`` of a
+            row the engine refused for its size).
+    """
+    return {
+        "type": ROW_LOST_TYPE,
+        "severity": "error",
+        "payload": {"seq": seq, "reason": reason, **details},
+        "ts": _now_iso(),
+    }
+
+
+def decode_row(
+    seq: int, kind: str, blob: bytes, crc: int, appended_at: float
+) -> tuple[Row, str | None]:
+    """Check and decode one stored row.
+
+    Returns:
+        ``(row, None)`` for a good row; ``(substitute, reason)`` for a row
+        whose CRC, msgpack or kind does not check out, where the substitute
+        is the ``walchannel.row_lost`` event at the same seq.
+    """
+    reason: str | None = None
+    body: Any = None
+    if not isinstance(blob, bytes):
+        reason = f"body is {type(blob).__name__}, not a blob"
+    elif body_crc(blob) != crc:
+        reason = f"crc32 mismatch (stored {crc}, computed {body_crc(blob)})"
+    elif kind not in KINDS:
+        reason = f"unknown kind {kind!r}"
+    else:
+        try:
+            body = msgpack.unpackb(blob, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            reason = f"msgpack does not decode: {exc}"
+        else:
+            if not isinstance(body, dict):
+                reason = f"body decodes to {type(body).__name__}, not a mapping"
+    if reason is not None:
+        lost = row_lost_body(seq, reason)
+        size = len(msgpack.packb(lost, use_bin_type=True))
+        return Row(seq, "event", lost, appended_at, size), reason
+    return Row(seq, kind, body, appended_at, len(blob)), None
+
+
+def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> None:
+    """Check that ``conn`` holds a walchannel log of this schema (and this run, if given).
+
+    Reads only: the file is left untouched whatever it holds.
+
+    Raises:
+        WalCorruptError: not a walchannel log, a newer schema, another run's
+            log, or a broken header, schema or meta row (path and reason).
+    """
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id != APPLICATION_ID:
+            tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+            what = "an empty file" if tables == 0 else f"application_id {app_id:#x}"
+            raise WalCorruptError(str(path), f"not a walchannel log ({what})")
+        if version > SCHEMA_VERSION:
+            raise WalCorruptError(
+                str(path),
+                f"newer schema version {version} (this walchannel reads up to {SCHEMA_VERSION})",
+            )
+        if version < 1:
+            raise WalCorruptError(str(path), f"broken header: schema version {version}")
+        for table, wanted in (("rows", _ROW_COLUMNS), ("meta", META_FIELDS)):
+            cols = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})"))
+            missing = [c for c in wanted if c not in cols]
+            if missing:
+                raise WalCorruptError(
+                    str(path), f"broken schema: table {table} lacks {', '.join(missing)}"
+                )
+        metas = conn.execute("SELECT run_id, schema_version FROM meta").fetchall()
+        if len(metas) != 1:
+            raise WalCorruptError(str(path), f"broken meta: {len(metas)} meta rows, expected 1")
+        stored_run, stored_version = metas[0]
+        if stored_version != version:
+            raise WalCorruptError(
+                str(path),
+                f"broken meta: schema version {stored_version} != header {version}",
+            )
+        if run_id is not None and stored_run != run_id:
+            raise WalCorruptError(str(path), f"belongs to run {stored_run!r}, not {run_id!r}")
+    except sqlite3.DatabaseError as exc:
+        raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+
+
+def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:
+    """Read and decode the meta row (after :func:`check_header`).
+
+    Args:
+        conn: a connection to the log.
+        path: the log file, for the error.
+
+    Raises:
+        WalCorruptError: the meta row does not decode (no row, or a
+            ``progress`` that is not JSON).
+        sqlite3.Error: SQLite cannot read it; the caller says whether that
+            is damage or only a lock or permission.
+    """
+    cur = conn.execute(f"SELECT {', '.join(META_FIELDS)} FROM meta WHERE id = 1")  # noqa: S608
+    try:
+        values = dict(zip(META_FIELDS, cur.fetchone(), strict=True))
+        raw = values["progress"]
+        values["progress"] = json.loads(raw) if raw is not None else None
+        return RunMeta(**values)
+    except (ValueError, TypeError) as exc:
+        raise WalCorruptError(str(path), f"broken meta: {exc}") from None
+
+
+def quick_check(conn: sqlite3.Connection) -> list[str]:
+    """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.
+
+    SQLite answers ``ok``, or lines of complaints that may hold several
+    lines each and ``*** in database main ***`` headers: each complaint
+    comes out as one line, headers dropped. SPEC "The log" (quick_check
+    runs in ``flush`` and ``inspect --verify``, not on the hot path);
+    https://sqlite.org/pragma.html#pragma_quick_check.
+
+    Returns:
+        An empty list when SQLite finds the file sound, else its complaints.
+
+    Raises:
+        sqlite3.Error: SQLite cannot run the check; the caller decides what
+            that means (a writer reports it as a complaint, a reader sorts
+            damage from a lock or permission).
+    """
+    answers = [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
+    if answers == ["ok"]:
+        return []
+    lines = [line for answer in answers for line in answer.splitlines()]
+    return [line for line in lines if line and not line.startswith("***")]
