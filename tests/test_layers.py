@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import ROOT
 
 # Each module may import only modules earlier in this list (or the stdlib and
-# third-party packages). cli, demo and testing come last.
+# third-party packages). testing, demo and the command's modules come last.
 ORDER = [
     "walchannel._proto",
     "walchannel._killpoints",
@@ -35,6 +35,8 @@ ORDER = [
     "walchannel.testing",
     "walchannel.demo",
     "walchannel.demo_hostloss",
+    "walchannel.cli_logs",
+    "walchannel.flush",
     "walchannel.cli",
     "walchannel.__main__",
 ]
@@ -55,6 +57,7 @@ NO_NETWORK = {
     "walchannel.metrics",
     "walchannel.inspection",
     "walchannel.watch",
+    "walchannel.cli_logs",
     "walchannel.replication",
 }
 NO_IO = {"walchannel.protocol"}
@@ -123,6 +126,66 @@ def test_light_modules_never_import_the_network() -> None:
             assert not target.startswith(("walchannel.channel", "walchannel.discovery")), (
                 f"{name} imports {target}"
             )
+
+
+def closure(module: str, trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Every import done at run time by ``module`` and the walchannel modules it loads.
+
+    Imports inside functions count: they load when the code runs.
+
+    Returns:
+        ``{module: its imports}`` for ``module`` and each walchannel module reached.
+    """
+    seen: dict[str, list[str]] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in trees:
+            continue
+        seen[name] = imports(trees[name], name)
+        todo += [t for t in seen[name] if t in trees]
+    return seen
+
+
+# The read-only tools and the format they read: neither they nor anything
+# they load, at import or when run, may import grpc, httpx or the channel.
+READ_ONLY_TOOLS = (
+    "walchannel.log_format",
+    "walchannel.inspection",
+    "walchannel.watch",
+    "walchannel.cli_logs",  # the inspect, export and prune commands
+)
+
+
+def test_the_read_only_tools_never_load_grpc() -> None:
+    trees = modules()
+    for start in READ_ONLY_TOOLS:
+        assert start in trees and start in NO_NETWORK, start
+        for name, targets in closure(start, trees).items():
+            for target in targets:
+                assert target.split(".")[0] not in {"grpc", "httpx"}, (
+                    f"{start} loads {name}, which imports {target}"
+                )
+                assert not target.startswith(
+                    ("walchannel.channel", "walchannel.discovery", "walchannel.flush")
+                ), f"{start} loads {name}, which imports {target}"
+
+
+def test_flush_is_the_command_that_loads_grpc_and_only_when_it_runs() -> None:
+    trees = modules()
+    flush = trees["walchannel.flush"]
+    assert "grpc" in imports(flush, "walchannel.flush")
+    # Not at import time: the CLI imports walchannel.flush for every command.
+    top = ast.Module(
+        body=[n for n in flush.body if isinstance(n, ast.Import | ast.ImportFrom)],
+        type_ignores=[],
+    )
+    for target in imports(top, "walchannel.flush"):
+        assert target.split(".")[0] not in {"grpc", "httpx"}, target
+        assert not target.startswith(("walchannel.channel", "walchannel.discovery")), target
+    # The CLI wiring itself imports neither.
+    for target in imports(trees["walchannel.cli"], "walchannel.cli"):
+        assert target.split(".")[0] not in {"grpc", "httpx"}, target
 
 
 def test_the_core_does_no_io() -> None:

@@ -1,0 +1,419 @@
+"""``walchannel inspect``, ``export`` and ``prune``: the log commands that never touch the network.
+
+Their implementations; :mod:`walchannel.cli` wires their arguments and
+calls :func:`inspect_command`, :func:`export_command` and
+:func:`prune_command`. SPEC "Operating tools"; docs/operations.md says what
+to do about each state.
+
+- inspect: one line per run, most urgent first (or ``--json``); read-only,
+  never takes the owner lock (:mod:`walchannel.inspection`), ``--watch``
+  refreshes (:mod:`walchannel.watch`).
+- export: the unacked rows (or ``--quarantined``, the quarantine) as JSON
+  lines; read-only.
+- prune: remove old tombstones and their sidecars, holding the owner lock
+  while it removes them (``--dry-run``: only list them).
+
+Also :func:`err`, the one way every command prints an error line. This
+module imports neither grpc nor httpx, nor anything that does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+from walchannel import files
+from walchannel.errors import WalCorruptError, WalLockedError
+from walchannel.inspection import (
+    ALERT_STATES,
+    LogReader,
+    LogUnreadableError,
+    PathError,
+    RunReport,
+    format_age,
+    format_size,
+    inspect_log,
+    list_logs,
+    run_id_from_name,
+)
+from walchannel.lock import OwnerLock, probe_owner
+
+if TYPE_CHECKING:
+    from walchannel.log_format import RunMeta
+
+__all__ = ["err", "export_command", "inspect_command", "prune_command"]
+
+# Characters of a row body shown on one line by ``inspect --show``.
+_BODY_WIDTH: Final = 100
+_SECONDS_PER_DAY: Final = 86_400.0
+
+
+# -- formatting ----------------------------------------------------------------
+
+
+def _one_line(body: object, width: int = _BODY_WIDTH) -> str:
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _json_default(value: object) -> object:
+    # msgpack hands back bytes for binary values; JSON has no bytes.
+    if isinstance(value, bytes | bytearray):
+        return value.hex()
+    return repr(value)
+
+
+def err(command: str | None, message: str) -> None:
+    """Print ``walchannel COMMAND: message`` on standard error."""
+    prefix = f"walchannel {command}" if command else "walchannel"
+    print(f"{prefix}: {message}", file=sys.stderr)
+
+
+def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
+    """The folder (default: the default log folder) and its logs, or None after an error.
+
+    The default folder not existing yet means no run has logged on this
+    machine: no logs, not an error. A PATH given and missing is an error.
+    """
+    folder = Path(path).expanduser() if path else files.default_wal_dir()
+    if not path and not os.path.lexists(folder):
+        return folder, []
+    try:
+        return folder, list_logs(folder)
+    except PathError as exc:
+        err(command, str(exc))
+        return None
+
+
+# -- inspect -----------------------------------------------------------------------
+
+
+def _owner_text(report: RunReport) -> str:
+    owner = report.locked_by
+    if owner is None:
+        return "-"
+    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
+    if owner.host and owner.host != socket.gethostname():
+        return f"{pid}@{owner.host}"
+    return pid
+
+
+_COLUMNS: Final = (
+    # header, right-aligned
+    ("STATE", False),
+    ("RUN", False),
+    ("UNACKED", True),
+    ("BYTES", True),
+    ("OLDEST", True),
+    ("LAST ACK", True),
+    ("OWNER", False),
+    ("DISK", True),
+    ("DETAIL", False),
+)
+
+
+def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
+    return (
+        report.state,
+        report.run_id or Path(report.file).name,
+        "-" if report.unacked_count is None else str(report.unacked_count),
+        format_size(report.unacked_bytes),
+        format_age(report.oldest_unacked_age_s),
+        report.last_ack_text(now),
+        _owner_text(report),
+        format_size(report.file_bytes),
+        report.detail(now),
+    )
+
+
+def _print_table(reports: Sequence[RunReport], now: float) -> None:
+    rows = [tuple(h for h, _ in _COLUMNS), *(_table_row(r, now) for r in reports)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
+        ]
+        return "  ".join([*cells, row[-1]]).rstrip()
+
+    print(line(rows[0]))
+    for report, row in zip(reports, rows[1:], strict=True):
+        print(line(row))
+        for shown in report.shown:
+            body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body)
+            print(
+                f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
+                f"  {format_size(shown.size):>9}  {body}"
+            )
+        for q in report.shown_quarantined:
+            held = _one_line(q.body) if q.body is not None else "[does not decode]"
+            print(
+                f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
+                f"{format_size(q.size):>9}  [{q.reason}]  {held}"
+            )
+
+
+def _urgency_key(report: RunReport) -> tuple[int, float, str]:
+    # Most urgent state first; within a state, the oldest backlog first.
+    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    """Run ``walchannel inspect`` with the parsed ``args``; return the exit code."""
+    if args.json and args.show:
+        err("inspect", "--show is for the human output; use 'walchannel export LOG' for JSON rows")
+        return 2
+    if args.watch_count is not None and (args.watch is None or args.watch_count < 1):
+        err("inspect", "--watch-count N needs --watch and N >= 1")
+        return 2
+    if args.watch is not None and (args.json or args.show):
+        err("inspect", "--watch is a view for people: not with --json or --show")
+        return 2
+    found = _logs_at("inspect", args.path)
+    if found is None:
+        return 2
+    folder, logs = found
+    if args.watch is not None:
+        return _watch_inspect(args, folder)
+    now = time.time()
+    reports = sorted(
+        (
+            inspect_log(
+                log, now=now, stuck_after_s=args.stuck_after, verify=args.verify, show=args.show
+            )
+            for log in logs
+        ),
+        key=_urgency_key,
+    )
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
+    elif reports:
+        _print_table(reports, now)
+    elif folder.exists():
+        print(f"no run logs in {folder}")
+    else:
+        print(f"no run logs: {folder} does not exist yet (the default log folder)")
+    return 1 if any(r.state in ALERT_STATES for r in reports) else 0
+
+
+def _watch_inspect(args: argparse.Namespace, folder: Path) -> int:
+    from walchannel.watch import watch
+
+    def find() -> list[Path]:
+        if not args.path and not os.path.lexists(folder):
+            return []
+        return list_logs(folder)
+
+    return watch(
+        find,
+        where=str(folder),
+        interval_s=args.watch,
+        out=sys.stdout,
+        clear=sys.stdout.isatty(),
+        count=args.watch_count,
+        stuck_after_s=args.stuck_after,
+        verify=args.verify,
+    )
+
+
+# -- export ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _output(name: str | None) -> Iterator[TextIO]:
+    if name is None or name == "-":
+        yield sys.stdout
+        return
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with open(fd, "w", encoding="utf-8") as out:
+        yield out
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Run ``walchannel export`` with the parsed ``args``; return the exit code."""
+    path = Path(args.log).expanduser()
+    try:
+        with LogReader(path, run_id_from_name(path)) as reader:
+            after = reader.meta().last_acked_seq
+            with _output(args.output) as out:
+                records: Iterator[dict[str, Any]]
+                if args.quarantined:
+                    records = (
+                        {
+                            "seq": q.seq,
+                            "kind": q.kind,
+                            "body": q.body,
+                            "body_hex": q.raw.hex() if q.raw is not None else None,
+                            "appended_at": q.appended_at,
+                            "reason": q.reason,
+                            "quarantined_at": q.quarantined_at,
+                        }
+                        for q in reader.quarantined()
+                    )
+                else:
+                    records = (
+                        {
+                            "seq": row.seq,
+                            "kind": row.kind,
+                            "body": row.body,
+                            "appended_at": row.appended_at,
+                        }
+                        for row, _damage in reader.rows(after)
+                    )
+                for record in records:
+                    out.write(
+                        json.dumps(
+                            record,
+                            separators=(",", ":"),
+                            ensure_ascii=False,
+                            default=_json_default,
+                        )
+                        + "\n"
+                    )
+    except (WalCorruptError, LogUnreadableError) as exc:
+        err("export", str(exc))
+        return 2
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        err("export", f"{args.output}: cannot write: {exc.strerror or exc}")
+        return 2
+    return 0
+
+
+# -- prune ---------------------------------------------------------------------------
+
+
+def _sidecars(log: Path) -> tuple[Path, ...]:
+    return (Path(f"{log}-wal"), Path(f"{log}-shm"), files.lock_path(log))
+
+
+def _remove_litestream_state(log: Path) -> None:
+    """Remove Litestream's local state of a pruned log (``.<log>-litestream``); its replica stays.
+
+    Litestream (``walchannel replicate``) stops replicating a deleted file
+    but leaves this folder behind, one per run.
+    """
+    import shutil
+
+    state = log.with_name(f".{log.name}-litestream")
+    if state.is_dir() and not state.is_symlink():
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _tombstone_meta(log: Path) -> RunMeta | None:
+    try:
+        with LogReader(log, run_id_from_name(log)) as reader:
+            meta = reader.meta()
+    except WalCorruptError:
+        return None
+    except LogUnreadableError as exc:
+        # Maybe a tombstone; say why it is left, rather than skip it silently.
+        err("prune", f"kept {log}: cannot read it: {exc.reason}")
+        return None
+    return meta if meta.completed_at is not None else None
+
+
+def _quarantined_count(log: Path) -> int | None:
+    try:
+        with LogReader(log, run_id_from_name(log)) as reader:
+            return reader.snapshot().quarantined
+    except (WalCorruptError, LogUnreadableError):
+        return None
+
+
+def _prune_one(
+    log: Path,
+    cutoff: float,
+    now: float,
+    *,
+    dry_run: bool = False,
+    include_quarantined: bool = False,
+) -> bool | None:
+    """Remove one old tombstone. True: removed (or would be); False: failed; None: kept."""
+    lock_file = files.lock_path(log)
+    try:
+        owner = probe_owner(lock_file)
+    except OSError as exc:
+        err("prune", f"kept {log}: cannot probe its lock: {exc.strerror or exc}")
+        return None
+    meta = _tombstone_meta(log)
+    if meta is None or meta.completed_at is None or meta.completed_at > cutoff:
+        return None
+    if owner is not None:
+        err("prune", f"kept {log}: its lock is held by {owner.describe()}")
+        return None
+    if not include_quarantined:
+        held = _quarantined_count(log)
+        if held is None or held > 0:
+            # Nothing is deleted silently: those rows never reached the engine.
+            err(
+                "prune",
+                f"kept {log}: its quarantine holds {held if held is not None else 'unknown'} "
+                f"row(s) the engine never got; save them with 'walchannel export "
+                f"--quarantined {log}', then prune with --include-quarantined",
+            )
+            return None
+    if dry_run:
+        age = format_age(now - meta.completed_at)
+        print(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
+        return True
+    # Hold the owner lock while removing, so no harness opens the log meanwhile.
+    try:
+        lock = OwnerLock.acquire(lock_file, log=log)
+    except WalLockedError as exc:
+        err("prune", f"kept {log}: {exc}")
+        return None
+    except OSError as exc:
+        err("prune", f"kept {log}: cannot take its lock: {exc.strerror or exc}")
+        return None
+    try:
+        if _tombstone_meta(log) is None:  # changed under us: leave it
+            return None
+        try:
+            # The log first: a crash after it leaves only harmless sidecars.
+            for victim in (log, *_sidecars(log)):
+                with contextlib.suppress(FileNotFoundError):
+                    victim.unlink()
+        except OSError as exc:
+            err("prune", f"cannot remove {log}: {exc.strerror or exc}")
+            return False
+        _remove_litestream_state(log)
+    finally:
+        lock.release()
+    completed = meta.completed_at
+    print(f"removed {log} (run {meta.run_id}, completed {format_age(now - completed)} ago)")
+    return True
+
+
+def prune_command(args: argparse.Namespace) -> int:
+    """Run ``walchannel prune`` with the parsed ``args``; return the exit code."""
+    found = _logs_at("prune", args.path)
+    if found is None:
+        return 2
+    folder, logs = found
+    now = time.time()
+    cutoff = now - args.older_than * _SECONDS_PER_DAY
+    outcomes = [
+        _prune_one(
+            log,
+            cutoff,
+            now,
+            dry_run=args.dry_run,
+            include_quarantined=args.include_quarantined,
+        )
+        for log in logs
+    ]
+    removed = outcomes.count(True)
+    if not removed:
+        print(f"nothing to prune in {folder}")
+    return 1 if False in outcomes else 0

@@ -1,0 +1,329 @@
+"""``walchannel flush``: deliver an orphaned run's unacked rows to an engine.
+
+The command's implementation; :mod:`walchannel.cli` wires its arguments
+and calls :func:`flush_command`. SPEC "Operating tools"; docs/operations.md
+says when to use it.
+
+flush reads the run token (from an environment variable or standard input,
+never an argument, never printed), checks that the log can be flushed
+(:func:`_check_flushable`: a stored handshake, the token's sha256, ``PRAGMA
+quick_check``), takes the log's owner lock (so a live harness's log is
+refused), and delivers the unacked rows through a
+:class:`~walchannel.channel.GrpcEngineChannel` speaking with the stored
+handshake. It is the only command that loads grpc and httpx, imported
+inside :func:`_flush`, so importing this module loads neither.
+
+Exit codes: 0 when all is acked; 1 when not within ``--timeout``, or the
+engine says the run is completed or is behind; 2 when refused (owner
+alive, wrong token, no stored handshake, corrupt log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from walchannel import files
+from walchannel.address import AllowedHost, parse_allowed_hosts
+from walchannel.cli_logs import err
+from walchannel.errors import WalCorruptError, WalLockedError
+from walchannel.inspection import LogReader, LogUnreadableError, run_id_from_name
+
+if TYPE_CHECKING:
+    import httpx
+
+    from walchannel.channel import GrpcEngineChannel
+    from walchannel.log import RunLog
+    from walchannel.log_format import RunMeta
+
+__all__ = ["DEFAULT_FLUSH_TIMEOUT_S", "flush_command"]
+
+#: flush's default bound for delivering everything (seconds).
+DEFAULT_FLUSH_TIMEOUT_S: Final = 300.0
+# flush's bound for one dial and handshake, as the channel's default (ms).
+_FLUSH_CONNECT_TIMEOUT_MS: Final = 10_000
+# How long flush waits between discovery attempts at most (s).
+_DISCOVERY_RETRY_MAX_S: Final = 5.0
+
+
+class _Refused(Exception):
+    """A command that must stop with exit 2 (the message says why)."""
+
+
+def _read_token(env: str | None) -> str:
+    from walchannel.config import check_metadata_value
+
+    source = env if env is not None else "standard input"
+    if env is not None:
+        value = os.environ.get(env, "").strip()
+        if not value:
+            raise _Refused(f"the environment variable {env} is not set or empty")
+    elif sys.stdin is None:
+        raise _Refused("no standard input to read the run token from; use --token-env VAR")
+    elif sys.stdin.isatty():
+        # Not echoed: the token must not land on the screen or in scrollback.
+        value = getpass.getpass("run token: ").strip()
+    else:
+        value = sys.stdin.readline().strip()
+    if not value:
+        raise _Refused("no run token on standard input (or use --token-env VAR)")
+    try:
+        # The error gives a position and a kind, never the token.
+        check_metadata_value(f"the run token from {source}", value, secret=True)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    return value
+
+
+def _check_flushable(wal: RunLog, token: str) -> RunMeta:
+    meta = wal.meta()
+    if meta.completed_at is not None:
+        return meta
+    if meta.harness_name is None:
+        raise _Refused(
+            f"{wal.path}: no stored handshake (the harness never called handshake()); "
+            "flush cannot speak for it: restart the harness instead"
+        )
+    digest = hashlib.sha256(token.encode("utf-8")).hexdigest()
+    if meta.token_sha256 is None or meta.token_sha256 != digest:
+        raise _Refused(
+            f"{wal.path}: the token does not match this run's (its sha256 differs from "
+            "the one stored in the log)"
+        )
+    complaints = wal.quick_check()
+    if complaints:
+        raise _Refused(f"{wal.path}: corrupt: quick_check: {'; '.join(complaints[:3])}")
+    return meta
+
+
+def flush_command(args: argparse.Namespace) -> int:
+    """Run ``walchannel flush`` with the parsed ``args``; return the exit code (module doc)."""
+    path = Path(args.log).expanduser()
+    try:
+        run_id = run_id_from_name(path)
+        if run_id is None:
+            raise _Refused(f"{path}: LOG must be a run log named <run_id>{files.LOG_SUFFIX}")
+        # Read the stored correlation id first, without taking anything; this
+        # also makes sure the file exists (RunLog.open would create one).
+        try:
+            with LogReader(path, run_id) as reader:
+                correlation_id = reader.meta().correlation_id
+        except (WalCorruptError, LogUnreadableError) as exc:
+            raise _Refused(str(exc)) from None
+        try:
+            allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None
+        except ValueError as exc:
+            raise _Refused(f"--allowed-host: {exc}") from None
+        token = _read_token(args.token_env)
+        ca: bytes | None = None
+        if args.ca_file is not None:
+            try:
+                ca = Path(args.ca_file).expanduser().read_bytes()
+            except OSError as exc:
+                raise _Refused(f"{args.ca_file}: cannot read: {exc.strerror or exc}") from None
+        return asyncio.run(_flush(args, path, run_id, correlation_id, token, ca, allowed))
+    except _Refused as exc:
+        err("flush", f"refused: {exc}")
+        return 2
+
+
+async def _discover_until(
+    client: httpx.AsyncClient,
+    http_addr: str,
+    allowed_hosts: tuple[AllowedHost, ...] | None,
+    deadline: float,
+    via: str = "",
+) -> str | None:
+    """Ask ``http_addr`` for the engine's address, retrying until ``deadline``.
+
+    ``via`` (`` via proxy host:port`` or empty) goes into the error lines.
+    """
+    from walchannel.discovery import discover
+    from walchannel.errors import DiscoveryError
+
+    loop = asyncio.get_running_loop()
+    delay = 0.5
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return None
+        try:
+            return await discover(
+                client,
+                http_addr,
+                allowed_hosts=allowed_hosts,
+                timeout_s=min(remaining, _FLUSH_CONNECT_TIMEOUT_MS / 1000),
+            )
+        except DiscoveryError as exc:
+            err("flush", f"discovery{via}: {exc}")
+        await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+        delay = min(delay * 2, _DISCOVERY_RETRY_MAX_S)
+
+
+async def _wait_delivered(channel: GrpcEngineChannel, deadline: float) -> bool:
+    from walchannel.protocol import ChannelState
+
+    loop = asyncio.get_running_loop()
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return False
+        if await channel.wait_acked(timeout_ms=min(remaining, 0.5) * 1000):
+            return True
+        # wait_acked only ends early on close: watch for a final state too.
+        if channel.state in (ChannelState.FAILED, ChannelState.EXPIRED, ChannelState.CLOSED):
+            return False
+
+
+@contextlib.contextmanager
+def _flush_logging() -> Iterator[None]:
+    # The channel reports reconnects and refusals through logging: show them.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("walchannel flush: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("walchannel")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+async def _flush(
+    args: argparse.Namespace,
+    path: Path,
+    run_id: str,
+    correlation_id: str,
+    token: str,
+    ca: bytes | None,
+    allowed: tuple[AllowedHost, ...] | None,
+) -> int:
+    # grpc and httpx load here, and only here: inspect and export never import them.
+    import ssl
+
+    import grpc
+    import httpx
+
+    from walchannel.channel import GrpcEngineChannel
+    from walchannel.config import GrpcChannelConfig
+    from walchannel.discovery import discovery_client
+    from walchannel.errors import (
+        EngineBehindError,
+        EngineUnavailableError,
+        RunCompletedError,
+        WalWriteError,
+    )
+    from walchannel.log import RunLog
+    from walchannel.protocol import ChannelState
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
+    try:
+        wal = RunLog.open(path.parent, run_id, correlation_id=correlation_id)
+    except WalLockedError as exc:
+        raise _Refused(f"{exc} (a live harness owns it; flush only an orphaned run)") from None
+    except (WalCorruptError, WalWriteError, ValueError) as exc:
+        raise _Refused(str(exc)) from None
+    handed_over = False
+    try:
+        meta = _check_flushable(wal, token)
+        if meta.completed_at is not None:
+            print(f"run {run_id} is completed (its log is a tombstone): nothing to flush")
+            return 0
+        count = wal.unacked_count
+        if count == 0:
+            print(f"run {run_id}: nothing to deliver (every row is acked)")
+            return 0
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca) if ca else None
+        # The same roots for https discovery; the channel reuses this client.
+        verify: ssl.SSLContext | bool = True
+        if ca is not None:
+            verify = ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
+        via = ""
+        if args.http_addr is not None:
+            # The channel's proxy policy (the environment's proxy, as the stream).
+            http, proxy = discovery_client(args.http_addr, verify=verify)
+            via = f" via proxy {proxy.shown}" if proxy is not None else ""
+        else:
+            http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
+        try:
+            with _flush_logging():
+                grpc_addr = args.grpc_addr
+                if grpc_addr is None:
+                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline, via)
+                    if grpc_addr is None:
+                        err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
+                        return 1
+                remaining_ms = max(1.0, (deadline - loop.time()) * 1000)
+                try:
+                    config = GrpcChannelConfig(
+                        grpc_addr=grpc_addr,
+                        http_addr=args.http_addr,
+                        http_client=http if args.http_addr else None,
+                        run_id=run_id,
+                        correlation_id=meta.correlation_id,
+                        run_token=token,
+                        wal_dir=path.parent,
+                        credentials=credentials,
+                        tls_server_name=args.tls_server_name,
+                        allowed_hosts=allowed,
+                        connect_timeout_ms=int(min(_FLUSH_CONNECT_TIMEOUT_MS, remaining_ms)) or 1,
+                    )
+                except ValueError as exc:
+                    raise _Refused(str(exc)) from None
+                channel = GrpcEngineChannel(config, log=wal)
+                handed_over = True
+                try:
+                    try:
+                        await channel.handshake(
+                            meta.connector_version or "",
+                            meta.harness_name or "",
+                            meta.harness_version or "",
+                        )
+                    except EngineUnavailableError:
+                        pass  # the channel keeps dialing until the deadline
+                    except RunCompletedError:
+                        err(
+                            "flush",
+                            f"run {run_id}: the engine says the run is completed (its Done was "
+                            "applied): the rows left in this log cannot be delivered",
+                        )
+                        return 1
+                    except EngineBehindError:
+                        # The channel logged why (above): nothing can be delivered there.
+                        err("flush", f"run {run_id}: the engine is behind this log ('failed')")
+                        return 1
+                    delivered = await _wait_delivered(channel, deadline)
+                    failed = channel.state is ChannelState.FAILED
+                    last_error = channel.stats().last_error
+                finally:
+                    await channel.close()
+        finally:
+            await http.aclose()
+    finally:
+        if not handed_over:
+            wal.close()
+    acked, high = wal.last_acked_seq, wal.high_water
+    if not delivered:
+        why = f": {last_error}" if last_error else ""
+        if failed:
+            err("flush", f"run {run_id}: the channel stopped (acked up to seq {acked}){why}")
+        else:
+            err(
+                "flush",
+                f"run {run_id}: not all rows were acked within {args.timeout:g} s "
+                f"(acked up to seq {acked} of {high}); last error{why or ': none'}",
+            )
+        return 1
+    done = "; Done delivered: the log is now a tombstone" if wal.completed else ""
+    print(f"flushed run {run_id}: {count} row(s) delivered, acked up to seq {acked}{done}")
+    return 0
