@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -1053,8 +1052,3 @@ class RunLog:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next_seq={self._next_seq}"
         return f"<RunLog run_id={self._run_id!r} {state} acked={self._last_acked}>"
-
-
-def owner_host() -> str:
-    """This host's name, as stored in the lock sidecar and meta."""
-    return socket.gethostname()

@@ -17,12 +17,14 @@ protobuf, never grpc.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
 
 from walchannel._proto import engine_channel_pb2 as pb
+
+if TYPE_CHECKING:
+    from google.protobuf.struct_pb2 import Struct
 
 __all__ = [
     "CONTROL_KINDS",
@@ -38,12 +40,6 @@ __all__ = [
 DATA_KINDS: Final = ("event", "finding", "approval_request", "done")
 #: Kinds written directly at seq 0, never logged.
 CONTROL_KINDS: Final = ("handshake", "heartbeat")
-
-
-def _struct(mapping: Mapping[str, Any]) -> Struct:
-    struct = Struct()
-    struct.update(mapping)
-    return struct
 
 
 def up_message(

@@ -307,10 +307,6 @@ class FaultProxy:
             **self._counts,
         )
 
-    def events_since(self, at: float, kind: str | None = None) -> list[ProxyEvent]:
-        """Events at or after ``at`` (``time.monotonic()``), optionally of one kind."""
-        return [e for e in self.events if e.at >= at and (kind is None or e.kind == kind)]
-
     def _event(self, flow: int, kind: str) -> None:
         self.events.append(ProxyEvent(time.monotonic(), flow, kind))
         if len(self.events) > MAX_EVENTS:
