@@ -561,6 +561,43 @@ def test_a_damaged_row_is_quarantined_and_replaced_by_row_lost(
     assert "seq 2" in caplog.text and "quarantined" in caplog.text
 
 
+def test_a_damaged_page_read_by_unacked_bytes_is_wal_corrupt_not_a_sqlite_error(
+    wal_dir: Path,
+) -> None:
+    with open_log(wal_dir) as wal:
+        wal.append_many([("finding", {"fields": {"n": i, "text": "x" * 200}}) for i in range(2000)])
+        path = wal.path
+    data = bytearray(path.read_bytes())
+    page = 4096
+    # Zero a page in the middle, among the rows' leaves: opening reads only
+    # the newest row, the backlog's size is summed on first use.
+    middle = len(data) // page // 2
+    data[middle * page : (middle + 1) * page] = bytes(page)
+    path.write_bytes(bytes(data))
+    with open_log(wal_dir) as wal:
+        with pytest.raises(WalCorruptError, match="cannot read the rows' sizes") as info:
+            _ = wal.unacked_bytes
+        assert info.value.path == str(path)
+        assert "malformed" in info.value.reason
+
+
+def test_reads_on_a_failing_connection_raise_wal_corrupt_not_a_sqlite_error(
+    wal_dir: Path,
+) -> None:
+    with open_log(wal_dir) as wal:
+        wal.append_many([("finding", finding(i)) for i in range(3)])
+        # Every statement now fails in SQLite (sqlite3.ProgrammingError).
+        wal._conn.close()
+        reads = {
+            "the rows' sizes": lambda: wal.unacked_bytes,
+            "the quarantine": wal.quarantined,
+            "row seq 2": lambda: wal.set_aside(2, "too big"),
+        }
+        for what, read in reads.items():
+            with pytest.raises(WalCorruptError, match=f"cannot read {what}"):
+                read()
+
+
 def test_quick_check_finds_damage_inside_a_page(wal_dir: Path) -> None:
     with open_log(wal_dir) as wal:
         wal.append_many([("finding", finding(i)) for i in range(3000)])

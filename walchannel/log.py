@@ -372,13 +372,22 @@ class RunLog:
         """Total msgpack size of the unacked rows (bytes).
 
         Summed from disk on first use, then kept current in memory.
+
+        Raises:
+            ChannelClosedError: the log is closed (and the sum not yet known).
+            WalCorruptError: SQLite cannot read the rows.
         """
         if self._unacked_bytes is None:
             self._check_open()
-            total = self._conn.execute(
-                "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ?",
-                (self._last_acked,),
-            ).fetchone()[0]
+            try:
+                total = self._conn.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ?",
+                    (self._last_acked,),
+                ).fetchone()[0]
+            except sqlite3.Error as exc:
+                raise WalCorruptError(
+                    str(self._path), f"cannot read the rows' sizes: {exc}"
+                ) from None
             self._unacked_bytes = int(total)
         return self._unacked_bytes
 
@@ -888,14 +897,18 @@ class RunLog:
 
         Raises:
             ValueError: no unacked row ``seq``, or it is the ``done`` row.
+            WalCorruptError: SQLite cannot read the row.
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()
         conn = self._conn
-        raw = conn.execute(
-            "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq = ? AND seq > ?",
-            (seq, self._last_acked),
-        ).fetchone()
+        try:
+            raw = conn.execute(
+                "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq = ? AND seq > ?",
+                (seq, self._last_acked),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read row seq {seq}: {exc}") from None
         if raw is None:
             raise ValueError(f"run {self._run_id}: no unacked row at seq {seq} to set aside")
         if raw[1] == "done":
@@ -923,12 +936,18 @@ class RunLog:
         return Row(seq, "event", body, float(raw[4]), len(blob))
 
     def quarantined(self) -> list[tuple[int, str]]:
-        """Return ``(seq, reason)`` of every quarantined row."""
+        """Return ``(seq, reason)`` of every quarantined row.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the ``quarantine`` table.
+        """
         self._check_open()
-        return [
-            (int(s), str(r))
-            for s, r in self._conn.execute("SELECT seq, reason FROM quarantine ORDER BY seq")
-        ]
+        try:
+            held = self._conn.execute("SELECT seq, reason FROM quarantine ORDER BY seq").fetchall()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read the quarantine: {exc}") from None
+        return [(int(s), str(r)) for s, r in held]
 
     def quick_check(self) -> list[str]:
         """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.
