@@ -213,6 +213,50 @@ async def test_unacked_rows_replay_on_the_next_open(
     assert local_engine.accepted(run_id) == list(range(1, 22))
 
 
+@pytest.mark.asyncio
+async def test_stats_only_reads_an_ack_received_is_counted_not_stored(
+    local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Acks are stored a while after they arrive (coalesced): make the while long.
+    monkeypatch.setattr("walchannel.protocol.ACK_STORE_AFTER_MS", 3_600_000.0)
+    monkeypatch.setattr("walchannel.channel.ACK_STORE_AFTER_MS", 3_600_000.0)
+    run_id, token = new_run(local_engine)
+    async with channel_for(local_engine, tmp_path / "wal", run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        ch.send_findings([finding(i) for i in range(3)])
+        assert await ch.wait_acked(timeout_ms=5000)
+        wal = ch._log
+        stored, changes = wal.last_acked_seq, wal._conn.total_changes
+        assert stored == 0 and ch.last_acked_seq == 3  # received, not stored
+        stats = ch.stats()
+        assert (wal.last_acked_seq, wal._conn.total_changes) == (stored, changes)
+        assert stats.acked == 3 and stats.unacked_count == 0
+        assert stats.unacked_bytes == 0 < wal.unacked_bytes  # the received ack counts
+        assert stats.oldest_unacked_age_s is None
+    with RunLog.open(tmp_path / "wal", run_id, correlation_id="c") as wal:
+        assert wal.last_acked_seq == 3  # close stored it
+
+
+@pytest.mark.asyncio
+async def test_stats_never_quarantines_a_damaged_row(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    with RunLog.open(tmp_path / "wal", run_id, correlation_id="c") as wal:
+        wal.append_many([("finding", {"fields": finding(i)}) for i in range(3)])
+        path = wal.path
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE rows SET crc32 = crc32 + 1 WHERE seq = 1")
+    conn.commit()
+    conn.close()
+    async with channel_for(local_engine, tmp_path / "wal", run_id, token) as ch:
+        changes = ch._log._conn.total_changes
+        stats = ch.stats()  # never handshaken: the damaged row is still first
+        assert ch._log._conn.total_changes == changes
+        assert ch._log.quarantined() == [] and stats.quarantined == 0
+        assert stats.unacked_count == 3 and stats.oldest_unacked_age_s is not None
+
+
 @pytest.mark.parametrize("damage", ["rolled-back", "deleted"])
 @pytest.mark.asyncio
 async def test_lost_commits_get_seqs_past_the_engine(

@@ -598,6 +598,22 @@ def test_reads_on_a_failing_connection_raise_wal_corrupt_not_a_sqlite_error(
                 read()
 
 
+def test_backlog_figures_above_a_received_ack_only_read(wal_dir: Path) -> None:
+    with open_log(wal_dir) as wal:
+        wal.append_many([("finding", finding(i)) for i in range(1, 6)])
+        wal.ack(1)
+        rows = list(wal.unacked())  # seqs 2..5
+        changes = wal._conn.total_changes
+        sizes = [r.size for r in rows]
+        assert wal.unacked_bytes_above(0) == wal.unacked_bytes == sum(sizes)
+        assert wal.unacked_bytes_above(3) == sum(sizes[2:])
+        assert wal.unacked_bytes_above(5) == 0
+        assert wal.oldest_appended_at() == rows[0].appended_at
+        assert wal.oldest_appended_at(3) == rows[2].appended_at
+        assert wal.oldest_appended_at(5) is None
+        assert wal._conn.total_changes == changes and wal.last_acked_seq == 1
+
+
 def test_quick_check_finds_damage_inside_a_page(wal_dir: Path) -> None:
     with open_log(wal_dir) as wal:
         wal.append_many([("finding", finding(i)) for i in range(3000)])

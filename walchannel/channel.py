@@ -406,16 +406,22 @@ class GrpcEngineChannel:
     def stats(self) -> ChannelStats:
         """Return a :class:`~walchannel.ChannelStats` snapshot.
 
-        On a channel whose event loop is gone it closes the channel (see
-        :meth:`close`) and reports ``CLOSED`` with the reason in ``last_error``.
+        It only reads: it neither stores a coalesced ack nor quarantines a
+        damaged row. On a channel whose event loop is gone it closes the
+        channel (see :meth:`close`) and reports ``CLOSED`` with the reason
+        in ``last_error``.
         """
         if self._loop_closed():
             self._abandon()
-        self._store_ack(force=True)
+        # Reads only: an ack received but not yet stored is counted, not stored.
         oldest: float | None = None
-        if self._cursor.unacked and not self._log.closed:
-            for row in self._log.unacked(after_seq=self._cursor.acked, limit=1):
-                oldest = max(0.0, time.time() - row.appended_at)
+        unacked_bytes = 0
+        if not self._log.closed:
+            unacked_bytes = self._log.unacked_bytes_above(self._cursor.acked)
+            if self._cursor.unacked:
+                appended_at = self._log.oldest_appended_at(self._cursor.acked)
+                if appended_at is not None:
+                    oldest = max(0.0, time.time() - appended_at)
         return ChannelStats(
             state=self._sm.state,
             sent=self._sent,
@@ -423,7 +429,7 @@ class GrpcEngineChannel:
             replayed=self._replayed,
             reconnects=self._reconnects,
             unacked_count=self._cursor.unacked,
-            unacked_bytes=self._log.unacked_bytes if not self._log.closed else 0,
+            unacked_bytes=unacked_bytes,
             oldest_unacked_age_s=oldest,
             protocol_errors=self._protocol_errors,
             last_error=self._last_error,

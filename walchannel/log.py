@@ -836,6 +836,64 @@ class RunLog:
             remaining -= len(batch)
             cursor = batch[-1][0]
 
+    def unacked_bytes_above(self, seq: int) -> int:
+        """:attr:`unacked_bytes` without the rows up to ``seq`` (bytes); reads only.
+
+        For a caller that received an ack it has not stored yet (the channel
+        coalesces acks, SPEC "The log"): the backlog as it counts it, with
+        no write to the log.
+
+        Args:
+            seq: the received ack; at or below the stored cursor it changes
+                nothing.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        total = self.unacked_bytes
+        if seq <= self._last_acked:
+            return total
+        self._check_open()
+        try:
+            gone = self._conn.execute(
+                "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ? AND seq <= ?",
+                (self._last_acked, seq),
+            ).fetchone()[0]
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read the rows' sizes: {exc}") from None
+        return max(0, total - int(gone))
+
+    def oldest_appended_at(self, after_seq: int = 0) -> float | None:
+        """When the oldest unacked row above ``after_seq`` was committed; reads only.
+
+        Unlike :meth:`unacked`, a damaged row is not quarantined here (that
+        is a write): only its ``appended_at`` is read.
+
+        Args:
+            after_seq: look at rows with ``seq > after_seq`` (and above the
+                stored cursor).
+
+        Returns:
+            Unix seconds, or None when there is no such row (or its time
+            is not a number).
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        self._check_open()
+        try:
+            row = self._conn.execute(
+                "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
+                (max(after_seq, self._last_acked),),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
+        if row is None or not isinstance(row[0], int | float):
+            return None
+        return float(row[0])
+
     def _quarantine(self, raw: tuple[Any, ...], substitute: Row, reason: str) -> Row:
         seq = raw[0]
         log.error(
