@@ -473,6 +473,7 @@ def good_log(wal_dir: Path) -> Path:
         ("other-run", "belongs to run 'run-2'"),
         ("truncated", ""),
         ("no-meta", "broken meta: 0 meta rows"),
+        ("bad-progress", "broken meta: Expecting value"),
     ],
 )
 def test_bad_files_raise_wal_corrupt_and_are_left_untouched(
@@ -502,6 +503,12 @@ def test_bad_files_raise_wal_corrupt_and_are_left_untouched(
         good_log(wal_dir)
         conn = sqlite3.connect(path)
         conn.execute("DELETE FROM meta")
+        conn.commit()
+        conn.close()
+    elif damage == "bad-progress":
+        good_log(wal_dir)
+        conn = sqlite3.connect(path)
+        conn.execute("UPDATE meta SET progress = 'not json'")
         conn.commit()
         conn.close()
     before = digest(path)
