@@ -74,7 +74,15 @@ from typing import Any, Final, Self, TypeVar
 from walchannel import files
 from walchannel.errors import WalCorruptError
 from walchannel.lock import LockOwner, probe_owner
-from walchannel.log_format import Row, RunMeta, check_header, decode_row, quick_check, read_meta
+from walchannel.log_format import (
+    ROWS_AFTER,
+    Row,
+    RunMeta,
+    check_header,
+    decode_row,
+    quick_check,
+    read_meta,
+)
 from walchannel.protocol import next_seq_after
 
 __all__ = [
@@ -652,11 +660,7 @@ class LogReader:
         size = _BATCH
 
         def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, kind, body, crc32, appended_at FROM rows"
-                " WHERE seq > ? ORDER BY seq LIMIT ?",
-                (cursor, size),
-            ).fetchall()
+            return conn.execute(ROWS_AFTER, (cursor, size)).fetchall()
 
         while remaining is None or remaining > 0:
             size = _BATCH if remaining is None else min(_BATCH, remaining)

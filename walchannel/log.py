@@ -45,6 +45,7 @@ from walchannel.log_format import (
     APPLICATION_ID,
     KINDS,
     ROW_LOST_TYPE,
+    ROWS_AFTER,
     SCHEMA,
     SCHEMA_VERSION,
     Row,
@@ -819,11 +820,7 @@ class RunLog:
         while remaining > 0:
             size = int(min(_BATCH, remaining))
             try:
-                batch = self._conn.execute(
-                    "SELECT seq, kind, body, crc32, appended_at FROM rows"
-                    " WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (cursor, size),
-                ).fetchall()
+                batch = self._conn.execute(ROWS_AFTER, (cursor, size)).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
             for raw in batch:

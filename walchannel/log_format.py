@@ -41,6 +41,7 @@ __all__ = [
     "APPLICATION_ID",
     "KINDS",
     "META_FIELDS",
+    "ROWS_AFTER",
     "ROW_LOST_TYPE",
     "Row",
     "RunMeta",
@@ -108,6 +109,11 @@ SCHEMA: Final = (
 )
 
 _ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
+#: The rows above a seq in seq order, a batch at a time (parameters: the
+#: seq, the batch size); each result row is :func:`decode_row`'s arguments.
+ROWS_AFTER: Final = (
+    "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT ?"
+)
 
 
 @dataclass(frozen=True, slots=True)
