@@ -123,6 +123,9 @@ def test_ctrl_c_ends_the_watch_with_exit_0(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
+        # A background job inherits SIGINT ignored, and Python then leaves it
+        # so: give the child a terminal's default, as an operator's has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None
