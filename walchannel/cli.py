@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -226,16 +225,6 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_cmd_inspect)
 
 
-def _owner_text(report: RunReport) -> str:
-    owner = report.locked_by
-    if owner is None:
-        return "-"
-    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
-    if owner.host and owner.host != socket.gethostname():
-        return f"{pid}@{owner.host}"
-    return pid
-
-
 _COLUMNS: Final = (
     # header, right-aligned
     ("STATE", False),
@@ -258,7 +247,7 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
         format_size(report.unacked_bytes),
         format_age(report.oldest_unacked_age_s),
         report.last_ack_text(now),
-        _owner_text(report),
+        report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
     )

@@ -58,6 +58,7 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
 import sqlite3
 import stat
 import struct
@@ -620,23 +621,13 @@ class LogReader:
         Reads a batch of row sizes per read transaction (no blob is loaded).
         Rows the owner acks meanwhile are simply not counted.
         """
-        total = 0
-        cursor = after_seq
-
-        def sizes(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ?"
-                " ORDER BY seq LIMIT ?",
-                (cursor, upto_seq, _BATCH),
-            ).fetchall()
-
-        while cursor < upto_seq:
-            batch = self._read("rows", sizes)
-            total += sum(int(size or 0) for _, size in batch)
-            if len(batch) < _BATCH:
-                break
-            cursor = int(batch[-1][0])
-        return total
+        batches = self._batches(
+            "rows",
+            "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            after_seq,
+            (upto_seq,),
+        )
+        return sum(int(size or 0) for _, size in batches)
 
     def rows(self, after_seq: int, limit: int | None = None) -> Iterator[tuple[Row, str | None]]:
         """Yield ``(row, damage)`` for the rows above ``after_seq``, in seq order.
@@ -654,27 +645,15 @@ class LogReader:
             WalCorruptError: SQLite cannot read the rows.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-        cursor = after_seq
-        remaining = limit
-        size = _BATCH
-
-        def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, kind, body, crc32, appended_at FROM rows"
-                " WHERE seq > ? ORDER BY seq LIMIT ?",
-                (cursor, size),
-            ).fetchall()
-
-        while remaining is None or remaining > 0:
-            size = _BATCH if remaining is None else min(_BATCH, remaining)
-            batch = self._read("rows", fetch)
-            for raw in batch:
-                yield decode_row(*raw)
-            if len(batch) < size:
-                return
-            if remaining is not None:
-                remaining -= len(batch)
-            cursor = int(batch[-1][0])
+        batches = self._batches(
+            "rows",
+            "SELECT seq, kind, body, crc32, appended_at FROM rows"
+            " WHERE seq > ? ORDER BY seq LIMIT ?",
+            after_seq,
+            limit=limit,
+        )
+        for raw in batches:
+            yield decode_row(*raw)
 
     def quarantined(self, limit: int | None = None) -> Iterator[QuarantinedRow]:
         """Yield the rows of the ``quarantine`` table in seq order, bodies included.
@@ -690,22 +669,42 @@ class LogReader:
             WalCorruptError: SQLite cannot read the table.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-        cursor = -1  # seqs start at 1
+        batches = self._batches(
+            "quarantine",
+            "SELECT seq, kind, body, crc32, appended_at, reason, quarantined_at"
+            " FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?",
+            0,  # seqs start at 1
+            limit=limit,
+        )
+        for raw in batches:
+            yield _quarantined_row(*raw)
+
+    def _batches(
+        self,
+        what: str,
+        sql: str,
+        after_seq: int,
+        bounds: tuple[Any, ...] = (),
+        *,
+        limit: int | None = None,
+    ) -> Iterator[Any]:
+        """Yield the result rows of ``sql`` in seq order, one read transaction per batch.
+
+        ``sql`` selects ``seq`` first and takes ``seq > ?``, then ``bounds``,
+        then ``LIMIT ?``; each batch starts after the last seq of the one
+        before, so rows the owner acks meanwhile are simply not seen.
+        """
+        cursor = after_seq
         remaining = limit
-        size = _BATCH
-
-        def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, kind, body, crc32, appended_at, reason, quarantined_at"
-                " FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?",
-                (cursor, size),
-            ).fetchall()
-
         while remaining is None or remaining > 0:
             size = _BATCH if remaining is None else min(_BATCH, remaining)
-            batch = self._read("quarantine", fetch)
-            for seq, kind, blob, crc, appended_at, reason, quarantined_at in batch:
-                yield _quarantined_row(seq, kind, blob, crc, appended_at, reason, quarantined_at)
+            params = (cursor, *bounds, size)
+
+            def fetch(conn: sqlite3.Connection, params: tuple[Any, ...] = params) -> list[Any]:
+                return conn.execute(sql, params).fetchall()
+
+            batch = self._read(what, fetch)
+            yield from batch
             if len(batch) < size:
                 return
             if remaining is not None:
@@ -854,6 +853,16 @@ class RunReport:
         if self.last_ack_at is not None:
             return f"{format_age(now - self.last_ack_at)} ago"
         return "-" if self.state in ("corrupt", "unreadable") else "never"
+
+    def owner_text(self) -> str:
+        """The OWNER cell: ``"pid 4242"``, ``"pid 4242@host"`` for another host, or ``"-"``."""
+        owner = self.locked_by
+        if owner is None:
+            return "-"
+        pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
+        if owner.host and owner.host != socket.gethostname():
+            return f"{pid}@{owner.host}"
+        return pid
 
     def detail(self, now: float) -> str:
         """The DETAIL cell: ``reason``, plus the last error where the state calls for it.

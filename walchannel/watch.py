@@ -12,7 +12,6 @@ docs/operations.md "inspect --watch".
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,16 +76,6 @@ def _format_rate(rate: float | None) -> str:
     return f"{rate:.1f}" if rate < 100 else f"{rate:,.0f}"
 
 
-def _owner(report: RunReport) -> str:
-    owner = report.locked_by
-    if owner is None:
-        return "-"
-    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
-    if owner.host and owner.host != socket.gethostname():
-        return f"{pid}@{owner.host}"
-    return pid
-
-
 def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
     return (
         report.state,
@@ -96,7 +85,7 @@ def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
         _format_rate(rates.logged),
         _format_rate(rates.acked),
         report.last_ack_text(now),
-        _owner(report),
+        report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
     )
