@@ -284,15 +284,6 @@ def list_logs(path: Path) -> list[Path]:
     ]
 
 
-def _file_bytes(path: Path) -> int:
-    """Size of the log and its ``-wal`` (bytes): the disk the run holds."""
-    total = 0
-    for candidate in (path, Path(f"{path}-wal")):
-        with contextlib.suppress(OSError):
-            total += candidate.lstat().st_size
-    return total
-
-
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     """One consistent read of the meta row and the ends of the backlog."""
@@ -911,7 +902,7 @@ def _unread(
         state="corrupt" if isinstance(exc, WalCorruptError) else "unreadable",
         reason=exc.reason,
         locked_by=owner,
-        file_bytes=_file_bytes(path),
+        file_bytes=files.disk_bytes(path),
     )
 
 
@@ -1051,7 +1042,7 @@ def inspect_log(
         last_error_at=meta.last_error_at,
         locked_by=owner,
         quarantined=snap.quarantined,
-        file_bytes=_file_bytes(path),
+        file_bytes=files.disk_bytes(path),
         shown=shown,
         shown_quarantined=shown_quarantined,
     )
