@@ -47,6 +47,7 @@ from walchannel.inspection import (
     LogUnreadableError,
     PathError,
     RunReport,
+    align_table,
     format_age,
     format_size,
     inspect_log,
@@ -254,19 +255,10 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
 
 
 def _print_table(reports: Sequence[RunReport], now: float) -> None:
-    rows = [tuple(h for h, _ in _COLUMNS), *(_table_row(r, now) for r in reports)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-
-    def line(row: tuple[str, ...]) -> str:
-        cells = [
-            cell.rjust(width) if right else cell.ljust(width)
-            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
-        ]
-        return "  ".join([*cells, row[-1]]).rstrip()
-
-    print(line(rows[0]))
-    for report, row in zip(reports, rows[1:], strict=True):
-        print(line(row))
+    header, *lines = align_table(_COLUMNS, [_table_row(r, now) for r in reports])
+    print(header)
+    for report, line in zip(reports, lines, strict=True):
+        print(line)
         for shown in report.shown:
             body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body)
             print(
@@ -279,11 +271,6 @@ def _print_table(reports: Sequence[RunReport], now: float) -> None:
                 f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
                 f"{format_size(q.size):>9}  [{q.reason}]  {held}"
             )
-
-
-def _urgency_key(report: RunReport) -> tuple[int, float, str]:
-    # Most urgent state first; within a state, the oldest backlog first.
-    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -310,7 +297,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             )
             for log in logs
         ),
-        key=_urgency_key,
+        key=lambda r: r.sort_key,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))

@@ -64,7 +64,7 @@ import stat
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
@@ -86,6 +86,7 @@ __all__ = [
     "RunReport",
     "STATES",
     "ShownRow",
+    "align_table",
     "format_age",
     "format_size",
     "inspect_log",
@@ -194,6 +195,26 @@ def format_age(seconds: float | None) -> str:
         return f"{hours}h{minutes:02d}m"
     days, hours = divmod(hours, 24)
     return f"{days}d{hours:02d}h"
+
+
+def align_table(columns: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Return the lines of a table: the header, then ``rows``, columns padded to fit.
+
+    Args:
+        columns: ``(header, right-aligned)`` per column; the last column is
+            free text, never padded.
+        rows: the cells of each row, one per column.
+    """
+    table = [tuple(h for h, _ in columns), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns) - 1)]
+    lines = []
+    for row in table:
+        cells = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, right) in zip(row, widths, columns, strict=False)
+        ]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return lines
 
 
 def format_size(size: int | None) -> str:
@@ -834,6 +855,11 @@ class RunReport:
     def urgency(self) -> int:
         """The state's rank: 0 is the most urgent."""
         return STATES.index(self.state)
+
+    @property
+    def sort_key(self) -> tuple[int, float, str]:
+        """Most urgent state first; within a state, the oldest backlog first."""
+        return (self.urgency, -(self.oldest_unacked_age_s or 0.0), self.file)
 
     def last_ack_text(self, now: float) -> str:
         """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread.

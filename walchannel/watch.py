@@ -22,6 +22,7 @@ from walchannel.inspection import (
     ALERT_STATES,
     PathError,
     RunReport,
+    align_table,
     format_age,
     format_size,
     inspect_log,
@@ -122,22 +123,8 @@ def render(
         counts[report.state] = counts.get(report.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines.append(f"{len(reports)} run(s): {summary}")
-    rows = [
-        tuple(h for h, _ in _COLUMNS),
-        *(_row(r, x, now) for r, x in zip(reports, rates, strict=True)),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-    for row in rows:
-        cells = [
-            cell.rjust(width) if right else cell.ljust(width)
-            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
-        ]
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
-    return lines
-
-
-def _urgency(report: RunReport) -> tuple[int, float, str]:
-    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
+    rows = [_row(r, x, now) for r, x in zip(reports, rates, strict=True)]
+    return lines + align_table(_COLUMNS, rows)
 
 
 def watch(
@@ -188,7 +175,7 @@ def watch(
                 logs, problem = [], str(exc)
             reports = sorted(
                 (inspect_log(p, now=now, stuck_after_s=stuck_after_s, verify=verify) for p in logs),
-                key=_urgency,
+                key=lambda r: r.sort_key,
             )
             rates = []
             current: dict[str, _Seen] = {}
