@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import secrets
 import shutil
 import socket
@@ -35,6 +34,7 @@ from hypothesis import strategies as st
 
 from conftest import HELPERS, PYTHON, child_env, eventually, new_run
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
+from helpers.users import as_user
 from walchannel import (
     ChannelState,
     GrpcEngineChannel,
@@ -345,28 +345,8 @@ async def test_engine_stream_ending_without_status_is_a_reconnect(tmp_path: Path
 
 
 def as_nobody(work: Path, fn: Callable[[], object]) -> object:
-    """Run ``fn`` in a forked child as uid/gid 65534 (no exec); return what it returned."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        result: object
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.chdir(work)
-            result = fn()
-        except BaseException as exc:
-            result = ("raised", type(exc).__name__, str(exc), getattr(exc, "path", None))
-        with os.fdopen(write, "wb") as pipe:
-            pipe.write(pickle.dumps(result))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return pickle.loads(data)
+    """Run ``fn`` in a forked child as uid/gid 65534 in ``work``; return what it returned."""
+    return as_user(NOBODY, fn, cwd=work)
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")

@@ -16,12 +16,11 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import pytest
 import walchannel.channel
 import walchannel.config  # noqa: F401
 from conftest import PYTHON, child_env
+from helpers.users import as_user
 from walchannel import RunLog
 from walchannel.cli import main
 from walchannel.inspection import LogReader, inspect_log
@@ -43,32 +43,6 @@ HARNESS = 4242
 NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
-
-
-def as_user(uid: int, fn: Callable[[], object]) -> Any:
-    """Run ``fn`` in a forked child as ``uid``/``gid`` (no exec); return what it returned."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        result: object
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.umask(0o022)
-            result = fn()
-        except BaseException as exc:
-            result = ("raised", type(exc).__name__, str(exc))
-        with os.fdopen(write, "wb") as pipe:
-            pipe.write(pickle.dumps(result))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    # A child that ends itself with os._exit() answers nothing: its exit code instead.
-    return pickle.loads(data) if data else ("exited", os.waitstatus_to_exitcode(status))
 
 
 @dataclass

@@ -7,6 +7,7 @@ installable here. docs/operations.md "Surviving the loss of a machine".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -320,3 +322,62 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return False
+
+
+def test_a_failed_start_says_what_litestream_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "litestream"
+    fake.write_text("#!/bin/sh\necho 'cannot open config: permission denied' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("WALCHANNEL_LITESTREAM", str(fake))
+    rep = Replicator(tmp_path / "wal", (tmp_path / "replica").as_uri())
+    # "At once" is 0.2 s; a loaded machine may run the script later.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            rep.start().stop()
+        except ReplicationError as e:
+            said = str(e)
+            break
+        assert time.monotonic() < deadline, "the failing litestream never failed at start"
+    assert "status 3" in said, said
+    assert "cannot open config: permission denied" in said, said
+    assert rep.pid is None
+
+
+@pytest.mark.asyncio
+async def test_litestream_starts_beside_live_grpc_threads(
+    local_engine: Any, tmp_path: Path
+) -> None:
+    """A forked child of a process with live gRPC threads must not run Python
+    before its exec (children died with SIGSEGV/SIGABRT 1 start in 10)."""
+    from conftest import new_run
+    from walchannel import GrpcEngineChannel
+    from walchannel.testing.plugin import local_channel_config
+
+    run_id, token = new_run(local_engine)
+    async with GrpcEngineChannel(
+        local_channel_config(local_engine, tmp_path / "w", run_id, token)
+    ) as ch:
+        await ch.handshake("1", "h", "1")
+        busy = True
+
+        async def traffic() -> None:
+            i = 0
+            while busy:
+                ch.send_event("t", "info", {"i": i})
+                i += 1
+                if i % 10 == 0:
+                    await asyncio.sleep(0.01)
+
+        pump = asyncio.create_task(traffic())
+        try:
+            for i in range(30):
+                rep = Replicator(tmp_path / f"w{i}", (tmp_path / f"r{i}").as_uri())
+                await asyncio.to_thread(rep.start)
+                await asyncio.to_thread(rep.stop)
+        finally:
+            busy = False
+            await pump
+        assert await ch.wait_acked(timeout_ms=30_000), ch.stats()

@@ -115,15 +115,25 @@ def test_a_terminal_gets_redraws_and_a_pipe_gets_blocks(tmp_path: Path) -> None:
         assert text.count(" watch-idle ") == 3
 
 
+SIGINT_DEFAULT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def test_ctrl_c_ends_the_watch_with_exit_0(tmp_path: Path) -> None:
     wal_dir = idle_folder(tmp_path)
     proc = subprocess.Popen(
-        [PYTHON, "-m", "walchannel", "inspect", str(wal_dir), "--watch", "0.2"],
+        # A background job inherits SIGINT ignored, and Python then leaves it
+        # so: give the child a terminal's default, as an operator's has (set
+        # before an exec, not in a preexec_fn: this process has gRPC threads).
+        [PYTHON, "-c", SIGINT_DEFAULT_THEN_EXEC, PYTHON, "-m", "walchannel", "inspect",
+         str(wal_dir), "--watch", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
-    )
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the first refresh is on screen

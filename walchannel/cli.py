@@ -329,7 +329,7 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 _DEMO_EXAMPLES = """\
 example:
-  walchannel demo                                  # the standard library, ~1 min on 2 cores
+  walchannel demo                                  # the standard library: 26 s on 2 idle cores
   walchannel demo --tree src/ --pace 0.05          # a smaller tree, slowed so the kills land
 
 exit status: 0 when the audit holds, 1 when it does not, 2 on bad usage.

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -38,6 +37,7 @@ from walchannel.inspection import (
     LogUnreadableError,
     PathError,
     RunReport,
+    align_table,
     format_age,
     format_size,
     inspect_log,
@@ -96,16 +96,6 @@ def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
 # -- inspect -----------------------------------------------------------------------
 
 
-def _owner_text(report: RunReport) -> str:
-    owner = report.locked_by
-    if owner is None:
-        return "-"
-    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
-    if owner.host and owner.host != socket.gethostname():
-        return f"{pid}@{owner.host}"
-    return pid
-
-
 _COLUMNS: Final = (
     # header, right-aligned
     ("STATE", False),
@@ -128,26 +118,17 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
         format_size(report.unacked_bytes),
         format_age(report.oldest_unacked_age_s),
         report.last_ack_text(now),
-        _owner_text(report),
+        report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
     )
 
 
 def _print_table(reports: Sequence[RunReport], now: float) -> None:
-    rows = [tuple(h for h, _ in _COLUMNS), *(_table_row(r, now) for r in reports)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-
-    def line(row: tuple[str, ...]) -> str:
-        cells = [
-            cell.rjust(width) if right else cell.ljust(width)
-            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
-        ]
-        return "  ".join([*cells, row[-1]]).rstrip()
-
-    print(line(rows[0]))
-    for report, row in zip(reports, rows[1:], strict=True):
-        print(line(row))
+    header, *lines = align_table(_COLUMNS, [_table_row(r, now) for r in reports])
+    print(header)
+    for report, line in zip(reports, lines, strict=True):
+        print(line)
         for shown in report.shown:
             body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body)
             print(
@@ -160,11 +141,6 @@ def _print_table(reports: Sequence[RunReport], now: float) -> None:
                 f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
                 f"{format_size(q.size):>9}  [{q.reason}]  {held}"
             )
-
-
-def _urgency_key(report: RunReport) -> tuple[int, float, str]:
-    # Most urgent state first; within a state, the oldest backlog first.
-    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
 
 
 def inspect_command(args: argparse.Namespace) -> int:
@@ -192,7 +168,7 @@ def inspect_command(args: argparse.Namespace) -> int:
             )
             for log in logs
         ),
-        key=_urgency_key,
+        key=lambda r: r.sort_key,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))

@@ -10,6 +10,7 @@ memory that network file systems do not provide (https://sqlite.org/wal.html).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_RUN_ID_BYTES",
     "check_run_id",
     "default_wal_dir",
+    "disk_bytes",
     "ensure_wal_dir",
     "is_temporary_for",
     "lock_path",
@@ -106,6 +108,19 @@ def log_path(wal_dir: Path, run_id: str) -> Path:
 def lock_path(log: Path) -> Path:
     """Return the owner-lock sidecar of a log, ``<log>.lock``."""
     return log.with_name(log.name + LOCK_SUFFIX)
+
+
+def disk_bytes(log: Path) -> int:
+    """Return the size of a log plus its ``-wal`` (bytes): the disk the run holds.
+
+    A file that is missing or cannot be stat'ed counts 0. ``inspect``'s
+    DISK, ``file_bytes`` and the ``walchannel.log.size`` metric.
+    """
+    total = 0
+    for name in (log, f"{log}-wal"):
+        with contextlib.suppress(OSError):
+            total += os.lstat(name).st_size
+    return total
 
 
 def temporary_path(log: Path, token: str) -> Path:

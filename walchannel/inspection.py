@@ -61,12 +61,13 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
 import sqlite3
 import stat
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
@@ -96,6 +97,7 @@ __all__ = [
     "RunReport",
     "STATES",
     "ShownRow",
+    "align_table",
     "format_age",
     "format_size",
     "inspect_log",
@@ -206,6 +208,26 @@ def format_age(seconds: float | None) -> str:
     return f"{days}d{hours:02d}h"
 
 
+def align_table(columns: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Return the lines of a table: the header, then ``rows``, columns padded to fit.
+
+    Args:
+        columns: ``(header, right-aligned)`` per column; the last column is
+            free text, never padded.
+        rows: the cells of each row, one per column.
+    """
+    table = [tuple(h for h, _ in columns), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns) - 1)]
+    lines = []
+    for row in table:
+        cells = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, right) in zip(row, widths, columns, strict=False)
+        ]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return lines
+
+
 def format_size(size: int | None) -> str:
     """Return a byte count as ``512 B``, ``1.2 KiB``, ``3.4 MiB`` … (``-`` for None).
 
@@ -292,15 +314,6 @@ def list_logs(path: Path) -> list[Path]:
         for name in names
         if name.endswith(files.LOG_SUFFIX) and not name.startswith(".")
     ]
-
-
-def _file_bytes(path: Path) -> int:
-    """Size of the log and its ``-wal`` (bytes): the disk the run holds."""
-    total = 0
-    for candidate in (path, Path(f"{path}-wal")):
-        with contextlib.suppress(OSError):
-            total += candidate.lstat().st_size
-    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,23 +634,13 @@ class LogReader:
         Reads a batch of row sizes per read transaction (no blob is loaded).
         Rows the owner acks meanwhile are simply not counted.
         """
-        total = 0
-        cursor = after_seq
-
-        def sizes(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ?"
-                " ORDER BY seq LIMIT ?",
-                (cursor, upto_seq, _BATCH),
-            ).fetchall()
-
-        while cursor < upto_seq:
-            batch = self._read("rows", sizes)
-            total += sum(int(size or 0) for _, size in batch)
-            if len(batch) < _BATCH:
-                break
-            cursor = int(batch[-1][0])
-        return total
+        batches = self._batches(
+            "rows",
+            "SELECT seq, length(body) FROM rows WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            after_seq,
+            (upto_seq,),
+        )
+        return sum(int(size or 0) for _, size in batches)
 
     def rows(self, after_seq: int, limit: int | None = None) -> Iterator[tuple[Row, str | None]]:
         """Yield ``(row, damage)`` for the rows above ``after_seq``, in seq order.
@@ -655,23 +658,8 @@ class LogReader:
             WalCorruptError: SQLite cannot read the rows.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-        cursor = after_seq
-        remaining = limit
-        size = _BATCH
-
-        def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(ROWS_AFTER, (cursor, size)).fetchall()
-
-        while remaining is None or remaining > 0:
-            size = _BATCH if remaining is None else min(_BATCH, remaining)
-            batch = self._read("rows", fetch)
-            for raw in batch:
-                yield decode_row(*raw)
-            if len(batch) < size:
-                return
-            if remaining is not None:
-                remaining -= len(batch)
-            cursor = int(batch[-1][0])
+        for raw in self._batches("rows", ROWS_AFTER, after_seq, limit=limit):
+            yield decode_row(*raw)
 
     def quarantined(self, limit: int | None = None) -> Iterator[QuarantinedRow]:
         """Yield the rows of the ``quarantine`` table in seq order, bodies included.
@@ -687,22 +675,42 @@ class LogReader:
             WalCorruptError: SQLite cannot read the table.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
-        cursor = -1  # seqs start at 1
+        batches = self._batches(
+            "quarantine",
+            "SELECT seq, kind, body, crc32, appended_at, reason, quarantined_at"
+            " FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?",
+            0,  # seqs start at 1
+            limit=limit,
+        )
+        for raw in batches:
+            yield _quarantined_row(*raw)
+
+    def _batches(
+        self,
+        what: str,
+        sql: str,
+        after_seq: int,
+        bounds: tuple[Any, ...] = (),
+        *,
+        limit: int | None = None,
+    ) -> Iterator[Any]:
+        """Yield the result rows of ``sql`` in seq order, one read transaction per batch.
+
+        ``sql`` selects ``seq`` first and takes ``seq > ?``, then ``bounds``,
+        then ``LIMIT ?``; each batch starts after the last seq of the one
+        before, so rows the owner acks meanwhile are simply not seen.
+        """
+        cursor = after_seq
         remaining = limit
-        size = _BATCH
-
-        def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(
-                "SELECT seq, kind, body, crc32, appended_at, reason, quarantined_at"
-                " FROM quarantine WHERE seq > ? ORDER BY seq LIMIT ?",
-                (cursor, size),
-            ).fetchall()
-
         while remaining is None or remaining > 0:
             size = _BATCH if remaining is None else min(_BATCH, remaining)
-            batch = self._read("quarantine", fetch)
-            for seq, kind, blob, crc, appended_at, reason, quarantined_at in batch:
-                yield _quarantined_row(seq, kind, blob, crc, appended_at, reason, quarantined_at)
+            params = (cursor, *bounds, size)
+
+            def fetch(conn: sqlite3.Connection, params: tuple[Any, ...] = params) -> list[Any]:
+                return conn.execute(sql, params).fetchall()
+
+            batch = self._read(what, fetch)
+            yield from batch
             if len(batch) < size:
                 return
             if remaining is not None:
@@ -836,6 +844,11 @@ class RunReport:
         """The state's rank: 0 is the most urgent."""
         return STATES.index(self.state)
 
+    @property
+    def sort_key(self) -> tuple[int, float, str]:
+        """Most urgent state first; within a state, the oldest backlog first."""
+        return (self.urgency, -(self.oldest_unacked_age_s or 0.0), self.file)
+
     def last_ack_text(self, now: float) -> str:
         """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread.
 
@@ -845,6 +858,16 @@ class RunReport:
         if self.last_ack_at is not None:
             return f"{format_age(now - self.last_ack_at)} ago"
         return "-" if self.state in ("corrupt", "unreadable") else "never"
+
+    def owner_text(self) -> str:
+        """The OWNER cell: ``"pid 4242"``, ``"pid 4242@host"`` for another host, or ``"-"``."""
+        owner = self.locked_by
+        if owner is None:
+            return "-"
+        pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
+        if owner.host and owner.host != socket.gethostname():
+            return f"{pid}@{owner.host}"
+        return pid
 
     def detail(self, now: float) -> str:
         """The DETAIL cell: ``reason``, plus the last error where the state calls for it.
@@ -893,7 +916,7 @@ def _unread(
         state="corrupt" if isinstance(exc, WalCorruptError) else "unreadable",
         reason=exc.reason,
         locked_by=owner,
-        file_bytes=_file_bytes(path),
+        file_bytes=files.disk_bytes(path),
     )
 
 
@@ -1033,7 +1056,7 @@ def inspect_log(
         last_error_at=meta.last_error_at,
         locked_by=owner,
         quarantined=snap.quarantined,
-        file_bytes=_file_bytes(path),
+        file_bytes=files.disk_bytes(path),
         shown=shown,
         shown_quarantined=shown_quarantined,
     )

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -39,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from walchannel import __version__
+from walchannel import __version__, files
 from walchannel.errors import WalchannelError
 from walchannel.protocol import ChannelState
 
@@ -231,8 +230,7 @@ class ChannelMetrics:
         self.state_attributes: dict[ChannelState, dict[str, str]] = {
             state: {**base, STATE_ATTR: state.name.lower()} for state in ChannelState
         }
-        path = channel.log.path
-        self.files = (os.fspath(path), f"{path}-wal")
+        self.path = channel.log.path
         self.acked_seen = 0
         # Rows up to here were logged before this channel: dated by seed().
         self._seed_upto = self._cursor.high_water if self._cursor.unacked else 0
@@ -359,11 +357,7 @@ class ChannelMetrics:
         return self.acked_seen
 
     def log_size(self, channel: GrpcEngineChannel) -> int:
-        total = 0
-        for name in self.files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(name).st_size
-        return total
+        return files.disk_bytes(self.path)
 
 
 class _Instruments:

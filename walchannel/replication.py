@@ -33,7 +33,6 @@ imports neither grpc nor httpx.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -282,22 +281,27 @@ class Replicator:
             socket_path=self._socket,
         )
         config.write_text(self._config_text)
-        self._proc = subprocess.Popen(
-            [binary, "replicate", "-config", str(config)],
-            preexec_fn=_die_with_parent,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file if self._log_file is not None else subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-        )
+        # Without a log_file its (quiet: a few lines per database) output goes
+        # to the private folder, so a failed start can say why.
+        own_output = self._workdir / "litestream.log"
+        with open(own_output, "wb") as fallback:
+            self._proc = subprocess.Popen(
+                _with_parent_death_signal([binary, "replicate", "-config", str(config)]),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file if self._log_file is not None else fallback,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+            )
         try:
             code = self._proc.wait(0.2)
         except subprocess.TimeoutExpired:
             return self
+        said = own_output.read_text(errors="replace").strip().splitlines()[-3:]
         self.stop()
         raise ReplicationError(
             f"litestream replicate exited at once with status {code} "
-            f"(replica {self.url!r}, folder {self.wal_dir}); see its output"
+            f"(replica {self.url!r}, folder {self.wal_dir}): "
+            + (" / ".join(said) if said else "see its output")
         )
 
     def poll(self) -> int | None:
@@ -375,18 +379,30 @@ class Replicator:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM (a last sync) when the parent dies, even by SIGKILL.
+# Runs in a fresh interpreter between our fork and Litestream's exec: a
+# preexec_fn would run Python in a forked copy of a process whose gRPC threads
+# may hold locks, and such children died with SIGSEGV/SIGABRT under load.
+_PDEATHSIG_LAUNCHER: Final = (
+    "import ctypes,os,sys\n"
+    "ctypes.CDLL(None).prctl(%d,%d)\n"
+    "if os.getppid()!=int(sys.argv[1]):os._exit(1)\n"
+    "os.execv(sys.argv[2],sys.argv[2:])\n"
+)
 
-    Linux ``PR_SET_PDEATHSIG``; it fires when the thread that started the
-    child ends, so start a :class:`Replicator` from a long-lived thread.
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM (a last sync) when we die, even by SIGKILL.
+
+    Linux ``PR_SET_PDEATHSIG``, set by a small launcher that then execs
+    ``argv`` (same pid); it fires when the thread that started the child
+    ends, so start a :class:`Replicator` from a long-lived thread. Elsewhere
+    ``argv`` is returned as is. If we died before the prctl, the launcher
+    exits with status 1 instead of starting an orphan.
     """
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the prctl: go now
-        os._exit(1)
+    if not sys.platform.startswith("linux"):
+        return argv
+    script = _PDEATHSIG_LAUNCHER % (_PR_SET_PDEATHSIG, signal.SIGTERM)
+    return [sys.executable, "-I", "-S", "-c", script, str(os.getpid()), *argv]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ docs/operations.md "inspect --watch".
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from walchannel.inspection import (
     ALERT_STATES,
     PathError,
     RunReport,
+    align_table,
     format_age,
     format_size,
     inspect_log,
@@ -77,16 +77,6 @@ def _format_rate(rate: float | None) -> str:
     return f"{rate:.1f}" if rate < 100 else f"{rate:,.0f}"
 
 
-def _owner(report: RunReport) -> str:
-    owner = report.locked_by
-    if owner is None:
-        return "-"
-    pid = "pid ?" if owner.pid is None else f"pid {owner.pid}"
-    if owner.host and owner.host != socket.gethostname():
-        return f"{pid}@{owner.host}"
-    return pid
-
-
 def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
     return (
         report.state,
@@ -96,7 +86,7 @@ def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
         _format_rate(rates.logged),
         _format_rate(rates.acked),
         report.last_ack_text(now),
-        _owner(report),
+        report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
     )
@@ -133,22 +123,8 @@ def render(
         counts[report.state] = counts.get(report.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines.append(f"{len(reports)} run(s): {summary}")
-    rows = [
-        tuple(h for h, _ in _COLUMNS),
-        *(_row(r, x, now) for r, x in zip(reports, rates, strict=True)),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-    for row in rows:
-        cells = [
-            cell.rjust(width) if right else cell.ljust(width)
-            for cell, width, (_, right) in zip(row, widths, _COLUMNS, strict=False)
-        ]
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
-    return lines
-
-
-def _urgency(report: RunReport) -> tuple[int, float, str]:
-    return (report.urgency, -(report.oldest_unacked_age_s or 0.0), report.file)
+    rows = [_row(r, x, now) for r, x in zip(reports, rates, strict=True)]
+    return lines + align_table(_COLUMNS, rows)
 
 
 def watch(
@@ -199,7 +175,7 @@ def watch(
                 logs, problem = [], str(exc)
             reports = sorted(
                 (inspect_log(p, now=now, stuck_after_s=stuck_after_s, verify=verify) for p in logs),
-                key=_urgency,
+                key=lambda r: r.sort_key,
             )
             rates = []
             current: dict[str, _Seen] = {}

@@ -11,7 +11,7 @@ the log folder (file replica), and one channel in this process:
 
 Usage::
 
-    python tools/bench_replicated.py [--n 5000] [--batch 50] [--rate 20] [--seconds 10]
+    python -m tools.bench.replicated [--n 5000] [--batch 50] [--rate 20] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel  # noqa: E402
