@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from walchannel.config import Backoff
+from walchannel.log_state import LogState
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
     ACK_STORE_EVERY,
@@ -80,15 +81,28 @@ def test_idle_cannot_stream_without_connecting() -> None:
 # -- the cursor ---------------------------------------------------------------------
 
 
-def cursor(**kw: int | None) -> Cursor:
-    values: dict[str, int | None] = {
-        "high_water": 10,
-        "acked": 0,
-        "stored": 0,
-        "unverified_from": None,
-    }
-    values.update(kw)
-    return Cursor(**values)  # type: ignore[arg-type]
+class FakeLog:
+    """Stands in for ``RunLog``: the cursor reads the log's facts from ``state``."""
+
+    def __init__(self, state: LogState) -> None:
+        self.state = state
+
+
+def cursor(
+    *,
+    high_water: int = 10,
+    acked: int = 0,
+    stored: int = 0,
+    unverified_from: int | None = None,
+    done_seq: int | None = None,
+) -> Cursor:
+    state = LogState("r", high_water + 1, stored, unverified_from, done_seq, False)
+    return Cursor(log=FakeLog(state), acked=max(acked, stored))
+
+
+def _log(c: Cursor) -> FakeLog:
+    assert isinstance(c.log, FakeLog)
+    return c.log
 
 
 def test_acks_are_cumulative_and_stale_ones_change_nothing() -> None:
@@ -108,6 +122,9 @@ def test_ack_storage_is_coalesced() -> None:
     c.on_ack(2, 1050.0)
     assert c.ack_to_store(1050.0) is None
     assert c.ack_to_store(1000.0 + ACK_STORE_AFTER_MS) == 2
+    plan = _log(c).state.ack(2)
+    assert plan is not None
+    _log(c).state = plan.state
     c.on_stored(2)
     assert c.ack_to_store(5000.0) is None
     for seq in range(3, 3 + ACK_STORE_EVERY):
@@ -118,14 +135,19 @@ def test_ack_storage_is_coalesced() -> None:
 
 def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
     c = cursor(high_water=5)
-    c.on_commit(6, done=True)
+    log = _log(c)
+    log.state = log.state.append(["done"])
+    assert c.done_seq == 6 and c.high_water == 6
     c.on_ack(5, 0)
     assert c.ack_to_store(0) is None
     c.on_ack(6, 0)
     assert c.ack_to_store(0) == 6
     assert not c.completed
+    plan = log.state.ack(6)
+    assert plan is not None and plan.completed
+    log.state = plan.state
     c.on_stored(6)
-    assert c.completed
+    assert c.completed and c.unacked == 0
 
 
 def test_handshake_answers() -> None:
@@ -150,9 +172,13 @@ def test_forgotten_acks_are_resent_without_moving_below_the_stored_cursor() -> N
 
 def test_verification_shift_translates_provisional_seqs() -> None:
     # Rows 4..10 were logged before the first answer; the engine holds up to 20.
-    c = cursor(high_water=10, acked=3, stored=3, unverified_from=4)
-    c.on_commit(10, done=True)
-    c.on_verified(20, verification_shift(4, 20))
+    c = cursor(high_water=10, acked=3, stored=3, unverified_from=4, done_seq=10)
+    answer = c.on_answer(20)
+    assert answer.kind is AnswerKind.VERIFY and answer.replay_from == 21
+    plan = _log(c).state.verify(20)
+    assert plan.shift_by == verification_shift(4, 20) == 17
+    _log(c).state = plan.state
+    c.on_verified(20, plan.shift_by)
     assert c.high_water == 27 and c.acked == 20 and c.stored == 20
     assert c.unverified_from is None
     assert c.done_seq == 27

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -34,6 +35,7 @@ from walchannel import (
 )
 from walchannel.inspection import LogReader, inspect_log
 from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.log_state import LogState
 from walchannel.protocol import (
     Cursor,
     RefusalVerdict,
@@ -381,7 +383,8 @@ def test_only_done_stops_the_channel() -> None:
 
 
 def test_a_held_seq_is_never_written() -> None:
-    cursor = Cursor(high_water=5, acked=0, stored=0, unverified_from=None)
+    log = SimpleNamespace(state=LogState("r", 6, 0, None, None, False))
+    cursor = Cursor(log=log, acked=0)
     cursor.start_stream(1)
     cursor.hold_at = 3
     written = []

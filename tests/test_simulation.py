@@ -9,18 +9,21 @@ the real ``RunLog`` transaction by transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
+import sqlite3
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from walchannel import log_state
 from walchannel import protocol as P
 from walchannel.log import RunLog
+from walchannel.log_state import AckPlan, LogState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,10 +39,10 @@ def _load_sim() -> ModuleType:
 
 sim = _load_sim()
 
-#: Schedules in the clean sweep (about 3 s on one core).
-SWEEP = 6_000
+#: Schedules in the clean sweep (about 10 s on one idle core: the real RunLog on SQLite).
+SWEEP = 3_000
 #: Every planted bug must be found within this many seeds.
-BOUND = 3_000
+BOUND = 1_000
 
 
 def test_short_sweep_finds_no_violation() -> None:
@@ -94,29 +97,29 @@ def test_cli_sweep_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
 # -- the simulated disk is RunLog ---------------------------------------------------
 
 
-def _quiet_world(seed: int) -> Any:
-    w = sim.World(seed)
-    w.next_crash = -1
-    w.crash_points = []
-    w.applied = [0] * 100_000  # the engine "has" everything: no cursor check here
-    w.logged = [0] * 10_000
-    return w
-
-
 def _finding_of(row: Any) -> int:
     return sim.DONE if row.kind == "done" else int(row.body["fields"]["i"])
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_simlog_mirrors_runlog(tmp_path: Path, seed: int) -> None:
-    """Random appends, acks, verifications and reopens: same seqs, cursor, rows and meta."""
+@pytest.mark.parametrize("seed", range(12))
+def test_runlog_on_a_connection_is_the_file_log(tmp_path: Path, seed: int) -> None:
+    """The seam the simulator uses: the same transactions on ``:memory:`` and on the file."""
     rng = random.Random(seed)
-    w = _quiet_world(seed)
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    image = b""
+
+    def open_memory() -> RunLog:
+        nonlocal conn
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        if image:
+            conn.deserialize(image)
+        return RunLog.on_connection(conn, run_id="run", correlation_id="c", create=not image)
+
     real = RunLog.open(tmp_path, "run", correlation_id="c")
-    mirror = sim.SimLog(w)
+    mem = open_memory()
     found = 0
     try:
-        for _ in range(50):
+        for _ in range(40):
             if real.completed:
                 break
             r = rng.random()
@@ -128,50 +131,36 @@ def test_simlog_mirrors_runlog(tmp_path: Path, seed: int) -> None:
                 ]
                 if rng.random() < 0.08:
                     bodies.append(("done", {"status": "completed"}))
-                    items.append(sim.DONE)
-                marker = found if rng.random() < 0.7 else None
-                got = real.append_many(bodies, progress=None if marker is None else {"n": marker})
-                assert got == list(mirror.append_many(items, marker))
+                marker = {"n": found} if rng.random() < 0.7 else None
+                assert real.append_many(bodies, progress=marker) == mem.append_many(
+                    bodies, progress=marker
+                )
             elif r < 0.7 and real.high_water > 0:
                 seq = rng.randint(0, real.high_water)
-                assert real.ack(seq) == mirror.ack(seq)
+                assert real.ack(seq) == mem.ack(seq)
             elif r < 0.85 and real.unverified_from is not None:
                 h = real.last_acked_seq + rng.choice((0, 0, 1, 3, 10, 40))
-                assert real.verify(h) == mirror.verify(h)
+                assert real.verify(h) == mem.verify(h)
             else:
                 real.close()
-                mirror.close()
+                image = conn.serialize()  # the simulator's crash: the committed image
+                mem.close()
                 real = RunLog.open(tmp_path, "run", correlation_id="c")
-                mirror = sim.SimLog(w)
-            progress = None if real.progress is None else real.progress["n"]
-            assert (
-                real.next_seq,
-                real.last_acked_seq,
-                real.unverified_from,
-                real.done_seq,
-                real.completed,
-                progress,
-            ) == (
-                mirror.next_seq,
-                mirror.last_acked,
-                mirror.unverified,
-                mirror.done_seq,
-                mirror.completed,
-                mirror.progress,
+                mem = open_memory()
+            assert real.state == mem.state
+            assert real.progress == mem.progress
+            rows = [(row.seq, _finding_of(row)) for row in real.unacked()]
+            assert rows == [(row.seq, _finding_of(row)) for row in mem.unacked()]
+            a, b = real.meta(), mem.meta()
+            assert (a.last_acked_seq, a.high_water, a.unverified_from) == (
+                b.last_acked_seq,
+                b.high_water,
+                b.unverified_from,
             )
-            disk = w.disk.states[-1]
-            assert [(row.seq, _finding_of(row)) for row in real.unacked()] == sorted(
-                (q, c) for q, c in disk.rows.items() if q > mirror.last_acked
-            )
-            meta = real.meta()
-            assert (
-                meta.last_acked_seq,
-                meta.high_water,
-                meta.unverified_from,
-                meta.completed_at is not None,
-            ) == (disk.last_acked, disk.high_water, disk.unverified, disk.completed)
+            assert (a.completed_at is None) == (b.completed_at is None)
     finally:
         real.close()
+        mem.close()
 
 
 def test_next_seq_at_open_is_what_runlog_does(tmp_path: Path) -> None:
@@ -183,88 +172,163 @@ def test_next_seq_at_open_is_what_runlog_does(tmp_path: Path) -> None:
         assert wal.next_seq == P.next_seq_at_open(meta.high_water, None, meta.last_acked_seq) == 4
 
 
-# -- it bites: planted bugs ------------------------------------------------------------
+# -- it bites: mutations planted in walchannel/ itself --------------------------------
+#
+# Each plant replaces a function or method of the product (walchannel.log_state,
+# walchannel.protocol) with a mutated copy, through monkeypatch: the simulator's
+# RunLog and Cursor then run the mutated code, as GrpcEngineChannel would.
+
+_at_open = LogState.at_open.__func__  # type: ignore[attr-defined]
+_ack = LogState.ack
+_verify = LogState.verify
+_store = LogState._store
+_read_after = LogState.read_after
+_ack_to_store = P.Cursor.ack_to_store
+_on_stream_up = P.ReconnectPolicy.on_stream_up
 
 
-def _max_seq_plus_one(high_water: int, top_seq: int | None, last_acked_seq: int) -> int:
-    # (1) the next seq from the rows alone, ignoring the stored cursor and high-water.
-    return (top_seq or 0) + 1
+def _next_seq_restarts(cls: type[LogState], run_id: str, **kw: Any) -> LogState:
+    # The next seq from the rows alone: after an all-acked reopen it restarts.
+    state = _at_open(cls, run_id, **kw)
+    top = kw["top_seq"]
+    return dataclasses.replace(state, next_seq=(top or 0) + 1)
 
 
-_original_ack_to_store = P.Cursor.ack_to_store
+def _ack_deletes_one_more(self: LogState, seq: int) -> AckPlan | None:
+    # Off by one in the delete: the first unacked row goes too.
+    plan = _ack(self, seq)
+    return None if plan is None else dataclasses.replace(plan, delete_through=seq + 1)
 
 
-def _store_done_once_written(self: P.Cursor, now_ms: float, *, force: bool = False) -> int | None:
-    # (3) "the engine acks Done at once": store (tombstone) it as soon as it is written.
-    if self.done_seq is not None and self.stored < self.done_seq < self.write_pos:
-        return self.done_seq
-    return _original_ack_to_store(self, now_ms, force=force)
+def _renumber_start_late(self: LogState, engine_high: int) -> AckPlan:
+    # The log renumbers from one row later than the cursor (and the state) say.
+    plan = _verify(self, engine_high)
+    if plan.shift_from is None:
+        return plan
+    return dataclasses.replace(plan, shift_from=plan.shift_from + 1)
+
+
+def _no_renumber(self: LogState, engine_high: int) -> AckPlan:
+    # The state says the rows moved; the log moves none.
+    return dataclasses.replace(_verify(self, engine_high), shift_from=None)
+
+
+def _shift_one_short(unverified_from: int | None, engine_high: int) -> int:
+    if unverified_from is None or engine_high < unverified_from:
+        return 0
+    return engine_high - unverified_from
 
 
 def _no_verification(unverified_from: int | None, engine_high: int) -> int:
-    # (4) the verification rule skipped: never move the unverified rows.
     return 0
 
 
-_original_on_stream_up = P.ReconnectPolicy.on_stream_up
+def _tombstone_one_early(self: LogState, seq: int, shift: int, *, verify: bool) -> AckPlan:
+    # Completed when the row before Done is acked, not Done itself.
+    plan = _store(self, seq, shift, verify=verify)
+    done = plan.state.done_seq
+    if done is None or plan.delete_through < done - 1:
+        return plan
+    state = dataclasses.replace(plan.state, done_seq=None, completed=True)
+    return dataclasses.replace(plan, state=state, completed=True)
+
+
+def _read_one_late(self: LogState, after_seq: int) -> int:
+    return max(after_seq, self.last_acked) + 1
+
+
+def _store_done_once_written(self: P.Cursor, now_ms: float, *, force: bool = False) -> int | None:
+    # "The engine acks Done at once": store (tombstone) it as soon as it is written.
+    done = self.done_seq
+    if done is not None and self.stored < done < self.write_pos:
+        return done
+    return _ack_to_store(self, now_ms, force=force)
 
 
 def _reset_on_answer(self: P.ReconnectPolicy, now_ms: float) -> None:
-    # (5) the handshake answer taken as progress: reset the attempt counter.
-    _original_on_stream_up(self, now_ms)
+    # The handshake answer taken as progress: reset the attempt counter.
+    _on_stream_up(self, now_ms)
     self.attempt = 0
 
 
-Plant = Callable[[pytest.MonkeyPatch], dict[str, bool]]
-
-
-def _plant_1(mp: pytest.MonkeyPatch) -> dict[str, bool]:
-    mp.setattr(P, "next_seq_at_open", _max_seq_plus_one)
-    return {}
-
-
-def _plant_2(mp: pytest.MonkeyPatch) -> dict[str, bool]:
-    # (2) the row handed to the writer before its commit (the order lives in the driver).
-    return {"write_before_commit": True}
-
-
-def _plant_3(mp: pytest.MonkeyPatch) -> dict[str, bool]:
-    mp.setattr(P.Cursor, "ack_to_store", _store_done_once_written)
-    return {}
-
-
-def _plant_4(mp: pytest.MonkeyPatch) -> dict[str, bool]:
-    mp.setattr(P, "verification_shift", _no_verification)
-    return {}
-
-
-def _plant_5(mp: pytest.MonkeyPatch) -> dict[str, bool]:
-    mp.setattr(P.ReconnectPolicy, "on_stream_up", _reset_on_answer)
-    return {}
-
-
-PLANTED: dict[str, tuple[Plant, tuple[str, ...]]] = {
-    "next_seq_from_max_row": (_plant_1, ("never applied", "applied 0 times", "stuck", "above")),
-    "write_before_commit": (_plant_2, ("above the high-water", "applied 2 times", "two contents")),
-    "tombstone_before_done_ack": (_plant_3, ("exceeds what the engine has", "lacks Done")),
-    "skip_verification": (_plant_4, ("applied 0 times", "two contents", "never applied")),
-    "backoff_reset_on_answer": (_plant_5, ("backoff reset without progress", "tight loop")),
+# name -> (owner, attribute, mutated value, symptoms one of which the report names)
+PLANTED: dict[str, tuple[Any, str, Any, tuple[str, ...]]] = {
+    "next_seq_restarts_after_all_acked_reopen": (
+        LogState,
+        "at_open",
+        classmethod(_next_seq_restarts),
+        ("two contents", "never applied", "applied 0 times", "above", "exceeds"),
+    ),
+    "ack_deletes_one_unacked_row": (
+        LogState,
+        "ack",
+        _ack_deletes_one_more,
+        ("not in the log", "never applied", "applied 0 times"),
+    ),
+    "renumber_start_off_by_one": (
+        LogState,
+        "verify",
+        _renumber_start_late,
+        ("not in the log", "two contents", "never applied", "applied 0 times"),
+    ),
+    "no_renumber": (
+        LogState,
+        "verify",
+        _no_renumber,
+        ("not in the log", "two contents", "never applied", "applied 0 times"),
+    ),
+    "verification_shift_off_by_one": (
+        log_state,
+        "verification_shift",
+        _shift_one_short,
+        ("two contents", "never applied", "applied 0 times", "not in the log"),
+    ),
+    "skip_verification": (
+        log_state,
+        "verification_shift",
+        _no_verification,
+        ("two contents", "never applied", "applied 0 times"),
+    ),
+    "tombstone_before_done_ack": (
+        LogState,
+        "_store",
+        _tombstone_one_early,
+        ("lacks Done", "never applied", "Done applied 0 times", "stuck"),
+    ),
+    "replay_read_one_late": (
+        LogState,
+        "read_after",
+        _read_one_late,
+        ("not in the log", "never applied", "stuck"),
+    ),
+    "ack_stored_before_done_acked": (
+        P.Cursor,
+        "ack_to_store",
+        _store_done_once_written,
+        ("exceeds what the engine has", "lacks Done"),
+    ),
+    "backoff_reset_on_answer": (
+        P.ReconnectPolicy,
+        "on_stream_up",
+        _reset_on_answer,
+        ("backoff reset without progress", "tight loop"),
+    ),
 }
 
 
-def _first_failing(options: dict[str, bool]) -> Iterator[Any]:
+def _first_failing() -> Any:
     for seed in range(BOUND):
-        w = sim.run_schedule(seed, **options)
+        w = sim.run_schedule(seed)
         if w.violations:
-            yield w
-            return
+            return w
+    return None
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_bug_is_found(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    plant, symptoms = PLANTED[name]
-    options = plant(monkeypatch)
-    found = next(_first_failing(options), None)
+    owner, attribute, mutant, symptoms = PLANTED[name]
+    monkeypatch.setattr(owner, attribute, mutant)
+    found = _first_failing()
     assert found is not None, f"{name}: no violation within {BOUND} seeds"
     assert any(s in v for v in found.violations for s in symptoms), found.report()
     assert f"seed {found.seed}" in found.report()

@@ -10,16 +10,23 @@ process is killed, how many commits a power loss rolls back) comes from one
 ``random.Random(seed)``, so a schedule is a pure function of its seed and
 ``--replay SEED`` plays it again, verbosely.
 
-The decisions are not re-implemented here: the simulated channel calls the
-same :mod:`walchannel.protocol` code that ``GrpcEngineChannel`` and
-``RunLog`` call (``next_seq_at_open``, ``unverified_at_open``,
-``verification_shift``, ``Cursor``, ``ReconnectPolicy``, ``StateMachine``,
-``classify_end``, ``is_too_many_pings``) and ``Backoff.delay_ms`` with a
-seeded rng, always through the module (``P.name``) so a test can plant a bug
-by monkeypatching. What is simulated is the I/O around it: ``SimLog``
-mirrors ``RunLog``'s transactions on a disk with commit semantics, ``Chan``
-mirrors ``GrpcEngineChannel``'s tasks as events, the engine fulfils the
-SPEC's duties.
+The product is not re-implemented here. The log *is* walchannel's
+``RunLog`` — its transactions and its decisions (:mod:`walchannel.log_state`)
+— run on an in-memory SQLite database through ``RunLog.on_connection``; the
+simulated disk is that database serialized after every commit
+(``Connection.serialize()``): a process crash keeps the last committed
+image, a power loss only the last synced one (durability ``"process"``), a
+restore an older one, and the next process opens the image with
+``Connection.deserialize()``. The checker reads rows and meta from the real
+database. The simulated channel calls the same :mod:`walchannel.protocol`
+code that ``GrpcEngineChannel`` calls (``Cursor``, which reads the log's
+state, ``ReconnectPolicy``, ``StateMachine``, ``classify_end``,
+``is_too_many_pings``) and ``Backoff.delay_ms`` with a seeded rng, always
+through the module (``P.name``), so a test can plant a bug in the product by
+monkeypatching it. What is simulated is the world around it: ``Chan``
+drives the channel's decisions as events in virtual time, the engine
+fulfils the SPEC's duties, and the network, the operator and the faults are
+the schedule's.
 
 After every schedule the invariants of docs/reliability.md are checked;
 a violation prints the seed and the last events.
@@ -38,6 +45,7 @@ import heapq
 import multiprocessing
 import os
 import random
+import sqlite3
 import sys
 import time
 from collections import deque
@@ -55,6 +63,8 @@ from walchannel.errors import (
     RunCompletedError,
     WalWriteError,
 )
+from walchannel.log import RunLog
+from walchannel.log_format import encode_body
 
 #: Content of the ``done`` row (findings are 0 .. N-1).
 DONE = -1
@@ -85,200 +95,115 @@ class Crash(Exception):
     """The simulated harness process is killed (SIGKILL) at this point."""
 
 
-class DiskState(NamedTuple):
-    """One committed state of the log file (rows and meta), immutable."""
+RUN_ID = "sim"
+CORRELATION_ID = "sim-c"
 
-    rows: dict[int, int]  # seq -> content
+# The row of each content (findings 0 .. N-1, DONE, events), encoded once.
+_ROWS: dict[int, tuple[str, bytes]] = {}
+_CONTENTS: dict[bytes, int] = {}
+
+
+def _row(content: int) -> tuple[str, bytes]:
+    """The ``(kind, msgpack body)`` the harness logs for ``content``."""
+    row = _ROWS.get(content)
+    if row is None:
+        if content == DONE:
+            kind = "done"
+            body: dict[str, Any] = {
+                "status": "completed",
+                "findings": 0,
+                "coverage": [],
+                "exit_reason": "",
+            }
+        elif content >= EVENT_BASE:
+            kind = "event"
+            body = {"type": "sim", "severity": "info", "payload": {"c": content}, "ts": ""}
+        else:
+            kind = "finding"
+            body = {"fields": {"i": content}}
+        row = (kind, encode_body(kind, body))
+        _ROWS[content] = row
+        _CONTENTS[row[1]] = content
+    return row
+
+
+def _content(blob: bytes) -> int:
+    """The content of a stored row body (every body the simulation logs is in ``_ROWS``)."""
+    return _CONTENTS[blob]
+
+
+class Snap(NamedTuple):
+    """One committed state of the log: the database image and what the checker read from it."""
+
+    image: bytes  # Connection.serialize() after the commit
+    rows: dict[int, int]  # seq -> content, read from the database
     last_acked: int
-    high_water: int
     unverified: int | None
-    progress: int | None  # the harness marker: the next finding to scan
     completed: bool
     handshake: bool  # handshake fields stored
-    touched: tuple[int, ...]  # findings whose rows this commit inserted, moved or deleted
+    touched: tuple[int, ...]  # contents whose rows this commit inserted, moved or deleted
+
+
+def read_snap(conn: sqlite3.Connection, touched: tuple[int, ...] = ()) -> Snap:
+    """Read the log's rows and meta from the real database and take its image."""
+    rows = {int(q): _content(b) for q, b in conn.execute("SELECT seq, body FROM rows")}
+    acked, unverified, completed, handshake = conn.execute(
+        "SELECT last_acked_seq, unverified_from, completed_at IS NOT NULL,"
+        " harness_name IS NOT NULL FROM meta WHERE id = 1"
+    ).fetchone()
+    return Snap(
+        conn.serialize(), rows, acked, unverified, bool(completed), bool(handshake), touched
+    )
+
+
+_FRESH: bytes | None = None
+
+
+def fresh_image() -> bytes:
+    """The image of a new log, laid out by ``RunLog.initialize`` (once per process)."""
+    global _FRESH
+    if _FRESH is None:
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        RunLog.initialize(conn, RUN_ID, CORRELATION_ID)
+        _FRESH = conn.serialize()
+        conn.close()
+    return _FRESH
 
 
 class Disk:
-    """The log file: the committed states since it was created, and how many are synced."""
+    """The log file: its committed images since it was created, and how many are synced."""
 
     __slots__ = ("exists", "full", "states", "synced")
 
     def __init__(self) -> None:
         self.exists = False
         self.full = False
-        self.states: list[DiskState] = []
+        self.states: list[Snap] = []
         self.synced = 0
 
 
-class SimLog:
-    """Mirrors ``RunLog``: the in-memory fields it keeps and each transaction it commits."""
+class DiskHook:
+    """The simulated disk under a real ``RunLog`` (its ``CommitHook``).
 
-    __slots__ = (
-        "closed",
-        "completed",
-        "done_seq",
-        "last_acked",
-        "next_seq",
-        "progress",
-        "unverified",
-        "w",
-    )
+    Before each commit: a full disk fails it (SQLite's own error, so the
+    product's rollback path runs) and the process may be killed (nothing
+    committed). After it: the database image is kept, checked, maybe
+    synced, and the process may be killed (committed).
+    """
 
-    def __init__(self, w: World) -> None:
+    __slots__ = ("conn", "w")
+
+    def __init__(self, w: World, conn: sqlite3.Connection) -> None:
         self.w = w
-        disk = w.disk
-        if not disk.exists:
-            w.create_log()
-        s = disk.states[-1]
-        # RunLog.__init__
-        self.last_acked = s.last_acked
-        self.completed = s.completed
-        self.progress = s.progress
-        rows = s.rows
-        top = max(rows) if rows else None
-        self.next_seq = P.next_seq_at_open(s.high_water, top, s.last_acked)
-        self.done_seq = top if top is not None and rows[top] == DONE else None
-        self.closed = False
-        # RunLog._claim (one transaction; a failure fails the open)
-        self.unverified = P.unverified_at_open(s.unverified, self.next_seq)
-        w.commit(s._replace(unverified=self.unverified, touched=()), "claim")
+        self.conn = conn
 
-    @property
-    def high_water(self) -> int:
-        return self.next_seq - 1
+    def before_commit(self, what: str) -> None:
+        if self.w.disk.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        self.w.cp()
 
-    def append_many(self, items: list[int], progress: int | None) -> range:
-        if self.completed:
-            raise RunCompletedError("completed (its Done was acked)")
-        if self.done_seq is not None:
-            raise ChannelClosedError(f"Done is logged at seq {self.done_seq}; no new rows")
-        s = self.w.disk.states[-1]
-        rows = dict(s.rows)
-        seq = self.next_seq
-        done_at = None
-        for c in items:
-            if done_at is not None:
-                raise ChannelClosedError("rows after Done are refused")
-            rows[seq] = c
-            if c == DONE:
-                done_at = seq
-            seq += 1
-        self.w.commit(
-            s._replace(
-                rows=rows,
-                progress=s.progress if progress is None else progress,
-                touched=tuple(c for c in items if c >= 0),
-            ),
-            "append",
-        )
-        first = self.next_seq
-        self.w.tr(
-            "log commits seq %d..%d = %s (progress=%s)",
-            first,
-            seq - 1,
-            ", ".join(_name(c) for c in items),
-            progress,
-        )
-        self.next_seq = seq
-        if progress is not None:
-            self.progress = progress
-        if done_at is not None:
-            self.done_seq = done_at
-        return range(first, seq)
-
-    def ack(self, seq: int) -> int:
-        if seq <= self.last_acked or self.completed:
-            return 0
-        if seq > self.high_water:
-            raise ValueError(f"ack {seq} is above the high-water mark {self.high_water}")
-        return self._store_ack(seq, 0, verify=False)
-
-    def verify(self, engine_high: int) -> int:
-        if self.unverified is None:
-            raise ValueError("the log is already verified")
-        if engine_high < self.last_acked:
-            raise ValueError(f"engine high {engine_high} is below the stored cursor")
-        shift = P.verification_shift(self.unverified, engine_high)
-        self._store_ack(engine_high, shift, verify=True)
-        return shift
-
-    def _store_ack(self, seq: int, shift: int, *, verify: bool) -> int:
-        s = self.w.disk.states[-1]
-        start = self.unverified
-        touched: list[int] = []
-        rows = s.rows
-        if verify and start is not None:
-            # The rule declares every row >= unverified_from (re)placed.
-            touched.extend(c for q, c in rows.items() if q >= start and c >= 0)
-        if shift:
-            assert start is not None
-            rows = {(q + shift if q >= start else q): c for q, c in rows.items()}
-        new_next = self.next_seq + shift
-        high = max(new_next - 1, seq)
-        acked = max(self.last_acked, seq)
-        kept = {}
-        deleted = 0
-        for q, c in rows.items():
-            if q > acked:
-                kept[q] = c
-            else:
-                deleted += 1
-                if c >= 0:
-                    touched.append(c)
-        done_seq = self.done_seq + shift if self.done_seq is not None else None
-        completed = done_seq is not None and acked >= done_seq
-        self.w.commit(
-            DiskState(
-                kept,
-                acked,
-                max(s.high_water, high),
-                None if verify else s.unverified,
-                s.progress,
-                True if completed else s.completed,
-                s.handshake,
-                tuple(touched),
-            ),
-            "verify" if verify else "ack",
-        )
-        if not verify:
-            self.w.tr("log stores ack %d%s", acked, " (tombstone)" if completed else "")
-        self.next_seq = high + 1
-        self.last_acked = acked
-        if verify:
-            self.unverified = None
-        if completed:
-            self.completed = True
-            self.done_seq = None
-        else:
-            self.done_seq = done_seq
-        return deleted
-
-    def complete_by_engine(self) -> None:
-        """``RunLog.complete_by_engine``: every row deleted and completed, the cursor kept."""
-        if self.done_seq is None:
-            raise ValueError("no Done is logged")
-        s = self.w.disk.states[-1]
-        touched = tuple(c for c in s.rows.values() if c >= 0)
-        self.w.commit(s._replace(rows={}, completed=True, touched=touched), "complete_by_engine")
-        self.w.tr("log completed on the engine's word (tombstone)")
-        self.completed = True
-        self.done_seq = None
-
-    def meta(self, *, handshake: bool = False) -> None:
-        """``update_meta``: a meta-only transaction (handshake fields, address, errors)."""
-        s = self.w.disk.states[-1]
-        self.w.commit(s._replace(handshake=s.handshake or handshake, touched=()), "meta")
-
-    def read(self, seq: int) -> int | None:
-        """What the writer reads from disk for ``seq`` (``unacked(after_seq=seq-1)``)."""
-        if seq <= self.last_acked:
-            return None
-        return self.w.disk.states[-1].rows.get(seq)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.w.sync()  # closing the last connection checkpoints the WAL
+    def after_commit(self, what: str) -> None:
+        self.w.committed(self.conn, what)
 
 
 class Stream:
@@ -353,19 +278,14 @@ class Chan:
         self.w = w
         self.role = role
         self.alive = True
-        self.log = SimLog(w)  # WalWriteError: the open fails
+        self.log = w.open_log()  # WalWriteError: the open fails
         if self.log.completed:
-            self.log.close()
+            self.close_log()
             raise RunCompletedError("the log is a tombstone")
         self.handshake_stored = w.disk.states[-1].handshake
         log = self.log
-        self.cursor = P.Cursor(
-            high_water=log.high_water,
-            acked=log.last_acked,
-            stored=log.last_acked,
-            unverified_from=log.unverified,
-            done_seq=log.done_seq,
-        )
+        # GrpcEngineChannel.__init__: the cursor reads the log's facts from the log.
+        self.cursor = P.Cursor(log=log, acked=log.last_acked_seq)
         self.sm = P.StateMachine()
         self.policy = P.ReconnectPolicy()
         self.rng = random.Random(w.rng.getrandbits(32))
@@ -430,7 +350,12 @@ class Chan:
 
     def set_error(self) -> None:
         with contextlib.suppress(WalWriteError):
-            self.log.meta()
+            self.log.update_meta(last_error="sim", last_error_at=self.w.now)
+
+    def close_log(self) -> None:
+        if not self.log.closed:
+            self.log.close()
+            self.w.sync()  # closing the last connection checkpoints the WAL
 
     def fail(self, error: Exception) -> None:
         self.failure = error
@@ -453,36 +378,25 @@ class Chan:
     ) -> None:
         """``_log_rows``: commit, then hand to the writer; ``cont(error)`` when it returns."""
         w = self.w
-        if w.write_before_commit:
-            # Planted bug: the writer gets the rows before their commit lands.
-            first = self.log.next_seq
-            seqs = range(first, first + len(items))
-            self._enqueue(seqs, items)
-            self.cursor.on_commit(seqs[-1], done=items[-1] == DONE)
-            self.wakeup()
-            self.at(w.commit_lat(), self._late_commit, items, progress, cont)
-            return
         try:
-            seqs = self.log.append_many(items, progress)
+            seqs = self.log.append_encoded(
+                [_row(c) for c in items], progress=None if progress is None else {"n": progress}
+            )
         except (WalWriteError, ChannelClosedError, RunCompletedError) as exc:
             cont(exc)
             return
+        w.tr(
+            "log commits seq %d..%d = %s (progress=%s)",
+            seqs[0],
+            seqs[-1],
+            ", ".join(_name(c) for c in items),
+            progress,
+        )
         self._enqueue(seqs, items)
-        self.cursor.on_commit(seqs[-1], done=items[-1] == DONE)
         self.wakeup()
         cont(None)
 
-    def _late_commit(
-        self, items: list[int], progress: int | None, cont: Callable[[BaseException | None], None]
-    ) -> None:
-        try:
-            self.log.append_many(items, progress)
-        except (WalWriteError, ChannelClosedError, RunCompletedError) as exc:
-            cont(exc)
-            return
-        cont(None)
-
-    def _enqueue(self, seqs: range, items: list[int]) -> None:
+    def _enqueue(self, seqs: list[int], items: list[int]) -> None:
         if seqs[0] != self.tail_last + 1:
             self.tail.clear()
         for seq, c in zip(seqs, items, strict=True):
@@ -495,7 +409,9 @@ class Chan:
         """``handshake()``: store the fields, start the loop, wait for STREAMING (or not)."""
         if self.failure is not None:
             raise self.failure
-        self.log.meta(handshake=True)
+        self.log.update_meta(
+            connector_version="sim", harness_name="sim-harness", harness_version="1"
+        )
         self.handshake_stored = True
         if not self.running:
             self.running = True
@@ -593,7 +509,8 @@ class Chan:
         self.policy.on_stream_up(self.w.now)
         s.up_at = self.w.now
         with contextlib.suppress(WalWriteError):
-            self.log.meta()  # _record_up: last_engine_addr, reconnects
+            # _record_up
+            self.log.update_meta(last_engine_addr=self.addr, reconnects=self.streams_up)
         c.start_stream(replay_from)
         s.writing = True
         self.w.tr("streaming on #%d from seq %d", s.sid, c.write_pos)
@@ -628,7 +545,6 @@ class Chan:
                 except WalWriteError:
                     pass  # logged by the channel; the rows stay, the run fails below
                 else:
-                    self.cursor.completed = True
                     self.failure = RunCompletedError("the engine says the run is completed")
                     if not self.sm.final:
                         self.move(P.ChannelState.FAILED)
@@ -664,11 +580,17 @@ class Chan:
             return
         content = self.tail.get(seq)
         if content is None:
-            content = self.log.read(seq)
-            if content is None:
-                self.w.tr("row seq %d is not in the log", seq)
+            # _row_bytes: the next rows from disk, as the channel reads them.
+            row = next(self.log.unacked(after_seq=seq - 1, limit=1), None)
+            if row is None or row.seq != seq:
+                c = self.cursor
+                self.w.violation(
+                    f"row seq {seq} is not in the log (stored cursor {c.stored}, "
+                    f"high-water {c.high_water}, read {None if row is None else row.seq})"
+                )
                 self.stream_end(s, None, f"row seq {seq} is not in the log")
                 return
+            content = _content(encode_body(row.kind, row.body))
         w = self.w
         w.cp()
         w.send_up(s, (ROW, seq, content))
@@ -736,6 +658,7 @@ class Chan:
             self.log.ack(seq)
         except WalWriteError:
             return
+        self.w.tr("log stores ack %d%s", seq, " (tombstone)" if c.completed else "")
         c.on_stored(seq)
         if c.completed:
             self.w.tr("Done acked at %d: tombstone", seq)
@@ -818,7 +741,7 @@ class Chan:
         if self.waiter is not None:
             waiter, self.waiter = self.waiter, None
             self.at(0.0, waiter[1], waiter[0]())
-        self.log.close()
+        self.close_log()
         if cont is not None:
             cont()
 
@@ -832,13 +755,11 @@ class World:
         durability: str = "both",
         *,
         verbose: bool = False,
-        write_before_commit: bool = False,
         rollback_without_answer: bool = False,
     ) -> None:
         rng = self.rng = random.Random(seed)
         self.seed = seed
         self.verbose = verbose
-        self.write_before_commit = write_before_commit
         if durability == "both":
             durability = "process" if seed % 2 == 0 else "power"
         self.durability = durability
@@ -952,9 +873,6 @@ class World:
 
     def write_gap(self) -> float:
         return self.rng.random() * 0.2
-
-    def commit_lat(self) -> float:
-        return 0.2 + self.rng.random() * 3.0
 
     def cp(self) -> None:
         """A crash point: the process may be killed here."""
@@ -1165,29 +1083,60 @@ class World:
 
     # -- the disk ---------------------------------------------------------------------------
 
-    def create_log(self) -> None:
-        d = self.disk
-        d.exists = True
-        d.states = [DiskState({}, 0, 0, None, None, False, False, ())]
-        d.synced = 0  # created with synchronous=FULL and renamed into place
+    def open_log(self) -> RunLog:
+        """A process opens the log: the real ``RunLog`` on the disk's last committed image.
 
-    def commit(self, st: DiskState, kind: str) -> None:
+        Raises:
+            WalWriteError: the open's claim could not commit (disk full).
+            Crash: the process is killed during the open.
+        """
         d = self.disk
-        if d.full:
-            raise WalWriteError("database or disk is full", path="sim")
-        self.cp()
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        if not d.exists:
+            # Created with synchronous=FULL and renamed into place: synced at once.
+            conn.deserialize(fresh_image())
+            d.exists = True
+            d.states = [read_snap(conn)]
+            d.synced = 0
+        else:
+            conn.deserialize(d.states[-1].image)
+        try:
+            return RunLog.on_connection(
+                conn,
+                run_id=RUN_ID,
+                correlation_id=CORRELATION_ID,
+                commit_hook=DiskHook(self, conn),
+            )
+        except WalWriteError:
+            conn.close()
+            raise
+
+    def committed(self, conn: sqlite3.Connection, kind: str) -> None:
+        """A transaction of the real log committed: keep its image and check it."""
+        d = self.disk
         prev = d.states[-1]
+        st = read_snap(conn)
+        old, new = prev.rows.items(), st.rows.items()
+        touched = [c for _, c in old ^ new if c >= 0]
+        if prev.unverified is not None and st.unverified is None:
+            # The verification rule declares every unverified row (re)placed.
+            touched.extend(c for q, c in old if q >= prev.unverified and c >= 0)
+        st = st._replace(touched=tuple(touched))
         if prev.completed and (kind == "append" or st.last_acked > prev.last_acked):
             self.violation(f"a completed run was written to ({kind})")
         if st.last_acked > len(self.applied):
             self.violation(
                 f"stored cursor {st.last_acked} exceeds what the engine has ({len(self.applied)})"
             )
+        if kind == "verify":
+            self.tr("db after verify: cursor %d, rows %s", st.last_acked, sorted(st.rows))
         d.states.append(st)
         self.stats["commits"] += 1
         if kind == "append":
             logged = self.logged
-            for c in st.touched:
+            for _, c in new - old:
+                if c < 0:
+                    continue
                 if c < EVENT_BASE:
                     logged[c] += 1
                 else:
@@ -1520,9 +1469,9 @@ class World:
         self.tr(
             "harness starts (progress=%s, acked=%d, next_seq=%d, unverified=%s)",
             ch.log.progress,
-            ch.log.last_acked,
+            ch.log.last_acked_seq,
             ch.log.next_seq,
-            ch.log.unverified,
+            ch.log.unverified_from,
         )
         ch.early = self.rng.random() < 0.3 and ch.cursor.done_seq is None
         if ch.early:
@@ -1544,7 +1493,7 @@ class World:
             self.harness_failed(ch, ch.failure)
             return
         progress = ch.log.progress
-        ch.next = 0 if progress is None else progress
+        ch.next = 0 if progress is None else int(progress["n"])
         if ch.cursor.done_seq is None and ch.failure is None and not ch.early:
             # A real harness announces itself: the seq -> content map differs per life.
             ch.log_rows([self.new_event()], None, lambda error: self.harness_next(ch))
@@ -1637,9 +1586,9 @@ class World:
             return
         self.tr(
             "flush starts (acked=%d, next_seq=%d, unverified=%s)",
-            ch.log.last_acked,
+            ch.log.last_acked_seq,
             ch.log.next_seq,
-            ch.log.unverified,
+            ch.log.unverified_from,
         )
         t0 = self.now
         try:
@@ -1737,7 +1686,6 @@ def run_schedule(
     durability: str = "both",
     *,
     verbose: bool = False,
-    write_before_commit: bool = False,
     rollback_without_answer: bool = False,
 ) -> World:
     """Run one schedule; the returned world holds ``violations``, ``stats`` and ``events``.
@@ -1746,7 +1694,6 @@ def run_schedule(
         seed: the schedule; the same seed plays the same schedule.
         durability: ``"process"``, ``"power"`` or ``"both"`` (by the seed's parity).
         verbose: print every traced event as it happens.
-        write_before_commit: plant bug (2): rows reach the writer before their commit.
         rollback_without_answer: also play rollbacks when the engine does not
             answer handshakes (outside the guarantee: shows the degradation).
     """
@@ -1754,7 +1701,6 @@ def run_schedule(
         seed,
         durability,
         verbose=verbose,
-        write_before_commit=write_before_commit,
         rollback_without_answer=rollback_without_answer,
     ).run()
 
@@ -1795,7 +1741,6 @@ def sweep(
     seeds: Iterable[int],
     durability: str = "both",
     *,
-    write_before_commit: bool = False,
     rollback_without_answer: bool = False,
     stop_at_first: bool = False,
 ) -> Totals:
@@ -1805,7 +1750,6 @@ def sweep(
         w = run_schedule(
             seed,
             durability,
-            write_before_commit=write_before_commit,
             rollback_without_answer=rollback_without_answer,
         )
         totals.add(w)

@@ -292,13 +292,8 @@ class GrpcEngineChannel:
         except BaseException:
             self._log.close()
             raise
-        self._cursor = Cursor(
-            high_water=self._log.high_water,
-            acked=self._log.last_acked_seq,
-            stored=self._log.last_acked_seq,
-            unverified_from=self._log.unverified_from,
-            done_seq=self._log.done_seq,
-        )
+        # The log's facts (high-water, stored ack, Done, completion) are read from it.
+        self._cursor = Cursor(log=self._log, acked=self._log.last_acked_seq)
         self._sm = StateMachine()
         self._reconnect = ReconnectPolicy()
         self._metadata = (("authorization", f"Bearer {config.run_token}"),)
@@ -606,7 +601,6 @@ class GrpcEngineChannel:
             self._tail_bytes += len(blob) + TAIL_ROW_OVERHEAD
         while self._tail_bytes > TAIL_BYTES and len(tail) > 1:
             self._tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD
-        self._cursor.on_commit(seqs[-1], done=items[-1][0] == "done")
         if self._metrics is not None:
             self._metrics.on_commit(seqs[0])
         self._wakeup.set()
@@ -1247,6 +1241,7 @@ class GrpcEngineChannel:
             )
             return None
         if kind is AnswerKind.VERIFY:
+            unverified = self._cursor.unverified_from
             try:
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
@@ -1258,7 +1253,7 @@ class GrpcEngineChannel:
                     "unverified rows (from %s); moved them by %d to follow it",
                     self._run_id,
                     engine_high,
-                    self._cursor.unverified_from,
+                    unverified,
                     shift,
                 )
                 self._tail.clear()
@@ -1488,7 +1483,6 @@ class GrpcEngineChannel:
                     "run %s: the engine applied this run's Done; the log is now a tombstone",
                     self._run_id,
                 )
-                self._cursor.completed = True
                 self._acked_changed.set()
                 self._failure = error
                 if not self._sm.final:

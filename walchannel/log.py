@@ -27,15 +27,14 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Protocol, Self, TypeVar
 
 from walchannel import files
 from walchannel.errors import (
     ChannelClosedError,
     PayloadError,
-    RunCompletedError,
     WalCorruptError,
     WalLockedError,
     WalWriteError,
@@ -43,7 +42,6 @@ from walchannel.errors import (
 from walchannel.lock import OwnerLock
 from walchannel.log_format import (
     APPLICATION_ID,
-    KINDS,
     ROW_LOST_TYPE,
     ROWS_AFTER,
     SCHEMA,
@@ -58,12 +56,13 @@ from walchannel.log_format import (
     read_meta,
     row_lost_body,
 )
-from walchannel.protocol import next_seq_at_open, unverified_at_open, verification_shift
+from walchannel.log_state import AckPlan, LogState
 
 # The format's names below were defined here before walchannel.log_format
 # held them: they stay importable from this module.
 __all__ = [
     "APPLICATION_ID",
+    "CommitHook",
     "Durability",
     "ROW_LOST_TYPE",
     "Row",
@@ -106,6 +105,27 @@ WRITABLE_META: Final = frozenset(
 )
 
 
+_T = TypeVar("_T")
+
+
+class CommitHook(Protocol):
+    """Watches every transaction of a :class:`RunLog` opened with :meth:`RunLog.on_connection`.
+
+    ``tools/sim.py`` plugs one in to model its disk: ``before_commit`` may
+    raise ``sqlite3.Error`` (a full disk: the transaction rolls back and the
+    caller gets ``WalWriteError``, as in production) or kill the simulated
+    process; ``after_commit`` snapshots the committed database. ``what``
+    names the transaction: ``claim``, ``append``, ``ack``, ``verify``,
+    ``complete``, ``meta``, ``quarantine`` or ``set_aside``.
+    """
+
+    def before_commit(self, what: str) -> None:
+        """Called inside the transaction, just before ``COMMIT``."""
+
+    def after_commit(self, what: str) -> None:
+        """Called once the transaction committed."""
+
+
 def _encode_progress(progress: Mapping[str, Any]) -> str:
     try:
         return json.dumps(progress, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
@@ -127,24 +147,29 @@ class RunLog:
         self,
         conn: sqlite3.Connection,
         path: Path,
-        lock: OwnerLock,
+        lock: OwnerLock | None,
         meta: RunMeta,
         durability: Durability,
+        hook: CommitHook | None = None,
     ) -> None:
         self._conn = conn
         self._path = path
         self._lock = lock
+        self._hook = hook
         self._durability = durability
         self._run_id = meta.run_id
-        self._last_acked = meta.last_acked_seq
-        self._completed = meta.completed_at is not None
         self._progress = meta.progress
-        self._unverified_from = meta.unverified_from
         top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
-        self._next_seq = next_seq_at_open(
-            meta.high_water, top[0] if top else None, self._last_acked
+        # Every decision about seqs, acks and completion is the state's.
+        self._state = LogState.at_open(
+            meta.run_id,
+            high_water=meta.high_water,
+            last_acked=meta.last_acked_seq,
+            stored_unverified=meta.unverified_from,
+            completed=meta.completed_at is not None,
+            top_seq=top[0] if top else None,
+            top_is_done=bool(top) and top[1] == "done",
         )
-        self._done_seq: int | None = top[0] if top and top[1] == "done" else None
         self._unacked_bytes: int | None = None
         self._quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
         self._closed = False
@@ -211,6 +236,73 @@ class RunLog:
             raise
 
     @classmethod
+    def on_connection(
+        cls,
+        conn: sqlite3.Connection,
+        *,
+        run_id: str,
+        correlation_id: str,
+        create: bool = False,
+        commit_hook: CommitHook | None = None,
+    ) -> RunLog:
+        """Run the log's transactions on a given connection: the storage seam, without the file.
+
+        No owner lock, no pragmas, no file modes, no fsync, no checkpoints:
+        only the transactions (append, ack, verify, complete, meta and
+        progress, reads), exactly as :meth:`open` runs them. For
+        ``sqlite3.connect(":memory:", isolation_level=None)`` in tests and
+        in ``tools/sim.py``, whose disk is this database serialized after
+        every commit. Production opens logs with :meth:`open`.
+
+        Args:
+            conn: an autocommit connection (``isolation_level=None``).
+            run_id: the run the database belongs to.
+            correlation_id: stored, as in :meth:`open`.
+            create: lay out a new log first (:meth:`initialize`).
+            commit_hook: called around every commit (see :class:`CommitHook`).
+
+        Raises:
+            WalCorruptError: the database is not this run's log.
+            WalWriteError: the open's own transaction (the claim) failed.
+        """
+        path = Path(":memory:")
+        if create:
+            cls.initialize(conn, run_id, correlation_id)
+        check_header(conn, path, run_id)
+        wal = cls(conn, path, None, read_meta(conn, path), "process", commit_hook)
+        wal._claim(wal.meta(), correlation_id)
+        return wal
+
+    @staticmethod
+    def initialize(conn: sqlite3.Connection, run_id: str, correlation_id: str) -> None:
+        """Lay out a new log in an empty database: header, tables and meta, in one transaction.
+
+        SPEC "The log" (the schema of :mod:`walchannel.log_format`). The
+        file's own settings (WAL mode, synchronous) are :meth:`open`'s.
+
+        Raises:
+            sqlite3.Error: SQLite failed; nothing is committed.
+        """
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            now = time.time()
+            conn.execute(
+                "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
+                " created_at, updated_at) VALUES (1, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, run_id, correlation_id, now, now),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @classmethod
     def _open_locked(
         cls,
         path: Path,
@@ -272,21 +364,11 @@ class RunLog:
             os.close(fd)
             conn = sqlite3.connect(str(tmp), isolation_level=None)
             try:
+                # auto_vacuum must precede the first table; WAL mode is the file's.
                 conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
-                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("BEGIN IMMEDIATE")
-                for statement in SCHEMA:
-                    conn.execute(statement)
-                now = time.time()
-                conn.execute(
-                    "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
-                    " created_at, updated_at) VALUES (1, ?, ?, ?, ?, ?)",
-                    (SCHEMA_VERSION, run_id, correlation_id, now, now),
-                )
-                conn.execute("COMMIT")
+                RunLog.initialize(conn, run_id, correlation_id)
             finally:
                 conn.close()  # checkpoints and removes the temporary's -wal
             # link() fails if the name exists: a log is never clobbered.
@@ -312,13 +394,23 @@ class RunLog:
                 meta.correlation_id,
                 correlation_id,
             )
-        self._unverified_from = unverified_at_open(meta.unverified_from, self._next_seq)
-        owner = self._lock.owner
-        self._write(
-            "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
-            " owner_host = ?, updated_at = ? WHERE id = 1",
-            (correlation_id, self._unverified_from, owner.pid, owner.host, time.time()),
-            what="record the owner at open",
+        owner = self._lock.owner if self._lock is not None else None
+        params = (
+            correlation_id,
+            self._state.unverified_from,
+            owner.pid if owner is not None else None,
+            owner.host if owner is not None else None,
+            time.time(),
+        )
+        self._commit(
+            "claim",
+            "record the owner at open",
+            lambda conn: conn.execute(
+                "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
+                " owner_host = ?, updated_at = ? WHERE id = 1",
+                params,
+            ),
+            single=True,
         )
 
     # -- state -------------------------------------------------------------
@@ -339,19 +431,27 @@ class RunLog:
         return self._durability
 
     @property
+    def state(self) -> LogState:
+        """What the log has decided (seqs, cursor, verification, completion), as a value.
+
+        Its one owner; ``protocol.Cursor`` reads it instead of keeping copies.
+        """
+        return self._state
+
+    @property
     def last_acked_seq(self) -> int:
         """The stored ack cursor: every seq ``<=`` it is deleted."""
-        return self._last_acked
+        return self._state.last_acked
 
     @property
     def next_seq(self) -> int:
         """The seq the next committed row gets."""
-        return self._next_seq
+        return self._state.next_seq
 
     @property
     def high_water(self) -> int:
         """The highest seq ever used by this log (0 for a new one)."""
-        return self._next_seq - 1
+        return self._state.next_seq - 1
 
     @property
     def unverified_from(self) -> int | None:
@@ -359,14 +459,12 @@ class RunLog:
 
         None once the first answered handshake verified them.
         """
-        return self._unverified_from
+        return self._state.unverified_from
 
     @property
     def unacked_count(self) -> int:
         """Rows not yet covered by the stored cursor (from seqs, not a scan); 0 for a tombstone."""
-        if self._completed:
-            return 0
-        return self._next_seq - 1 - self._last_acked
+        return self._state.unacked_count
 
     @property
     def unacked_bytes(self) -> int:
@@ -383,7 +481,7 @@ class RunLog:
             try:
                 total = self._conn.execute(
                     "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ?",
-                    (self._last_acked,),
+                    (self._state.last_acked,),
                 ).fetchone()[0]
             except sqlite3.Error as exc:
                 raise WalCorruptError(
@@ -400,12 +498,12 @@ class RunLog:
     @property
     def completed(self) -> bool:
         """True once the ack covering the ``done`` row was stored (a tombstone)."""
-        return self._completed
+        return self._state.completed
 
     @property
     def done_seq(self) -> int | None:
         """The seq of the unacked ``done`` row, if one is logged."""
-        return self._done_seq
+        return self._state.done_seq
 
     @property
     def quarantined_count(self) -> int:
@@ -420,7 +518,11 @@ class RunLog:
     @property
     def writable(self) -> bool:
         """True while open and owned by this process (False in a forked child)."""
-        return not self._closed and not self._lock.forked
+        return not self._closed and not self._forked
+
+    @property
+    def _forked(self) -> bool:
+        return self._lock is not None and self._lock.forked
 
     @property
     def unacked_bytes_known(self) -> int | None:
@@ -451,7 +553,7 @@ class RunLog:
 
     def _check_writable(self) -> None:
         self._check_open()
-        if self._lock.forked:
+        if self._lock is not None and self._lock.forked:
             raise WalLockedError(
                 f"{self._path}: this process is a forked child of the log's owner "
                 f"({self._lock.owner.describe()}); it may not write",
@@ -460,22 +562,37 @@ class RunLog:
                 host=self._lock.owner.host,
             )
 
-    def _check_appendable(self) -> None:
-        self._check_writable()
-        if self._completed:
-            raise RunCompletedError(f"run {self._run_id}: completed (its Done was acked)")
-        if self._done_seq is not None:
-            raise ChannelClosedError(
-                f"run {self._run_id}: Done is logged at seq {self._done_seq}; no new rows"
-            )
+    def _commit(
+        self,
+        label: str,
+        what: str,
+        work: Callable[[sqlite3.Connection], _T],
+        *,
+        single: bool = False,
+    ) -> _T:
+        """Run ``work`` in one transaction and commit it; the one way the log writes.
 
-    def _write(self, sql: str, params: tuple[Any, ...], *, what: str) -> int:
+        ``single``: ``work`` is one statement, run in autocommit mode (its
+        own transaction) when no :class:`CommitHook` watches.
+
+        Raises:
+            WalWriteError: SQLite failed; the transaction is rolled back.
+        """
+        conn = self._conn
+        hook = self._hook
         try:
-            return self._conn.execute(sql, params).rowcount
+            if single and hook is None:
+                return work(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            result = work(conn)
+            if hook is not None:
+                hook.before_commit(label)
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise WalWriteError(
-                f"run {self._run_id}: cannot {what}: {exc}", path=str(self._path)
-            ) from None
+            raise self._fail_transaction(exc, what) from None
+        if hook is not None:
+            hook.after_commit(label)
+        return result
 
     def _fail_transaction(self, exc: sqlite3.Error, what: str) -> WalWriteError:
         if self._conn.in_transaction:
@@ -491,13 +608,14 @@ class RunLog:
             top = self._conn.execute("SELECT max(seq) FROM rows").fetchone()[0]
         except sqlite3.Error:
             return
-        if top is not None and top >= self._next_seq:
+        state = self._state.after_failed_commit(top)
+        if state is not self._state:
             log.error(
                 "run %s: a failed commit landed rows up to seq %d; continuing after it",
                 self._run_id,
                 top,
             )
-            self._next_seq = top + 1
+            self._state = state
             self._unacked_bytes = None
 
     def append(
@@ -570,54 +688,39 @@ class RunLog:
         Raises:
             As :meth:`append_many`.
         """
-        self._check_appendable()
+        self._check_writable()
+        old = self._state
+        state = old.append(kind for kind, _ in items)
         now = time.time()
-        seq = self._next_seq
-        rows: list[tuple[int, str, bytes, int, float]] = []
-        done_at: int | None = None
-        for kind, blob in items:
-            if kind not in KINDS:
-                raise ValueError(f"run {self._run_id}: unknown row kind {kind!r}")
-            if done_at is not None:
-                raise ChannelClosedError(
-                    f"run {self._run_id}: rows after Done (seq {done_at}) are refused"
-                )
-            rows.append((seq, kind, blob, body_crc(blob), now))
-            if kind == "done":
-                done_at = seq
-            seq += 1
+        first = old.next_seq
+        rows = [
+            (seq, kind, blob, body_crc(blob), now)
+            for seq, (kind, blob) in enumerate(items, start=first)
+        ]
         if not rows and progress is None:
             raise ValueError(f"run {self._run_id}: append_many() got no rows and no progress")
         marker = _encode_progress(progress) if progress is not None else None
-        conn = self._conn
-        try:
+
+        def work(conn: sqlite3.Connection) -> None:
             if marker is None and len(rows) == 1:
-                # A lone statement in autocommit mode is its own transaction.
                 conn.execute("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows[0])
-            else:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows)
-                if marker is not None:
-                    conn.execute(
-                        "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1",
-                        (marker, now),
-                    )
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            what = (
-                f"append {len(rows)} row(s) at seq {self._next_seq}" if rows else "store progress"
-            )
-            raise self._fail_transaction(exc, what) from None
-        first = self._next_seq
-        self._next_seq = seq
+                return
+            conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows)
+            if marker is not None:
+                conn.execute(
+                    "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1", (marker, now)
+                )
+
+        what = f"append {len(rows)} row(s) at seq {first}" if rows else "store progress"
+        # A lone statement in autocommit mode is its own transaction.
+        self._commit("append", what, work, single=marker is None and len(rows) == 1)
+        self._state = state
         if marker is not None:
             # A copy the caller cannot mutate afterwards.
             self._progress = json.loads(marker)
-        if done_at is not None:
-            self._done_seq = done_at
         if self._unacked_bytes is not None:
             self._unacked_bytes += sum(len(r[2]) for r in rows)
-        return list(range(first, seq))
+        return list(range(first, state.next_seq))
 
     def ack(self, seq: int) -> int:
         """Store a cumulative ack: delete every row ``<= seq`` and the cursor, in one transaction.
@@ -637,13 +740,10 @@ class RunLog:
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()
-        if seq <= self._last_acked or self._completed:
-            return 0  # a tombstone takes no more writes
-        if seq > self.high_water:
-            raise ValueError(
-                f"run {self._run_id}: ack {seq} is above the high-water mark {self.high_water}"
-            )
-        return self._store_ack(seq, shift=0)
+        plan = self._state.ack(seq)
+        if plan is None:
+            return 0  # at or below the stored cursor; a tombstone takes no more writes
+        return self._carry_out(plan, "ack", f"store ack {seq}")
 
     def verify(self, engine_high: int) -> int:
         """Apply the verification rule for the first answered handshake ``Ack(h)``.
@@ -653,7 +753,8 @@ class RunLog:
         (a constant shift, order kept) and the high-water becomes at least
         ``h``; ``unverified_from`` is cleared; then ``Ack(h)`` is stored as
         any ack is. The caller checks first that ``h`` is not below the
-        stored cursor (the engine-behind rule). SPEC "Dial".
+        stored cursor (the engine-behind rule). SPEC "Dial"; the decision
+        is :meth:`LogState.verify <walchannel.log_state.LogState.verify>`.
 
         Args:
             engine_high: ``h``, the engine's answer.
@@ -667,43 +768,32 @@ class RunLog:
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()
-        if self._unverified_from is None:
-            raise ValueError(f"run {self._run_id}: the log is already verified")
-        if engine_high < self._last_acked:
-            raise ValueError(
-                f"run {self._run_id}: engine high {engine_high} is below the stored "
-                f"cursor {self._last_acked}"
-            )
-        shift = verification_shift(self._unverified_from, engine_high)
-        self._store_ack(engine_high, shift=shift, verify=True)
-        return shift
+        plan = self._state.verify(engine_high)
+        self._carry_out(plan, "verify", f"store ack {engine_high}")
+        return plan.shift_by
 
-    def _store_ack(self, seq: int, *, shift: int, verify: bool = False) -> int:
-        conn = self._conn
+    def _carry_out(self, plan: AckPlan, label: str, what: str) -> int:
+        """Carry out an :class:`~walchannel.log_state.AckPlan` in one transaction; rows deleted."""
         now = time.time()
-        start = self._unverified_from
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            if shift:
-                assert start is not None
+        count_gone = self._unacked_bytes is not None and plan.advanced
+
+        def work(conn: sqlite3.Connection) -> tuple[int, int]:
+            if plan.shift_from is not None:
                 # Two passes keep the primary key unique at every step.
-                conn.execute("UPDATE rows SET seq = -(seq + ?) WHERE seq >= ?", (shift, start))
+                args = (plan.shift_by, plan.shift_from)
+                conn.execute("UPDATE rows SET seq = -(seq + ?) WHERE seq >= ?", args)
                 conn.execute("UPDATE rows SET seq = -seq WHERE seq < 0")
-                conn.execute(
-                    "UPDATE quarantine SET seq = -(seq + ?) WHERE seq >= ?", (shift, start)
-                )
+                conn.execute("UPDATE quarantine SET seq = -(seq + ?) WHERE seq >= ?", args)
                 conn.execute("UPDATE quarantine SET seq = -seq WHERE seq < 0")
-            new_next = self._next_seq + shift
-            high = max(new_next - 1, seq)
-            acked = max(self._last_acked, seq)
             gone_bytes = 0
-            if self._unacked_bytes is not None and acked > self._last_acked:
+            if count_gone:
                 gone_bytes = conn.execute(
-                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq <= ?", (acked,)
+                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq <= ?",
+                    (plan.delete_through,),
                 ).fetchone()[0]
-            deleted = conn.execute("DELETE FROM rows WHERE seq <= ?", (acked,)).rowcount
-            done_seq = self._done_seq + shift if self._done_seq is not None else None
-            completed = done_seq is not None and acked >= done_seq
+            deleted = conn.execute(
+                "DELETE FROM rows WHERE seq <= ?", (plan.delete_through,)
+            ).rowcount
             conn.execute(
                 "UPDATE meta SET last_acked_seq = ?, high_water = max(high_water, ?),"
                 " unverified_from = CASE WHEN ? THEN NULL ELSE unverified_from END,"
@@ -712,22 +802,23 @@ class RunLog:
                 # not progress: last_ack_at says when rows were last acked.
                 " last_ack_at = CASE WHEN ? THEN ? ELSE last_ack_at END,"
                 " updated_at = ? WHERE id = 1",
-                (acked, high, verify, completed, now, acked > self._last_acked, now, now),
+                (
+                    plan.state.last_acked,
+                    plan.high_water,
+                    plan.clear_unverified,
+                    plan.completed,
+                    now,
+                    plan.advanced,
+                    now,
+                    now,
+                ),
             )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail_transaction(exc, f"store ack {seq}") from None
-        self._next_seq = high + 1
-        self._last_acked = acked
-        if verify:
-            self._unverified_from = None
-        if completed:
-            self._completed = True
-            self._done_seq = None
-        else:
-            self._done_seq = done_seq
+            return deleted, int(gone_bytes)
+
+        deleted, gone_bytes = self._commit(label, what, work)
+        self._state = plan.state
         if self._unacked_bytes is not None:
-            self._unacked_bytes -= int(gone_bytes)
+            self._unacked_bytes -= gone_bytes
         return deleted
 
     def complete_by_engine(self) -> int:
@@ -738,7 +829,8 @@ class RunLog:
         seqs in order, so everything before it too), but its ack was lost. In
         one transaction every row is deleted and ``completed_at`` set; the
         stored cursor does not move (after a rollback the engine's ``Done``
-        may sit at another seq).
+        may sit at another seq). The decision is
+        :meth:`LogState.complete_by_engine <walchannel.log_state.LogState.complete_by_engine>`.
 
         Returns:
             How many rows were deleted.
@@ -748,23 +840,20 @@ class RunLog:
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()
-        if self._done_seq is None:
-            raise ValueError(f"run {self._run_id}: no Done is logged; the log stays as it is")
-        conn = self._conn
+        state = self._state.complete_by_engine()
         now = time.time()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+
+        def work(conn: sqlite3.Connection) -> int:
             deleted = conn.execute("DELETE FROM rows").rowcount
             conn.execute(
                 "UPDATE meta SET completed_at = ?, last_error = ?, last_error_at = ?,"
                 " updated_at = ? WHERE id = 1",
                 (now, "the engine says the run is completed; the log is a tombstone", now, now),
             )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail_transaction(exc, "mark the run completed") from None
-        self._completed = True
-        self._done_seq = None
+            return deleted
+
+        deleted = self._commit("complete", "mark the run completed", work)
+        self._state = state
         self._unacked_bytes = 0
         return deleted
 
@@ -790,10 +879,12 @@ class RunLog:
         names = sorted(values)
         assignments = ", ".join(f"{name} = ?" for name in names)
         params = (*(values[name] for name in names), time.time())
-        self._write(
-            f"UPDATE meta SET {assignments}, updated_at = ? WHERE id = 1",  # noqa: S608
-            params,
-            what=f"update meta ({', '.join(names)})",
+        sql = f"UPDATE meta SET {assignments}, updated_at = ? WHERE id = 1"  # noqa: S608
+        self._commit(
+            "meta",
+            f"update meta ({', '.join(names)})",
+            lambda conn: conn.execute(sql, params),
+            single=True,
         )
 
     # -- reads -------------------------------------------------------------
@@ -815,7 +906,7 @@ class RunLog:
             WalCorruptError: SQLite cannot read the rows.
         """
         self._check_open()
-        cursor = max(after_seq, self._last_acked)
+        cursor = self._state.read_after(after_seq)
         remaining = math.inf if limit is None else limit
         while remaining > 0:
             size = int(min(_BATCH, remaining))
@@ -849,13 +940,14 @@ class RunLog:
             WalCorruptError: SQLite cannot read the rows.
         """
         total = self.unacked_bytes
-        if seq <= self._last_acked:
+        stored = self._state.last_acked
+        if seq <= stored:
             return total
         self._check_open()
         try:
             gone = self._conn.execute(
                 "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ? AND seq <= ?",
-                (self._last_acked, seq),
+                (stored, seq),
             ).fetchone()[0]
         except sqlite3.Error as exc:
             raise WalCorruptError(str(self._path), f"cannot read the rows' sizes: {exc}") from None
@@ -883,7 +975,7 @@ class RunLog:
         try:
             row = self._conn.execute(
                 "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
-                (max(after_seq, self._last_acked),),
+                (self._state.read_after(after_seq),),
             ).fetchone()
         except sqlite3.Error as exc:
             raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
@@ -901,31 +993,29 @@ class RunLog:
             reason,
             ROW_LOST_TYPE,
         )
-        if self._lock.forked:
+        if self._forked:
             return substitute
         blob = encode_body("event", substitute.body)
-        conn = self._conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (*raw, reason, time.time()),
+                (*raw, reason, now),
             )
             conn.execute(
                 "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
                 (blob, body_crc(blob), seq),
             )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+
+        try:
+            self._commit("quarantine", f"quarantine seq {seq}", work)
+        except WalWriteError as exc:
             # The substitute still goes out; the damaged row stays for next time.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
             log.error("run %s: cannot quarantine seq %d: %s", self._run_id, seq, exc)
             return substitute
         self._quarantined += 1
-        if raw[1] == "done" and self._done_seq == seq:
-            self._done_seq = None
+        self._state = self._state.row_replaced(seq)
         if self._unacked_bytes is not None:
             self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
         return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
@@ -960,7 +1050,7 @@ class RunLog:
         try:
             raw = conn.execute(
                 "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq = ? AND seq > ?",
-                (seq, self._last_acked),
+                (seq, self._state.last_acked),
             ).fetchone()
         except sqlite3.Error as exc:
             raise WalCorruptError(str(self._path), f"cannot read row seq {seq}: {exc}") from None
@@ -972,19 +1062,17 @@ class RunLog:
             )
         body = row_lost_body(seq, reason, **details)
         blob = encode_body("event", body)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> None:
             # Plain INSERT: an earlier quarantined body at this seq is never replaced.
-            conn.execute(
-                "INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", (*raw, reason, time.time())
-            )
+            conn.execute("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", (*raw, reason, now))
             conn.execute(
                 "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
                 (blob, body_crc(blob), seq),
             )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail_transaction(exc, f"set aside seq {seq}") from None
+
+        self._commit("set_aside", f"set aside seq {seq}", work)
         self._quarantined += 1
         if self._unacked_bytes is not None:
             self._unacked_bytes += len(blob) - len(raw[2])
@@ -1044,8 +1132,8 @@ class RunLog:
         Raises:
             ValueError: ``max_pages`` is below 1.
         """
-        if self._closed or self._lock.forked:
-            return False
+        if self._closed or self._forked or self._lock is None:
+            return False  # no file of its own (on_connection): nothing to give back
         if max_pages is not None and max_pages < 1:
             raise ValueError(f"max_pages must be >= 1 or None, got {max_pages!r}")
         budget = math.inf if max_pages is None else max_pages
@@ -1109,13 +1197,14 @@ class RunLog:
         """
         if self._closed:
             return
-        if not self._lock.forked:
+        if not self._forked:
             self.checkpoint()
         self._closed = True
-        if not self._lock.forked:
+        if not self._forked:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> Self:
         return self
@@ -1124,5 +1213,5 @@ class RunLog:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"next_seq={self._next_seq}"
-        return f"<RunLog run_id={self._run_id!r} {state} acked={self._last_acked}>"
+        state = "closed" if self._closed else f"next_seq={self._state.next_seq}"
+        return f"<RunLog run_id={self._run_id!r} {state} acked={self._state.last_acked}>"

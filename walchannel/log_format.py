@@ -36,6 +36,7 @@ from typing import Any, Final
 import msgpack
 
 from walchannel.errors import PayloadError, WalCorruptError
+from walchannel.log_state import KINDS as _KINDS
 
 __all__ = [
     "APPLICATION_ID",
@@ -63,8 +64,9 @@ SCHEMA_VERSION: Final = 1
 #: Event type that stands in, at the same seq, for a row that failed its checks.
 ROW_LOST_TYPE: Final = "walchannel.row_lost"
 
-#: The row kinds: the ``UpMessage`` oneof names that go through the log.
-KINDS: Final = frozenset({"event", "finding", "approval_request", "done"})
+#: The row kinds: the ``UpMessage`` oneof names that go through the log
+#: (decided in :mod:`walchannel.log_state`, re-exported here).
+KINDS: Final = _KINDS
 
 #: The CREATE statements of a new log, in order.
 SCHEMA: Final = (

@@ -14,6 +14,17 @@ import enum
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
+
+# The log's seq rules live in walchannel.log_state (their one owner); they
+# stay importable from here, where they were first.
+from walchannel.log_state import (
+    LogState,
+    next_seq_after,
+    next_seq_at_open,
+    unverified_at_open,
+    verification_shift,
+)
 
 __all__ = [
     "ACK_STORE_AFTER_MS",
@@ -24,12 +35,14 @@ __all__ = [
     "ChannelState",
     "Cursor",
     "EndKind",
+    "LogState",
     "ReconnectPolicy",
     "RefusalVerdict",
     "STABLE_STREAM_MS",
     "SizeRefusal",
     "StateError",
     "StateMachine",
+    "StateSource",
     "classify_end",
     "describe_end",
     "is_too_many_pings",
@@ -41,58 +54,6 @@ __all__ = [
     "unverified_at_open",
     "verification_shift",
 ]
-
-
-def next_seq_after(high_water: int, last_acked_seq: int) -> int:
-    """Return the next seq to assign: ``max(high-water, last_acked_seq) + 1``.
-
-    Never ``MAX(seq) + 1`` over the rows: once every row is acked and
-    deleted there are none, and a reused seq would be dropped by the engine
-    as a duplicate. SPEC "The log" (seq is never reused).
-    """
-    return max(high_water, last_acked_seq) + 1
-
-
-def next_seq_at_open(high_water: int, top_seq: int | None, last_acked_seq: int) -> int:
-    """Return the next seq of a log being opened, from its stored meta and its rows.
-
-    ``next_seq_after(max(high_water, top_seq), last_acked_seq)``: the stored
-    high-water and cursor count, not only the rows, which may all be gone
-    (``RunLog`` opens with exactly this; ``tools/sim.py`` drives it).
-
-    Args:
-        high_water: the meta's stored high-water mark.
-        top_seq: the highest seq among the rows (None: no rows).
-        last_acked_seq: the stored ack cursor.
-    """
-    return next_seq_after(max(high_water, top_seq or 0), last_acked_seq)
-
-
-def unverified_at_open(stored: int | None, next_seq: int) -> int:
-    """Return ``unverified_from`` for a log being opened: ``min(stored, next_seq)``.
-
-    Rows at or above it have never been written after an answered
-    handshake, so the engine may hold other content under those seqs (a
-    rolled-back, restored or lost log). SPEC "Dial" (verification).
-    """
-    return next_seq if stored is None else min(stored, next_seq)
-
-
-def verification_shift(unverified_from: int | None, engine_high: int) -> int:
-    """Return how far the unverified rows must move after the first answered handshake.
-
-    Args:
-        unverified_from: the log's ``unverified_from`` (None once verified).
-        engine_high: ``h`` from the engine's ``Ack(h)`` answer to the handshake.
-
-    Returns:
-        ``h + 1 - unverified_from`` when the engine already holds seqs at or
-        above ``unverified_from`` (they move to ``h+1, h+2, …`` in order),
-        else 0.
-    """
-    if unverified_from is None or engine_high < unverified_from:
-        return 0
-    return engine_high + 1 - unverified_from
 
 
 # -- channel states ----------------------------------------------------------
@@ -188,47 +149,79 @@ class AckKind(enum.Enum):
     ABOVE_HIGH_WATER = "above_high_water"  # protocol error: never applied
 
 
+class StateSource(Protocol):
+    """What the cursor reads the log's facts from: ``RunLog`` (its ``state`` property)."""
+
+    @property
+    def state(self) -> LogState:
+        """The log's current :class:`~walchannel.log_state.LogState`."""
+        ...
+
+
 @dataclass(slots=True)
 class Cursor:
     """The sans-I/O ack cursor and write position of one open log.
 
+    The log's own facts — the high-water, the stored ack, ``unverified_from``,
+    the ``Done`` row's seq and completion — are not copied here: they are
+    read from the log's :class:`~walchannel.log_state.LogState` (their one
+    owner), so the cursor can never drift from what the log committed.
+
     Attributes:
-        high_water: the highest committed seq.
+        log: where the log's state is read (the open ``RunLog``).
         acked: the highest seq received in an ack (the channel's counters
-            and limits use it).
-        stored: the ack the log stores (rows ``<=`` it are deleted).
-        unverified_from: see :func:`unverified_at_open`; None once verified.
-        done_seq: the seq of the logged ``Done``, if any.
+            and limits use it); at least the stored cursor.
         write_pos: the next seq to write on the live stream (0: no stream).
+        pending_count: acks received since the last one stored.
+        pending_since_ms: when the first of them came (None: none pending).
+        provisional: ``(first, end, shift)``: seqs in ``[first, end)`` handed
+            out before a verification shift now live at ``seq + shift``.
+        hold_at: a ``Done`` the engine refused for its size: nothing from it
+            on is written.
     """
 
-    high_water: int
+    log: StateSource
     acked: int
-    stored: int
-    unverified_from: int | None
-    done_seq: int | None = None
-    completed: bool = False
     write_pos: int = 0
     pending_count: int = 0
     pending_since_ms: float | None = None
-    # (first, end, shift): seqs in [first, end) handed out before a
-    # verification shift now live at seq + shift.
     provisional: tuple[int, int, int] | None = None
-    # A Done the engine refused for its size: nothing from it on is written.
     hold_at: int | None = None
+    # (unverified_from, high_water + 1) at the VERIFY answer, before the log moved rows.
+    verifying: tuple[int, int] | None = None
 
-    # -- rows ----------------------------------------------------------------
+    # -- the log's facts (read, never stored) -------------------------------------
 
-    def on_commit(self, last_seq: int, *, done: bool = False) -> None:
-        """Rows up to ``last_seq`` were committed (``done``: the last is ``Done``)."""
-        self.high_water = max(self.high_water, last_seq)
-        if done:
-            self.done_seq = last_seq
+    @property
+    def high_water(self) -> int:
+        """The highest committed seq (the log's)."""
+        return self.log.state.next_seq - 1
+
+    @property
+    def stored(self) -> int:
+        """The ack the log stores (rows ``<=`` it are deleted)."""
+        return self.log.state.last_acked
+
+    @property
+    def unverified_from(self) -> int | None:
+        """The log's ``unverified_from``; None once verified."""
+        return self.log.state.unverified_from
+
+    @property
+    def done_seq(self) -> int | None:
+        """The seq of the logged, unacked ``Done``, if any."""
+        return self.log.state.done_seq
+
+    @property
+    def completed(self) -> bool:
+        """The log is a tombstone."""
+        return self.log.state.completed
 
     @property
     def unacked(self) -> int:
         """Rows not covered by a received ack (0 once the run is completed)."""
-        return 0 if self.completed else self.high_water - self.acked
+        state = self.log.state
+        return 0 if state.completed else state.next_seq - 1 - self.acked
 
     def translate(self, seq: int) -> int:
         """Map a seq handed out before a verification shift to where its row lives now."""
@@ -248,10 +241,11 @@ class Cursor:
         """
         if engine_high < self.stored:
             return Answer(AnswerKind.BEHIND, 0)
-        if self.unverified_from is not None:
-            shift = verification_shift(self.unverified_from, engine_high)
-            high = max(self.high_water + shift, engine_high)
-            return Answer(AnswerKind.VERIFY, min(engine_high, high) + 1)
+        unverified = self.unverified_from
+        if unverified is not None:
+            # After the log's verification the high-water is at least h.
+            self.verifying = (unverified, self.high_water + 1)
+            return Answer(AnswerKind.VERIFY, engine_high + 1)
         if engine_high > self.high_water:
             return Answer(AnswerKind.AHEAD, self.acked + 1)
         if engine_high < self.acked:
@@ -259,19 +253,17 @@ class Cursor:
         return Answer(AnswerKind.RESUME, engine_high + 1)
 
     def on_verified(self, engine_high: int, shift: int) -> None:
-        """The log applied the verification rule for ``h`` with ``shift``; follow it."""
-        if shift:
-            assert self.unverified_from is not None
-            self.provisional = (self.unverified_from, self.high_water + 1, shift)
-            if self.done_seq is not None and self.done_seq >= self.unverified_from:
-                self.done_seq += shift
-            self.high_water += shift
-        self.high_water = max(self.high_water, engine_high)
-        self.unverified_from = None
+        """The log applied the verification rule for ``h`` with ``shift``; follow it.
+
+        The log moved its rows (``LogState.verify``); the cursor only
+        remembers which seqs it handed out before are provisional.
+        """
+        if shift and self.verifying is not None:
+            first, end = self.verifying
+            self.provisional = (first, end, shift)
+        self.verifying = None
         self.acked = max(self.acked, engine_high)
-        self.stored = max(self.stored, engine_high)
         self._clear_pending()
-        self._check_completed()
 
     def on_forgot(self, engine_high: int) -> None:
         """The engine answered below acks it gave that are not stored yet: re-send them."""
@@ -319,19 +311,13 @@ class Cursor:
         return None
 
     def on_stored(self, seq: int) -> None:
-        """The log stored ``Ack(seq)``."""
-        self.stored = max(self.stored, seq)
-        if self.stored >= self.acked:
+        """The log stored ``Ack(seq)`` (its state holds it): stop coalescing what it covers."""
+        if max(self.stored, seq) >= self.acked:
             self._clear_pending()
-        self._check_completed()
 
     def _clear_pending(self) -> None:
         self.pending_count = 0
         self.pending_since_ms = None
-
-    def _check_completed(self) -> None:
-        if self.done_seq is not None and self.stored >= self.done_seq:
-            self.completed = True
 
     # -- the writer --------------------------------------------------------------
 

@@ -1,0 +1,361 @@
+"""The log's decisions, sans I/O: the next seq, what an ack deletes, how verification moves rows.
+
+:class:`LogState` is the one owner of the facts a run log decides (SPEC
+"The log", "Dial"): the next seq, the stored ack cursor, ``unverified_from``,
+the seq of the unacked ``Done`` and whether the run is completed. Every
+transaction of :class:`walchannel.log.RunLog` asks it first; it returns the
+new state and, for an ack or a verification, an :class:`AckPlan` saying what
+to do to the rows ("shift seqs ``>= S`` by ``k``", "delete seqs ``<= X``",
+"set ``completed_at``"). ``RunLog`` only carries that out in SQL, and the
+channel's :class:`walchannel.protocol.Cursor` reads these facts from the
+log's state instead of tracking copies of them. No I/O, no clock, no
+SQLite: the rules are tested exhaustively on plain values, and
+``tools/sim.py`` runs them inside the real ``RunLog``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from walchannel.errors import ChannelClosedError, RunCompletedError
+
+__all__ = [
+    "KINDS",
+    "AckPlan",
+    "LogState",
+    "next_seq_after",
+    "next_seq_at_open",
+    "unverified_at_open",
+    "verification_shift",
+]
+
+#: The row kinds: the ``UpMessage`` oneof names that go through the log
+#: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
+KINDS = frozenset({"event", "finding", "approval_request", "done"})
+
+
+def next_seq_after(high_water: int, last_acked_seq: int) -> int:
+    """Return the next seq to assign: ``max(high-water, last_acked_seq) + 1``.
+
+    Never ``MAX(seq) + 1`` over the rows: once every row is acked and
+    deleted there are none, and a reused seq would be dropped by the engine
+    as a duplicate. SPEC "The log" (seq is never reused).
+    """
+    return max(high_water, last_acked_seq) + 1
+
+
+def next_seq_at_open(high_water: int, top_seq: int | None, last_acked_seq: int) -> int:
+    """Return the next seq of a log being opened, from its stored meta and its rows.
+
+    ``next_seq_after(max(high_water, top_seq), last_acked_seq)``: the stored
+    high-water and cursor count, not only the rows, which may all be gone.
+
+    Args:
+        high_water: the meta's stored high-water mark.
+        top_seq: the highest seq among the rows (None: no rows).
+        last_acked_seq: the stored ack cursor.
+    """
+    return next_seq_after(max(high_water, top_seq or 0), last_acked_seq)
+
+
+def unverified_at_open(stored: int | None, next_seq: int) -> int:
+    """Return ``unverified_from`` for a log being opened: ``min(stored, next_seq)``.
+
+    Rows at or above it have never been written after an answered
+    handshake, so the engine may hold other content under those seqs (a
+    rolled-back, restored or lost log). SPEC "Dial" (verification).
+    """
+    return next_seq if stored is None else min(stored, next_seq)
+
+
+def verification_shift(unverified_from: int | None, engine_high: int) -> int:
+    """Return how far the unverified rows must move after the first answered handshake.
+
+    Args:
+        unverified_from: the log's ``unverified_from`` (None once verified).
+        engine_high: ``h`` from the engine's ``Ack(h)`` answer to the handshake.
+
+    Returns:
+        ``h + 1 - unverified_from`` when the engine already holds seqs at or
+        above ``unverified_from`` (they move to ``h+1, h+2, …`` in order),
+        else 0. SPEC "Dial".
+    """
+    if unverified_from is None or engine_high < unverified_from:
+        return 0
+    return engine_high + 1 - unverified_from
+
+
+@dataclass(frozen=True, slots=True)
+class AckPlan:
+    """What storing an ack (or the verifying answer) does to the rows and the meta.
+
+    Carried out in one transaction, in this order: shift, delete, meta.
+
+    Attributes:
+        state: the log's state once committed.
+        shift_from: move every row (and quarantined row) with ``seq >=
+            shift_from`` by :attr:`shift_by`; None: move nothing.
+        shift_by: the constant shift (0 when nothing moves).
+        delete_through: delete every row with ``seq <=`` it (the new cursor).
+        high_water: the high-water mark to store (at least).
+        clear_unverified: set ``unverified_from`` to NULL (verification done).
+        completed: set ``completed_at``: the ack covers the ``Done`` row, and
+            the log becomes a tombstone (SPEC "Completion").
+        advanced: the cursor moved (rows were acked): set ``last_ack_at``.
+    """
+
+    state: LogState
+    shift_from: int | None
+    shift_by: int
+    delete_through: int
+    high_water: int
+    clear_unverified: bool
+    completed: bool
+    advanced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """What a run log has decided, as a value. SPEC "The log".
+
+    Attributes:
+        run_id: the run (for error messages).
+        next_seq: the seq the next committed row gets; ``next_seq - 1`` is
+            the high-water mark.
+        last_acked: the stored ack cursor: every seq ``<=`` it is deleted.
+        unverified_from: rows at or above it were never written after an
+            answered handshake; None once verified (SPEC "Dial").
+        done_seq: the seq of the unacked ``Done`` row, if one is logged.
+        completed: the ack covering ``Done`` was stored: a tombstone.
+    """
+
+    run_id: str
+    next_seq: int
+    last_acked: int
+    unverified_from: int | None
+    done_seq: int | None
+    completed: bool
+
+    # -- opening --------------------------------------------------------------
+
+    @classmethod
+    def at_open(
+        cls,
+        run_id: str,
+        *,
+        high_water: int,
+        last_acked: int,
+        stored_unverified: int | None,
+        completed: bool,
+        top_seq: int | None,
+        top_is_done: bool,
+    ) -> LogState:
+        """The state of a log being opened, from its stored meta and its top row.
+
+        The next seq counts the stored high-water and cursor, not only the
+        rows (which may all be acked and gone); ``unverified_from`` becomes
+        ``min(stored, next_seq)`` and is stored at open (SPEC "Dial").
+
+        Args:
+            run_id: the run.
+            high_water: the meta's stored high-water mark.
+            last_acked: the meta's stored cursor.
+            stored_unverified: the meta's stored ``unverified_from``.
+            completed: ``completed_at`` is set.
+            top_seq: the highest seq among the rows (None: no rows).
+            top_is_done: that row is a ``done`` row.
+        """
+        next_seq = next_seq_at_open(high_water, top_seq, last_acked)
+        return cls(
+            run_id,
+            next_seq,
+            last_acked,
+            unverified_at_open(stored_unverified, next_seq),
+            top_seq if top_is_done else None,
+            completed,
+        )
+
+    # -- derived ----------------------------------------------------------------
+
+    @property
+    def high_water(self) -> int:
+        """The highest seq ever used by this log (0 for a new one)."""
+        return self.next_seq - 1
+
+    @property
+    def unacked_count(self) -> int:
+        """Rows above the stored cursor (from seqs, not a scan); 0 for a tombstone."""
+        return 0 if self.completed else self.next_seq - 1 - self.last_acked
+
+    def read_after(self, after_seq: int) -> int:
+        """The exclusive lower bound of a read of unacked rows above ``after_seq``.
+
+        Rows at or below the stored cursor are gone, whatever the caller asks:
+        ``RunLog.unacked(after_seq)`` reads ``seq > read_after(after_seq)``.
+        """
+        return max(after_seq, self.last_acked)
+
+    # -- appending ----------------------------------------------------------------
+
+    def append(self, kinds: Iterable[str]) -> LogState:
+        """Decide an append of rows of ``kinds`` (in order); they get ``next_seq, next_seq+1, …``.
+
+        Returns:
+            The state once they are committed (``done_seq`` set when the
+            last is ``done``). Nothing is decided about a failed commit: it
+            uses no seq (SPEC "The log").
+
+        Raises:
+            RunCompletedError: the log is a tombstone.
+            ChannelClosedError: the log holds an unacked ``Done`` (SPEC
+                "Completion"), or a row follows ``done`` in ``kinds``.
+            ValueError: an unknown kind.
+        """
+        if self.completed:
+            raise RunCompletedError(f"run {self.run_id}: completed (its Done was acked)")
+        if self.done_seq is not None:
+            raise ChannelClosedError(
+                f"run {self.run_id}: Done is logged at seq {self.done_seq}; no new rows"
+            )
+        seq = self.next_seq
+        done_at: int | None = None
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ValueError(f"run {self.run_id}: unknown row kind {kind!r}")
+            if done_at is not None:
+                raise ChannelClosedError(
+                    f"run {self.run_id}: rows after Done (seq {done_at}) are refused"
+                )
+            if kind == "done":
+                done_at = seq
+            seq += 1
+        if seq == self.next_seq:
+            return self
+        return LogState(
+            self.run_id, seq, self.last_acked, self.unverified_from, done_at, self.completed
+        )
+
+    def after_failed_commit(self, top_seq: int | None) -> LogState:
+        """A commit failed; SQLite's ``MAX(seq)`` is ``top_seq``: never hand out a seq it holds.
+
+        An I/O error reported after the commit frame reached the WAL may
+        still have landed the rows (docs/design.md, "A failed commit").
+        """
+        if top_seq is None or top_seq < self.next_seq:
+            return self
+        return LogState(
+            self.run_id,
+            top_seq + 1,
+            self.last_acked,
+            self.unverified_from,
+            self.done_seq,
+            self.completed,
+        )
+
+    # -- acks and verification --------------------------------------------------------
+
+    def ack(self, seq: int) -> AckPlan | None:
+        """Decide storing the cumulative ``Ack(seq)``. SPEC "The log", "Acks".
+
+        Returns:
+            The plan, or None when it changes nothing (at or below the
+            stored cursor, or a tombstone, which takes no more writes).
+
+        Raises:
+            ValueError: ``seq`` is above the high-water mark (never applied).
+        """
+        if seq <= self.last_acked or self.completed:
+            return None
+        if seq > self.high_water:
+            raise ValueError(
+                f"run {self.run_id}: ack {seq} is above the high-water mark {self.high_water}"
+            )
+        return self._store(seq, 0, verify=False)
+
+    def verify(self, engine_high: int) -> AckPlan:
+        """Decide the verification rule for the first answered handshake ``Ack(h)``. SPEC "Dial".
+
+        When the engine holds seqs at or above ``unverified_from``, the
+        unverified rows move to ``h+1, h+2, …`` (a constant shift, order
+        kept) and the high-water becomes at least ``h``; ``unverified_from``
+        is cleared; then ``Ack(h)`` is stored as any ack is.
+
+        Raises:
+            ValueError: the log is already verified, or ``h`` is below the
+                stored cursor (the engine-behind rule is the caller's).
+        """
+        if self.unverified_from is None:
+            raise ValueError(f"run {self.run_id}: the log is already verified")
+        if engine_high < self.last_acked:
+            raise ValueError(
+                f"run {self.run_id}: engine high {engine_high} is below the stored "
+                f"cursor {self.last_acked}"
+            )
+        return self._store(
+            engine_high, verification_shift(self.unverified_from, engine_high), verify=True
+        )
+
+    def _store(self, seq: int, shift: int, *, verify: bool) -> AckPlan:
+        start = self.unverified_from
+        done = self.done_seq
+        if shift and done is not None and start is not None and done >= start:
+            done += shift  # the Done row is among the rows that move
+        high = max(self.next_seq - 1 + shift, seq)
+        acked = max(self.last_acked, seq)
+        completed = done is not None and acked >= done
+        state = LogState(
+            self.run_id,
+            high + 1,
+            acked,
+            None if verify else start,
+            None if completed else done,
+            self.completed or completed,
+        )
+        return AckPlan(
+            state=state,
+            shift_from=start if shift else None,
+            shift_by=shift,
+            delete_through=acked,
+            high_water=high,
+            clear_unverified=verify,
+            completed=completed,
+            advanced=acked > self.last_acked,
+        )
+
+    # -- completion -------------------------------------------------------------------
+
+    def complete_by_engine(self) -> LogState:
+        """Decide the engine's "run completed" answer while this log holds an unacked ``Done``.
+
+        The engine applied a ``Done`` of this run (and, taking seqs in
+        order, everything before it) but its ack was lost: every row is
+        deleted and ``completed_at`` set; the stored cursor does not move
+        (after a rollback the engine's ``Done`` may sit at another seq).
+        docs/design.md, "A channel that fails while send_done waits".
+
+        Raises:
+            ValueError: the log holds no unacked ``Done``: its rows are
+                undeliverable and stay (the channel marks the run failed).
+        """
+        if self.done_seq is None:
+            raise ValueError(f"run {self.run_id}: no Done is logged; the log stays as it is")
+        return LogState(
+            self.run_id, self.next_seq, self.last_acked, self.unverified_from, None, True
+        )
+
+    def row_replaced(self, seq: int) -> LogState:
+        """A damaged row at ``seq`` was replaced by a ``row_lost`` event (SPEC "The log").
+
+        When it was the ``Done`` row, no ``Done`` is logged any more.
+        """
+        if self.done_seq != seq:
+            return self
+        return LogState(
+            self.run_id,
+            self.next_seq,
+            self.last_acked,
+            self.unverified_from,
+            None,
+            self.completed,
+        )
