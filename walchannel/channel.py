@@ -58,7 +58,13 @@ from walchannel.errors import (
 )
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
-from walchannel.log_format import ROW_LOST_TYPE, encode_body
+from walchannel.log_format import (
+    FAILED_DONE_REFUSED,
+    FAILED_ENGINE_BEHIND,
+    FAILED_UNDELIVERABLE,
+    ROW_LOST_TYPE,
+    encode_body,
+)
 from walchannel.payload import check_text
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
@@ -982,18 +988,24 @@ class GrpcEngineChannel:
     def _fail(self, error: WalchannelError, *, mark_failed: bool = False) -> None:
         logger.error("%s", error)
         self._failure = error
-        self._set_error(str(error), failed=mark_failed or isinstance(error, EngineBehindError))
+        reason = None
+        if isinstance(error, EngineBehindError):
+            reason = FAILED_ENGINE_BEHIND
+        elif mark_failed:
+            reason = FAILED_DONE_REFUSED
+        self._set_error(str(error), failed=reason)
         if not self._sm.final:
             self._move(ChannelState.FAILED)
 
-    def _set_error(self, message: str, *, failed: bool = False) -> None:
+    def _set_error(self, message: str, *, failed: str | None = None) -> None:
         text = redact_secret(message, self._config.run_token)
         self._last_error = text
         if not self._log.writable:
             return
         fields: dict[str, Any] = {"last_error": text, "last_error_at": time.time()}
-        if failed:
+        if failed is not None:
             fields["failed_at"] = time.time()
+            fields["failed_reason"] = failed
         try:
             self._log.update_meta(**fields)
         except WalchannelError as exc:
@@ -1228,7 +1240,7 @@ class GrpcEngineChannel:
         if kind is not AnswerKind.BEHIND and self._failed_mark:
             self._failed_mark = False
             try:
-                self._log.update_meta(failed_at=None)
+                self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
         if kind is AnswerKind.BEHIND:
@@ -1493,7 +1505,9 @@ class GrpcEngineChannel:
             # Rows this log still holds cannot be delivered any more: flag the
             # run for an operator (inspect shows it as failed, export saves them).
             with contextlib.suppress(WalchannelError):
-                self._log.update_meta(failed_at=time.time())
+                self._log.update_meta(
+                    failed_at=time.time(), failed_reason=FAILED_UNDELIVERABLE
+                )
 
     def _double_keepalive(self) -> None:
         doubled = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)

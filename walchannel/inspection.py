@@ -76,6 +76,7 @@ from walchannel import files
 from walchannel.errors import WalCorruptError
 from walchannel.lock import LockOwner, probe_owner
 from walchannel.log_format import (
+    FAILED_ENGINE_BEHIND,
     ROWS_AFTER,
     Row,
     RunMeta,
@@ -939,12 +940,16 @@ def _state(
     """Pick the first state that applies (SPEC "Operating tools")."""
     meta = snap.meta
     if meta.failed_at is not None:
+        # failed_reason names the cause; a log written before it had only
+        # last_error, which a later error may have replaced.
+        cause = meta.failed_reason
+        if cause and meta.last_error and meta.last_error not in cause:
+            return "failed", f"{cause}; the channel stopped: {meta.last_error}"
+        if cause:
+            return "failed", cause
         if meta.last_error:
             return "failed", f"the channel stopped: {meta.last_error}"
-        return "failed", (
-            "an engine answered below the stored cursor: it lost rows this log already "
-            "deleted, which cannot be re-sent"
-        )
+        return "failed", FAILED_ENGINE_BEHIND
     if owner is None and unacked > 0:
         return "orphaned", f"no live owner and {unacked} unacked row(s)"
     if oldest_age is not None and oldest_age > stuck_after_s:

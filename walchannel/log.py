@@ -42,6 +42,7 @@ from walchannel.errors import (
 from walchannel.lock import OwnerLock
 from walchannel.log_format import (
     APPLICATION_ID,
+    OPTIONAL_META_FIELDS,
     ROW_LOST_TYPE,
     ROWS_AFTER,
     SCHEMA,
@@ -101,6 +102,7 @@ WRITABLE_META: Final = frozenset(
         "last_error_at",
         "reconnects",
         "failed_at",
+        "failed_reason",
     }
 )
 
@@ -402,16 +404,20 @@ class RunLog:
             owner.host if owner is not None else None,
             time.time(),
         )
-        self._commit(
-            "claim",
-            "record the owner at open",
-            lambda conn: conn.execute(
+        present = {r[1] for r in self._conn.execute("PRAGMA table_info(meta)")}
+        # A log made before an optional column existed gets it now (NULL).
+        missing = sorted(OPTIONAL_META_FIELDS - present)
+
+        def work(conn: sqlite3.Connection) -> None:
+            for name in missing:
+                conn.execute(f"ALTER TABLE meta ADD COLUMN {name} TEXT")
+            conn.execute(
                 "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
                 " owner_host = ?, updated_at = ? WHERE id = 1",
                 params,
-            ),
-            single=True,
-        )
+            )
+
+        self._commit("claim", "record the owner at open", work, single=not missing)
 
     # -- state -------------------------------------------------------------
 

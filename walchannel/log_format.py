@@ -40,8 +40,12 @@ from walchannel.log_state import KINDS as _KINDS
 
 __all__ = [
     "APPLICATION_ID",
+    "FAILED_DONE_REFUSED",
+    "FAILED_ENGINE_BEHIND",
+    "FAILED_UNDELIVERABLE",
     "KINDS",
     "META_FIELDS",
+    "OPTIONAL_META_FIELDS",
     "ROWS_AFTER",
     "ROW_LOST_TYPE",
     "Row",
@@ -106,6 +110,7 @@ SCHEMA: Final = (
         reconnects INTEGER NOT NULL DEFAULT 0,
         failed_at REAL,
         completed_at REAL,
+        failed_reason TEXT,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL)""",
 )
@@ -144,7 +149,9 @@ class RunMeta:
 
     ``progress`` is the harness's resume marker (decoded JSON), never a seq;
     ``token_sha256`` is the sha256 of the run token, never the token;
-    ``failed_at`` is set when an engine was found behind the stored cursor.
+    ``failed_at`` is set when the channel stopped for good, and
+    ``failed_reason`` says why (one of the ``FAILED_*`` texts; None in a
+    log written before the field existed).
     """
 
     schema_version: int
@@ -169,10 +176,32 @@ class RunMeta:
     completed_at: float | None
     created_at: float
     updated_at: float
+    failed_reason: str | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
 META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
+#: Columns added after schema version 1 shipped, without a version bump (so
+#: an older walchannel still reads a newer log): a log may lack them. The
+#: writer adds them at open; readers take None for a missing one.
+OPTIONAL_META_FIELDS: Final = frozenset({"failed_reason"})
+
+#: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
+FAILED_ENGINE_BEHIND: Final = (
+    "engine behind: an engine answered below the stored cursor; it lost rows this log "
+    "already deleted, which cannot be re-sent"
+)
+#: ``failed_reason``: the engine says "run completed" while this log holds
+#: unacked rows and no ``Done`` (docs/design.md).
+FAILED_UNDELIVERABLE: Final = (
+    "run completed with undeliverable rows: the engine says the run is completed while "
+    "this log still holds unacked rows (walchannel export saves them)"
+)
+#: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
+FAILED_DONE_REFUSED: Final = (
+    "Done refused: the engine refuses the run's Done for its size; raise the engine's "
+    "limit, then resume or flush"
+)
 
 
 def _now_iso() -> str:
@@ -271,7 +300,7 @@ def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> No
             raise WalCorruptError(str(path), f"broken header: schema version {version}")
         for table, wanted in (("rows", _ROW_COLUMNS), ("meta", META_FIELDS)):
             cols = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})"))
-            missing = [c for c in wanted if c not in cols]
+            missing = [c for c in wanted if c not in cols and c not in OPTIONAL_META_FIELDS]
             if missing:
                 raise WalCorruptError(
                     str(path), f"broken schema: table {table} lacks {', '.join(missing)}"
@@ -304,9 +333,11 @@ def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:
         sqlite3.Error: SQLite cannot read it; the caller says whether that
             is damage or only a lock or permission.
     """
-    cur = conn.execute(f"SELECT {', '.join(META_FIELDS)} FROM meta WHERE id = 1")  # noqa: S608
+    present = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
+    names = [f for f in META_FIELDS if f in present or f not in OPTIONAL_META_FIELDS]
+    cur = conn.execute(f"SELECT {', '.join(names)} FROM meta WHERE id = 1")  # noqa: S608
     try:
-        values = dict(zip(META_FIELDS, cur.fetchone(), strict=True))
+        values = dict(zip(names, cur.fetchone(), strict=True))
         raw = values["progress"]
         values["progress"] = json.loads(raw) if raw is not None else None
         return RunMeta(**values)
