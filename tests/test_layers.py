@@ -17,6 +17,7 @@ ORDER = [
     "walchannel.files",
     "walchannel.lock",
     "walchannel.protocol",
+    "walchannel.session",
     "walchannel.log_format",
     "walchannel.log",
     "walchannel.replication",
@@ -55,6 +56,7 @@ NO_NETWORK = {
     "walchannel.files",
     "walchannel.lock",
     "walchannel.protocol",
+    "walchannel.session",
     "walchannel.log_format",
     "walchannel.log",
     "walchannel.wire",
@@ -69,7 +71,7 @@ NO_NETWORK = {
     "walchannel.cli_logs",
     "walchannel.replication",
 }
-NO_IO = {"walchannel.protocol"}
+NO_IO = {"walchannel.protocol", "walchannel.session"}
 
 
 def rank(module: str) -> int:
@@ -198,11 +200,27 @@ def test_flush_is_the_command_that_loads_grpc_and_only_when_it_runs() -> None:
 
 
 def test_the_core_does_no_io() -> None:
-    tree = modules()["walchannel.protocol"]
-    for target in imports(tree, "walchannel.protocol"):
-        root = target.split(".")[0]
-        assert root not in {"asyncio", "sqlite3", "socket", "os", "time", "grpc", "httpx"}, target
-    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Await, ast.AsyncFunctionDef))]
+    # protocol (the cursor, answers, backoff) and session (the channel's
+    # decision layer) take values and return decisions: no I/O, no clock.
+    trees = modules()
+    for module in NO_IO:
+        for name, targets in closure(module, trees).items():
+            for target in targets:
+                root = target.split(".")[0]
+                assert root not in {
+                    "asyncio",
+                    "sqlite3",
+                    "socket",
+                    "os",
+                    "time",
+                    "grpc",
+                    "httpx",
+                    "msgpack",
+                }, (module, name, target)
+                if target.startswith("walchannel."):
+                    assert target.split(".")[1] in {"protocol", "session"}, (name, target)
+        tree = trees[module]
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Await, ast.AsyncFunctionDef))]
 
 
 def test_order_lists_only_real_modules() -> None:

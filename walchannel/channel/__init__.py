@@ -22,7 +22,9 @@ The channel is one class built from parts, one module each:
 
 Rows come from :class:`walchannel.row_source.RowSource`. Decisions (seq,
 cursor, replay position, verification, backoff reset, states) come from
-:mod:`walchannel.protocol`; storage is :class:`~walchannel.log.RunLog`.
+:mod:`walchannel.protocol` and :mod:`walchannel.session` (the channel's
+decision layer, no I/O: answers, ack storage, checkpoints, the watchdog's
+rules, ends of stream, repeats); storage is :class:`~walchannel.log.RunLog`.
 Everything runs on the event loop's thread; ``BlockingEngineChannel``
 serves other threads. Every module logs under ``walchannel.channel``
 (``walchannel.channel.stream`` and so on), so that logger covers them all.
@@ -61,13 +63,13 @@ from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.payload import check_text
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
-    AnswerKind,
     ChannelState,
     SizeRefusal,
     pick_refused_row,
     refusal_sets_aside,
 )
 from walchannel.row_source import STRUCT_GROWTH, TAIL_BYTES, TAIL_ROW_OVERHEAD
+from walchannel.session import AnswerStep, held_done_reached, plan_answer
 
 # Importable from here as before the split (tests and tools use them).
 __all__ = [
@@ -182,10 +184,10 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                     oldest = max(0.0, time.time() - appended_at)
         return ChannelStats(
             state=self._sm.state,
-            sent=self._sent,
+            sent=self._writes.sent,
             acked=self._cursor.acked,
-            replayed=self._replayed,
-            reconnects=self._reconnects,
+            replayed=self._writes.replayed,
+            reconnects=self._writes.reconnects,
             unacked_count=self._cursor.unacked,
             unacked_bytes=unacked_bytes,
             oldest_unacked_age_s=oldest,
@@ -319,16 +321,23 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         )
 
     def _take_answer(self, engine_high: int) -> int | None:
-        """Carry out the decision for the handshake answer; None ends the stream."""
-        answer = self._cursor.on_answer(engine_high)
-        kind = answer.kind
-        if kind is not AnswerKind.BEHIND and self._failed_mark:
+        """Carry out the decision for the handshake answer ``Ack(h)``. SPEC "Dial".
+
+        The decision is :func:`walchannel.session.plan_answer`; this does
+        the I/O (the log's verification, meta, logging).
+
+        Returns:
+            The first seq to write on the stream, or None to end the stream.
+        """
+        plan = plan_answer(self._cursor, engine_high, failed_mark=self._failed_mark)
+        step = plan.step
+        if plan.clear_failed_mark:
             self._failed_mark = False
             try:
                 self._log.update_meta(failed_at=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if kind is AnswerKind.BEHIND:
+        if step is AnswerStep.FAIL_BEHIND:
             self._fail(
                 EngineBehindError(
                     f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
@@ -337,7 +346,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 )
             )
             return None
-        if kind is AnswerKind.VERIFY:
+        if step is AnswerStep.VERIFY:
             try:
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
@@ -356,14 +365,14 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             self._cursor.on_verified(engine_high, shift)
             self._maybe_checkpoint()  # the verifying ack deleted rows too
             self._after_ack()
-            return engine_high + 1
-        if kind is AnswerKind.AHEAD:
+            return plan.replay_from
+        if step is AnswerStep.PROTOCOL_ERROR:
             self._protocol_error(
                 f"handshake answer Ack({engine_high}) is above the high-water "
                 f"{self._cursor.high_water}; not applied"
             )
-            return answer.replay_from
-        if kind is AnswerKind.FORGOT:
+            return plan.replay_from
+        if step is AnswerStep.RESEND_FORGOTTEN:
             logger.warning(
                 "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
                 self._run_id,
@@ -372,9 +381,9 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 engine_high + 1,
             )
             self._cursor.on_forgot(engine_high)
-            return answer.replay_from
+            return plan.replay_from
         self._on_ack(engine_high)
-        return answer.replay_from
+        return plan.replay_from
 
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
@@ -490,8 +499,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
 
     def _check_held(self) -> None:
         """Stop with the held error once every row before a refused ``Done`` is acked."""
-        hold_at = self._cursor.hold_at
-        if self._held is None or hold_at is None or self._cursor.acked < hold_at - 1:
+        if self._held is None or not held_done_reached(self._cursor):
             return
         error, self._held = self._held, None
         self._fail(error, mark_failed=True)
@@ -543,9 +551,8 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 self._log.update_meta(failed_at=time.time())
 
     def _on_stop(self, reason: str) -> None:
-        if self._stop_fired:
-            return
-        self._stop_fired = True
+        if not self._down.on_stop():
+            return  # a repeat (the engine re-sends it after every handshake)
         logger.info(
             "run %s: the engine sent Stop(%r)",
             self._run_id,
@@ -555,7 +562,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             self._call_back(callback, reason)
 
     def _on_decision(self, decision: ApprovalDecision) -> None:
-        self._decisions[decision.request_id] = decision
+        self._down.on_decision(decision.request_id, decision)
         future = self._approvals.pop(decision.request_id, None)
         if future is not None and not future.done():
             future.set_result(decision)

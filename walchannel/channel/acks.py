@@ -3,7 +3,8 @@
 SPEC "The log": an ack deletes every row ``<= seq``; the channel may
 coalesce acks (the cursor decides when: every 256 acks or ~100 ms, always at
 close, at once for ``Done``). Once acks stop, the log is checkpointed and its
-freed pages given back (docs/design.md, "Giving disk back").
+freed pages given back (docs/design.md, "Giving disk back"; when:
+:class:`walchannel.session.CheckpointPolicy`). This module does the I/O.
 """
 
 from __future__ import annotations
@@ -13,25 +14,16 @@ import contextlib
 import logging
 
 from walchannel import _killpoints
-from walchannel.channel.base import CHECKPOINT_IDLE_MS, ChannelBase, now_ms
+from walchannel.channel.base import ChannelBase, now_ms
 from walchannel.errors import WalchannelError
 from walchannel.files import file_size
-from walchannel.protocol import ACK_STORE_AFTER_MS, AckKind
+from walchannel.protocol import AckKind
+from walchannel.session import ack_timer_ms
 
-__all__ = [
-    "CHECKPOINT_EVERY_MS",
-    "CHECKPOINT_IDLE_MS",
-    "CHECKPOINT_RETRY_MAX_MS",
-    "CHECKPOINT_STEP_PAGES",
-    "AckKeeper",
-]
+__all__ = ["CHECKPOINT_STEP_PAGES", "AckKeeper"]
 
 logger = logging.getLogger(__name__)
 
-#: While acks keep being stored, an empty backlog is checkpointed at most this often (ms).
-CHECKPOINT_EVERY_MS = 10_000
-#: Retry delays of a checkpoint a reader held off: doubling up to this (ms).
-CHECKPOINT_RETRY_MAX_MS = 30_000
 #: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
 CHECKPOINT_STEP_PAGES = 1024
 
@@ -67,10 +59,11 @@ class AckKeeper(ChannelBase):
         """
         seq = self._cursor.ack_to_store(now_ms(), force=force)
         if seq is None:
-            if self._cursor.pending_since_ms is not None and self._ack_timer is None:
-                with contextlib.suppress(RuntimeError):
+            delay_ms = ack_timer_ms(self._cursor, timer_armed=self._ack_timer is not None)
+            if delay_ms is not None:
+                with contextlib.suppress(RuntimeError):  # no running loop: stored at close
                     self._ack_timer = asyncio.get_running_loop().call_later(
-                        ACK_STORE_AFTER_MS / 1000, self._ack_timer_fired
+                        delay_ms / 1000, self._ack_timer_fired
                     )
             return
         if not self._log.writable:
@@ -93,15 +86,15 @@ class AckKeeper(ChannelBase):
         self._store_ack()
 
     def _maybe_checkpoint(self) -> None:
-        """Rows were deleted: give their pages back once idle (SPEC "The log")."""
-        now = now_ms()
-        self._last_stored_ms = now
-        self._checkpoint_due = True
-        self._checkpoint_delay_ms = CHECKPOINT_IDLE_MS
-        if self._cursor.unacked == 0 and now - self._last_checkpoint_ms >= CHECKPOINT_EVERY_MS:
+        """Rows were deleted: give their pages back once idle (SPEC "The log").
+
+        When: :meth:`walchannel.session.CheckpointPolicy.on_rows_deleted`.
+        """
+        what = self._checkpoints.on_rows_deleted(now_ms(), unacked=self._cursor.unacked)
+        if isinstance(what, str):
             self._checkpoint()
         else:
-            self._arm_checkpoint(CHECKPOINT_IDLE_MS)
+            self._arm_checkpoint(what)
 
     def _arm_checkpoint(self, delay_ms: float) -> None:
         """Have the checkpoint timer fire in ``delay_ms`` at the latest."""
@@ -121,28 +114,25 @@ class AckKeeper(ChannelBase):
 
     def _checkpoint_timer_fired(self) -> None:
         self._checkpoint_timer = None
-        if not self._checkpoint_due or self._closed:
+        if self._closed:
             return
-        quiet_ms = now_ms() - self._last_stored_ms
-        if quiet_ms < CHECKPOINT_IDLE_MS:
-            self._arm_checkpoint(CHECKPOINT_IDLE_MS - quiet_ms)  # acks still coming
+        what = self._checkpoints.on_timer(now_ms())
+        if what is None:
             return
-        self._checkpoint()
+        if isinstance(what, str):
+            self._checkpoint()
+        else:
+            self._arm_checkpoint(what)  # acks still coming
 
     def _checkpoint(self) -> None:
-        self._last_checkpoint_ms = now_ms()
+        """One checkpoint step (4 MiB given back at most); the policy says what next."""
+        self._checkpoints.on_checkpoint(now_ms())
         if not self._log.writable:
             return
         path = self._log.path
         before = file_size(path)
-        if self._log.checkpoint(max_pages=CHECKPOINT_STEP_PAGES):
-            self._checkpoint_due = False
-            self._checkpoint_delay_ms = CHECKPOINT_IDLE_MS
-            return
-        if file_size(path) < before:
-            # A step of a big reclaim: go on after letting the loop run.
-            self._arm_checkpoint(0)
-            return
-        # A reader (inspect) held it off, or it failed: try again, less often.
-        self._arm_checkpoint(self._checkpoint_delay_ms)
-        self._checkpoint_delay_ms = min(2 * self._checkpoint_delay_ms, CHECKPOINT_RETRY_MAX_MS)
+        complete = self._log.checkpoint(max_pages=CHECKPOINT_STEP_PAGES)
+        shrank = not complete and file_size(path) < before
+        delay_ms = self._checkpoints.on_result(complete=complete, shrank=shrank)
+        if delay_ms is not None:
+            self._arm_checkpoint(delay_ms)

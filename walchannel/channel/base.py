@@ -34,6 +34,7 @@ from walchannel.log import RunLog
 from walchannel.protocol import ChannelState, Cursor, ReconnectPolicy, SizeRefusal, StateMachine
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
+from walchannel.session import CheckpointPolicy, DownLatch, WriteCounter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,13 +44,9 @@ if TYPE_CHECKING:
     from walchannel.channel.stream import Stream
     from walchannel.metrics import ChannelMetrics
 
-__all__ = ["CHECKPOINT_IDLE_MS", "ChannelBase", "now_ms", "warn_grpc_trace"]
+__all__ = ["ChannelBase", "now_ms", "warn_grpc_trace"]
 
 logger = logging.getLogger(__name__)
-
-#: Quiet time after the last stored ack after which the log is checkpointed
-#: and its freed pages given back (ms).
-CHECKPOINT_IDLE_MS = 1_000
 
 _trace_warned = False
 
@@ -179,27 +176,22 @@ class ChannelBase:
         self._failure: WalchannelError | None = None
         self._stop_callbacks: list[StopCallback] = []
         self._budget_callbacks: list[BudgetCallback] = []
-        self._stop_fired = False
-        self._decisions: dict[str, ApprovalDecision] = {}
+        # Stop fires once; decisions are kept by request id (session.DownLatch).
+        self._down: DownLatch[ApprovalDecision] = DownLatch()
         self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
-        self._sent = 0
-        self._replayed = 0
-        self._max_written = 0
-        self._reconnects = 0
-        self._streams_up = 0
+        # sent, replayed, reconnects (stats()) and which write is a replay.
+        self._writes = WriteCounter()
         self._protocol_errors = 0
         self._last_error: str | None = None
         self._limits_warned: set[tuple[str, int]] = set()
         # The error to stop with once the rows before a refused Done are acked.
         self._held: PayloadError | None = None
-        self._last_checkpoint_ms = now_ms()
+        # When to checkpoint the log and give its freed pages back.
+        self._checkpoints = CheckpointPolicy(now_ms())
         # The event loop of the first await; the tasks, events, timers and the
         # gRPC channel all live on it (see _bind_loop).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_stored_ms = 0.0
-        self._checkpoint_due = False
         self._checkpoint_timer: asyncio.TimerHandle | None = None
-        self._checkpoint_delay_ms = float(CHECKPOINT_IDLE_MS)
         # OpenTelemetry hooks: None when metrics are off or opentelemetry is absent
         # (attached by GrpcEngineChannel once the channel is built).
         self._metrics: ChannelMetrics | None = None

@@ -16,13 +16,11 @@ from walchannel.channel.base import ChannelBase
 from walchannel.config import redact_secret
 from walchannel.discovery import discover, discovery_client
 from walchannel.errors import DiscoveryError
+from walchannel.session import KEEPALIVE_TIMEOUT_MS
 
 __all__ = ["KEEPALIVE_TIMEOUT_MS", "Dialer"]
 
 logger = logging.getLogger(__name__)
-
-#: gRPC keepalive ping timeout (ms), as in the design note.
-KEEPALIVE_TIMEOUT_MS = 10_000
 
 
 class Dialer(ChannelBase):

@@ -274,7 +274,7 @@ class Sender(ChannelBase):
         """
         self._bind_loop()
         rid = request_id if request_id is not None else str(uuid.uuid4())
-        decided = self._decisions.get(rid)
+        decided = self._down.decision(rid)
         if decided is not None:
             return decided
         future = self._approvals.get(rid)

@@ -8,7 +8,9 @@ handlers), the writer (rows in seq order from the
 :class:`~walchannel.row_source.RowSource`, and heartbeats) and the watchdog
 (dead and stalled streams). On any end of stream it backs off and dials
 again, until ``close()``, ``hard_deadline`` or a failure. What to do is
-decided elsewhere (:mod:`walchannel.protocol`); this module carries it out.
+decided without I/O in :mod:`walchannel.protocol` (cursor, backoff) and
+:mod:`walchannel.session` (ends of stream, the watchdog's rules, counters);
+this module carries it out.
 """
 
 from __future__ import annotations
@@ -26,20 +28,22 @@ import grpc.aio
 from walchannel import _killpoints, messages, wire
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.channel.base import now_ms
-from walchannel.channel.dial import KEEPALIVE_TIMEOUT_MS, Dialer
+from walchannel.channel.dial import Dialer
 from walchannel.channel.replica import ReplicaGate
 from walchannel.config import redact_secret
 from walchannel.errors import WalchannelError, WalCorruptError
 from walchannel.interface import ApprovalDecision
-from walchannel.protocol import (
-    ChannelState,
-    EndKind,
-    classify_end,
-    describe_end,
-    is_too_many_pings,
-    parse_size_refusal,
-)
+from walchannel.protocol import ChannelState, describe_end
 from walchannel.row_source import RowMissingError
+from walchannel.session import (
+    MAX_KEEPALIVE_MS,
+    EndOutcome,
+    VerdictKind,
+    doubled_keepalive_ms,
+    plan_end,
+    stream_verdict,
+    watchdog_period_ms,
+)
 
 __all__ = [
     "MAX_KEEPALIVE_MS",
@@ -53,8 +57,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 METHOD = "/EngineChannel/Open"
-#: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
-MAX_KEEPALIVE_MS = 300_000
 #: Bound on waiting for a dead stream's tasks and gRPC channel to go (seconds).
 TEARDOWN_TIMEOUT_S = 2.0
 
@@ -263,9 +265,7 @@ class StreamDriver(Dialer, ReplicaGate):
                 # The answer acked the rows before a refused Done: stopped (_check_held).
                 stream.finish(StreamEnded("the channel stopped"))
                 return
-        self._streams_up += 1
-        if self._streams_up > 1:
-            self._reconnects += 1
+        self._writes.on_stream_up()
         self._move(ChannelState.STREAMING)
         self._reconnect.on_stream_up(now_ms())
         self._record_up(stream.addr)
@@ -277,7 +277,7 @@ class StreamDriver(Dialer, ReplicaGate):
     def _record_up(self, addr: str) -> None:
         logger.info("run %s: streaming to %s", self._run_id, addr)
         try:
-            self._log.update_meta(last_engine_addr=addr, reconnects=self._reconnects)
+            self._log.update_meta(last_engine_addr=addr, reconnects=self._writes.reconnects)
         except WalchannelError as exc:
             logger.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
 
@@ -297,24 +297,24 @@ class StreamDriver(Dialer, ReplicaGate):
         text = describe_end(code, details) if code else str(reason or "stream ended")
         # The engine's text may echo the token (SPEC "Secrets").
         text = redact_secret(text, self._config.run_token)
-        if is_too_many_pings(f"{details} {debug}"):
+        plan = plan_end(code, details, debug, final=self._sm.final)
+        if plan.double_keepalive:
             self._double_keepalive()
-        if classify_end(code, details) is EndKind.RUN_COMPLETED:
+        if plan.outcome is EndOutcome.RUN_COMPLETED:
             self._on_run_completed()
             return
-        if self._sm.final:
+        if plan.outcome is EndOutcome.ALREADY_OVER:
             return
         logger.warning(
             "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
         )
-        refusal = parse_size_refusal(code, details)
-        if refusal is not None:
-            self._on_size_refusal(stream, refusal, text)
+        if plan.refusal is not None:
+            self._on_size_refusal(stream, plan.refusal, text)
             return
         self._set_error(f"{stream.addr}{stream.via}: {text}")
 
     def _double_keepalive(self) -> None:
-        doubled = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
+        doubled = doubled_keepalive_ms(self._keepalive_ms)
         if not self._pings_warned:
             self._pings_warned = True
             logger.warning(
@@ -419,7 +419,7 @@ class StreamDriver(Dialer, ReplicaGate):
                     await self._replicate()
                 else:
                     data = self._rows.row_bytes(seq)
-                    replay = seq <= self._max_written
+                    replay = self._writes.is_replay(seq)
                     if replay:
                         _killpoints.reached("in_replay")
                     stream.write_since_ms = now_ms()
@@ -428,11 +428,7 @@ class StreamDriver(Dialer, ReplicaGate):
                     stream.write_since_ms = None
                     cursor.on_written(seq)
                     self._reconnect.on_written(seq)
-                    self._sent += 1
-                    if replay:
-                        self._replayed += 1
-                    else:
-                        self._max_written = seq
+                    self._writes.on_written(seq)
                     _killpoints.reached("after_write")
                 if time.monotonic() >= next_beat:
                     stream.heartbeats_since_down += 1
@@ -480,20 +476,20 @@ class StreamDriver(Dialer, ReplicaGate):
         """
         dead_ms = self._config.dead_stream_ms
         while not stream.ended.is_set():
-            keepalive_ms = self._keepalive_ms
-            stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
-            period = max(0.05, min(dead_ms or stall_ms, keepalive_ms) / 4000)
-            await asyncio.sleep(period)
-            now = now_ms()
-            silent = now - stream.last_down_ms
-            since = stream.write_since_ms
-            blocked = 0.0 if since is None else now - since
-            beat_overdue = since is not None and now >= stream.next_beat_ms
-            if (
-                dead_ms is not None
-                and silent >= dead_ms
-                and (stream.heartbeats_since_down > 0 or beat_overdue)
-            ):
+            await asyncio.sleep(watchdog_period_ms(dead_ms, self._keepalive_ms) / 1000)
+            verdict = stream_verdict(
+                now_ms(),
+                last_down_ms=stream.last_down_ms,
+                heartbeats_since_down=stream.heartbeats_since_down,
+                write_since_ms=stream.write_since_ms,
+                next_beat_ms=stream.next_beat_ms,
+                dead_stream_ms=dead_ms,
+                keepalive_ms=self._keepalive_ms,
+            )
+            if verdict is None:
+                continue
+            silent, blocked = verdict.silent_ms, verdict.blocked_ms
+            if verdict.kind is VerdictKind.DEAD:
                 logger.warning(
                     "run %s: no down message from %s for %.0f ms while heartbeats went out%s: "
                     "the stream is dead",
@@ -501,26 +497,25 @@ class StreamDriver(Dialer, ReplicaGate):
                     stream.addr,
                     silent,
                     " (one is stuck behind a write blocked by flow control)"
-                    if beat_overdue
+                    if verdict.beat_overdue
                     else "",
                 )
                 stream.finish(StreamEnded(f"dead stream: no down message for {silent:.0f} ms"))
                 return
-            if blocked >= stall_ms and silent >= stall_ms:
-                logger.warning(
-                    "run %s: a write to %s has been blocked for %.0f ms with no down message: "
-                    "the stream is dead",
-                    self._run_id,
-                    stream.addr,
-                    blocked,
+            logger.warning(
+                "run %s: a write to %s has been blocked for %.0f ms with no down message: "
+                "the stream is dead",
+                self._run_id,
+                stream.addr,
+                blocked,
+            )
+            stream.finish(
+                StreamEnded(
+                    f"stalled stream: a write blocked for {blocked:.0f} ms, "
+                    f"no down message for {silent:.0f} ms"
                 )
-                stream.finish(
-                    StreamEnded(
-                        f"stalled stream: a write blocked for {blocked:.0f} ms, "
-                        f"no down message for {silent:.0f} ms"
-                    )
-                )
-                return
+            )
+            return
 
     async def _half_close(self, stream: Stream) -> None:
         # close() is not a flush (send_done is the ordered shutdown): stop the
