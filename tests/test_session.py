@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from walchannel.protocol import ACK_STORE_AFTER_MS, Cursor, SizeRefusal
+from walchannel.protocol import ACK_STORE_AFTER_MS, Cursor, RefusalVerdict, SizeRefusal
 from walchannel.session import (
     CHECKPOINT_EVERY_MS,
     CHECKPOINT_IDLE_MS,
@@ -23,6 +23,7 @@ from walchannel.session import (
     plan_answer,
     plan_end,
     stream_verdict,
+    unproven_refusal,
     watchdog_period_ms,
 )
 
@@ -241,6 +242,17 @@ def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -
     ]:
         plan = plan_end(code, details, "", final=False)
         assert plan.outcome is EndOutcome.RECONNECT and plan.refusal is None, (code, details)
+
+
+def test_an_unproven_size_refusal_says_why_nothing_was_set_aside() -> None:
+    refusal = SizeRefusal(received=900, limit=500)
+    none = RefusalVerdict(None)
+    assert unproven_refusal(none, refusal, handshake_size=900).startswith("it is the handshake")
+    assert "no row written" in unproven_refusal(none, refusal, handshake_size=80)
+    other = RefusalVerdict(None, suspect=7, suspect_size=800)
+    assert unproven_refusal(other, refusal, handshake_size=900) == (
+        "the first row over the limit, seq 7 (800 bytes), is not the refused 900-byte message"
+    )
 
 
 # -- repeats of down messages -----------------------------------------------------------

@@ -24,6 +24,8 @@ change. What is here:
   stalled-write rules (SPEC "Reconnect"; docs/design.md).
 - :func:`doubled_keepalive_ms`, :func:`plan_end`: how a stream's end is
   handled (SPEC "Reconnect", "Dial": ``too_many_pings``).
+- :func:`unproven_refusal`: why a size refusal sets nothing aside
+  (docs/design.md, "A row the engine refuses for its size").
 - :class:`DownLatch`: ``Stop`` fires once; decisions are cached by request id
   (SPEC "Down messages").
 """
@@ -39,6 +41,7 @@ from walchannel.protocol import (
     AnswerKind,
     Cursor,
     EndKind,
+    RefusalVerdict,
     SizeRefusal,
     classify_end,
     is_too_many_pings,
@@ -66,6 +69,7 @@ __all__ = [
     "plan_answer",
     "plan_end",
     "stream_verdict",
+    "unproven_refusal",
     "watchdog_period_ms",
 ]
 
@@ -412,6 +416,31 @@ def plan_end(code: str | None, details: str, debug: str, *, final: bool) -> EndP
     if refusal is not None:
         return EndPlan(EndOutcome.SIZE_REFUSAL, double, refusal)
     return EndPlan(EndOutcome.RECONNECT, double)
+
+
+def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake_size: int) -> str:
+    """Say why a size refusal proves no row refused, so nothing is set aside.
+
+    For the ERROR line and ``last_error`` when
+    :func:`~walchannel.protocol.pick_refused_row` found no proven row
+    (``verdict.seq`` is None): the refused size is the handshake's, no row
+    written on the stream is over the limit, or the first one over it has
+    another size.
+
+    Args:
+        verdict: what ``pick_refused_row`` decided.
+        refusal: what the engine said (sizes in bytes).
+        handshake_size: the encoded handshake's size (bytes).
+    """
+    if verdict.suspect is None and handshake_size == refusal.received:
+        return "it is the handshake: shorten connector_version, harness_name or harness_version"
+    if verdict.suspect is None:
+        return f"no row written on the stream is over the engine's limit of {refusal.limit} bytes"
+    return (
+        f"the first row over the limit, seq {verdict.suspect} "
+        f"({verdict.suspect_size} bytes), is not the refused "
+        f"{refusal.received}-byte message"
+    )
 
 
 # -- down messages ------------------------------------------------------------------------

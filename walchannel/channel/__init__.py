@@ -17,8 +17,8 @@ The channel is one class built from parts, one module each:
 - :mod:`walchannel.channel.dial`: discovery, proxy and gRPC options of a dial;
 - :mod:`walchannel.channel.replica`: the Litestream gate of ``durability="replicated"``;
 - :mod:`walchannel.channel.base`: the state they share;
-- this module: the public class, the handshake, what the engine's answers and
-  ends of stream mean for the run, and ``close()``.
+- this module: the public class, the handshake, what the engine's answer
+  means for the run, a row the engine refuses for its size, ``close()``.
 
 Rows come from :class:`walchannel.row_source.RowSource`. Decisions (seq,
 cursor, replay position, verification, backoff reset, states) come from
@@ -52,7 +52,6 @@ from walchannel.errors import (
     EngineBehindError,
     EngineUnavailableError,
     PayloadError,
-    RunCompletedError,
     RunExpiredError,
     WalchannelError,
     WalWriteError,
@@ -69,7 +68,7 @@ from walchannel.protocol import (
     refusal_sets_aside,
 )
 from walchannel.row_source import STRUCT_GROWTH, TAIL_BYTES, TAIL_ROW_OVERHEAD
-from walchannel.session import AnswerStep, held_done_reached, plan_answer
+from walchannel.session import AnswerStep, held_done_reached, plan_answer, unproven_refusal
 
 # Importable from here as before the split (tests and tools use them).
 __all__ = [
@@ -407,22 +406,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         if verdict.seq is None:
             fields = self._handshake_fields or ("", "", "")
             hello = wire.handshake_message(self._run_id, self._config.correlation_id, *fields)
-            if verdict.suspect is None and hello.ByteSize() == refusal.received:
-                why = (
-                    "it is the handshake: shorten connector_version, harness_name or "
-                    "harness_version"
-                )
-            elif verdict.suspect is None:
-                why = (
-                    "no row written on the stream is over the engine's limit of "
-                    f"{refusal.limit} bytes"
-                )
-            else:
-                why = (
-                    f"the first row over the limit, seq {verdict.suspect} "
-                    f"({verdict.suspect_size} bytes), is not the refused "
-                    f"{refusal.received}-byte message"
-                )
+            why = unproven_refusal(verdict, refusal, handshake_size=hello.ByteSize())
             logger.error(
                 "run %s: the engine at %s refused a %d-byte message (its limit: %d bytes), but %s: "
                 "nothing is set aside; the stream will be retried",
@@ -521,34 +505,6 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             self._config.max_message_bytes,
             limit,
         )
-
-    def _on_run_completed(self) -> None:
-        """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
-        error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
-        if self._log.done_seq is not None and self._log.writable:
-            # Our Done was applied but its ack was lost: the run ended well.
-            # Without this the log would hold its rows forever (found by tools/sim.py).
-            try:
-                self._log.complete_by_engine()
-            except WalchannelError as exc:
-                logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
-            else:
-                logger.info(
-                    "run %s: the engine applied this run's Done; the log is now a tombstone",
-                    self._run_id,
-                )
-                self._cursor.completed = True
-                self._acked_changed.set()
-                self._failure = error
-                if not self._sm.final:
-                    self._move(ChannelState.FAILED)
-                return
-        self._fail(error)
-        if self._log.writable and self._log.unacked_count:
-            # Rows this log still holds cannot be delivered any more: flag the
-            # run for an operator (inspect shows it as failed, export saves them).
-            with contextlib.suppress(WalchannelError):
-                self._log.update_meta(failed_at=time.time())
 
     def _on_stop(self, reason: str) -> None:
         if not self._down.on_stop():

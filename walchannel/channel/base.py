@@ -313,8 +313,5 @@ class ChannelBase:
     def _on_decision(self, decision: ApprovalDecision) -> None:  # walchannel.channel
         raise NotImplementedError
 
-    def _on_run_completed(self) -> None:  # walchannel.channel
-        raise NotImplementedError
-
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         raise NotImplementedError  # walchannel.channel

@@ -31,7 +31,7 @@ from walchannel.channel.base import now_ms
 from walchannel.channel.dial import Dialer
 from walchannel.channel.replica import ReplicaGate
 from walchannel.config import redact_secret
-from walchannel.errors import WalchannelError, WalCorruptError
+from walchannel.errors import RunCompletedError, WalchannelError, WalCorruptError
 from walchannel.interface import ApprovalDecision
 from walchannel.protocol import ChannelState, describe_end
 from walchannel.row_source import RowMissingError
@@ -312,6 +312,34 @@ class StreamDriver(Dialer, ReplicaGate):
             self._on_size_refusal(stream, plan.refusal, text)
             return
         self._set_error(f"{stream.addr}{stream.via}: {text}")
+
+    def _on_run_completed(self) -> None:
+        """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
+        error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
+        if self._log.done_seq is not None and self._log.writable:
+            # Our Done was applied but its ack was lost: the run ended well.
+            # Without this the log would hold its rows forever (found by tools/sim.py).
+            try:
+                self._log.complete_by_engine()
+            except WalchannelError as exc:
+                logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
+            else:
+                logger.info(
+                    "run %s: the engine applied this run's Done; the log is now a tombstone",
+                    self._run_id,
+                )
+                self._cursor.completed = True
+                self._acked_changed.set()
+                self._failure = error
+                if not self._sm.final:
+                    self._move(ChannelState.FAILED)
+                return
+        self._fail(error)
+        if self._log.writable and self._log.unacked_count:
+            # Rows this log still holds cannot be delivered any more: flag the
+            # run for an operator (inspect shows it as failed, export saves them).
+            with contextlib.suppress(WalchannelError):
+                self._log.update_meta(failed_at=time.time())
 
     def _double_keepalive(self) -> None:
         doubled = doubled_keepalive_ms(self._keepalive_ms)
