@@ -40,7 +40,7 @@ __all__ = [
     "redact_secret",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 #: gRPC's default receive limit: larger messages can never be delivered.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -274,7 +274,7 @@ class GrpcChannelConfig:
         if self.keepalive_ms < 1000:
             raise ValueError(f"keepalive_ms must be >= 1000, got {self.keepalive_ms}")
         if self.keepalive_ms < KEEPALIVE_WARN_BELOW_MS:
-            log.warning(
+            logger.warning(
                 "keepalive_ms=%d is below %d: engines commonly refuse pings that fast "
                 "(GOAWAY too_many_pings)",
                 self.keepalive_ms,

@@ -24,6 +24,7 @@ __all__ = [
     "default_wal_dir",
     "disk_bytes",
     "ensure_wal_dir",
+    "file_size",
     "is_temporary_for",
     "lock_path",
     "log_path",
@@ -121,6 +122,18 @@ def disk_bytes(log: Path) -> int:
         with contextlib.suppress(OSError):
             total += os.lstat(name).st_size
     return total
+
+
+def file_size(path: Path) -> int:
+    """Return the size of the file at ``path`` (bytes; symlinks followed), 0 if unreadable.
+
+    The channel compares it before and after a checkpoint step, to tell a
+    reclaim that is going on from one a reader held off.
+    """
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def temporary_path(log: Path, token: str) -> Path:

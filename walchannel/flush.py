@@ -190,12 +190,14 @@ def _flush_logging() -> Iterator[None]:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("walchannel flush: %(levelname)s: %(message)s"))
-    logger = logging.getLogger("walchannel")
-    logger.addHandler(handler)
+    # The package's root logger, not this module's: every walchannel module
+    # logs under getLogger(__name__), and all of them propagate to it.
+    package_logger = logging.getLogger("walchannel")
+    package_logger.addHandler(handler)
     try:
         yield
     finally:
-        logger.removeHandler(handler)
+        package_logger.removeHandler(handler)
 
 
 async def _flush(

@@ -370,13 +370,13 @@ class _Instruments:
         self._members: tuple[ChannelMetrics, ...] = ()
         counters: tuple[tuple[str, str, str, Read], ...] = (
             (SENT, "{message}", "Data messages written to streams, re-sends included.",
-             lambda m, ch: ch._sent),
+             lambda m, ch: ch._writes.sent),
             (ACKED, "{message}", "The run's cumulative ack: rows the engine acked over the run.",
              ChannelMetrics.acked),
             (REPLAYED, "{message}", "Data messages written again after a reconnect or rewind.",
-             lambda m, ch: ch._replayed),
+             lambda m, ch: ch._writes.replayed),
             (RECONNECTS, "{reconnect}", "Streams established after the channel's first.",
-             lambda m, ch: ch._reconnects),
+             lambda m, ch: ch._writes.reconnects),
             (PROTOCOL_ERRORS, "{error}", "Engine messages that broke the protocol (ignored).",
              lambda m, ch: ch._protocol_errors),
         )  # fmt: skip

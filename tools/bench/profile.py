@@ -54,25 +54,25 @@ __all__ = ["main", "report"]
 
 #: walchannel steps whose inclusive time is worth seeing (file suffix, function name).
 STEPS: tuple[tuple[str, str], ...] = (
-    ("channel.py", "send_finding"),
-    ("channel.py", "send_findings"),
+    ("channel/sending.py", "send_finding"),
+    ("channel/sending.py", "send_findings"),
     ("messages.py", "finding_body"),
     ("payload.py", "check_payload"),
-    ("channel.py", "_checked_message"),
+    ("row_source.py", "prepare"),
     ("wire.py", "up_message"),
-    ("channel.py", "_log_rows"),
+    ("channel/sending.py", "_log_rows"),
     ("log.py", "append_many"),
     ("log_format.py", "encode_body"),
-    ("channel.py", "_write_loop"),
-    ("channel.py", "_row_bytes"),
+    ("channel/stream.py", "_write_loop"),
+    ("row_source.py", "row_bytes"),
     ("log.py", "unacked"),
     ("log_format.py", "decode_row"),
-    ("channel.py", "_read_loop"),
-    ("channel.py", "_on_down"),
-    ("channel.py", "_on_ack"),
-    ("channel.py", "_store_ack"),
+    ("channel/stream.py", "_read_loop"),
+    ("channel/stream.py", "_on_down"),
+    ("channel/acks.py", "_on_ack"),
+    ("channel/acks.py", "_store_ack"),
     ("log.py", "ack"),
-    ("channel.py", "wait_acked"),
+    ("channel/sending.py", "wait_acked"),
 )
 
 

@@ -18,7 +18,7 @@ from typing import Final
 
 __all__ = ["DISCOVERY_PATH", "DiscoveryServer"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 #: The path the channel GETs to re-discover the engine.
 DISCOVERY_PATH: Final = "/grpc-address"
@@ -50,7 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             addr = self.server.resolve()
         except Exception:
-            log.exception("discovery: cannot read the engine address")
+            logger.exception("discovery: cannot read the engine address")
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, "cannot read the engine address\n")
             return
         if addr is None:
@@ -69,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         # Route the stdlib's stderr access log to logging, at DEBUG.
-        log.debug("discovery %s: " + format, self.address_string(), *args)
+        logger.debug("discovery %s: " + format, self.address_string(), *args)
 
 
 class DiscoveryServer:

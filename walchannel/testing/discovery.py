@@ -25,7 +25,7 @@ from walchannel.testing.store import EngineStore
 
 __all__ = ["main"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             sys.stdout.write(json.dumps({"http_addr": server.http_addr, "pid": os.getpid()}) + "\n")
             sys.stdout.flush()
-            log.info("discovery on %s for store %s", server.http_addr, args.store)
+            logger.info("discovery on %s for store %s", server.http_addr, args.store)
             # A timed wait: the signal handler runs between waits at the latest.
             while not stop.wait(0.5):
                 pass

@@ -75,7 +75,7 @@ __all__ = [
     "main",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -461,7 +461,7 @@ class LocalEngine:
         if self._http_port is not None:
             # Answers this engine's own current address (read per request).
             self._http = DiscoveryServer(lambda: self._grpc_addr, port=self._http_port)
-            log.info("engine discovery on %s", self._http.http_addr)
+            logger.info("engine discovery on %s", self._http.http_addr)
 
     async def kill(self) -> None:
         """Drop every stream and close the gRPC port at once, like a dead task.
@@ -476,7 +476,7 @@ class LocalEngine:
         self._streams.clear()
         await server.stop(None)
         await self._wait_finished(handlers)
-        log.info("engine on %s killed", self._grpc_addr)
+        logger.info("engine on %s killed", self._grpc_addr)
 
     async def replace(self) -> None:
         """Start a new gRPC server on a new port over the same store (killing a live one first).
@@ -511,7 +511,7 @@ class LocalEngine:
             await asyncio.to_thread(self._http.close)
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         self._store.close()
-        log.info("engine stopped")
+        logger.info("engine stopped")
 
     async def __aenter__(self) -> LocalEngine:
         await self.start()
@@ -551,7 +551,7 @@ class LocalEngine:
         self._grpc_addr = f"127.0.0.1:{bound}"
         self._reject_until = time.monotonic() + self._reject_s
         await self._store_call(self._store.record_engine, self._grpc_addr, os.getpid())
-        log.info("engine serving on %s (%s)", self._grpc_addr, self._ping_policy)
+        logger.info("engine serving on %s (%s)", self._grpc_addr, self._ping_policy)
 
     @staticmethod
     async def _wait_finished(streams: Sequence[_Stream], timeout_s: float = _END_WAIT_S) -> None:
@@ -593,7 +593,7 @@ class LocalEngine:
         text = details if details is not None else f"stream ended by the local engine ({code})"
         stream.command(_End(None if clean else code, text))
         await self._wait_finished([stream])
-        log.info("run %s: stream ended by the test with %s", run_id, code)
+        logger.info("run %s: stream ended by the test with %s", run_id, code)
         return True
 
     async def send_stop(self, run_id: str, reason: str) -> bool:
@@ -613,7 +613,7 @@ class LocalEngine:
             await self._store_call(self._store.set_stop, run_id, reason)
         except KeyError:
             raise ValueError(f"run {run_id!r} is not registered") from None
-        log.info("run %s: stop issued (%s)", run_id, reason)
+        logger.info("run %s: stop issued (%s)", run_id, reason)
         return self._push(run_id, pb.DownMessage(stop=pb.Stop(reason=reason)))
 
     async def decide_approval(
@@ -633,7 +633,7 @@ class LocalEngine:
             )
         except KeyError:
             raise ValueError(f"run {run_id!r} is not registered") from None
-        log.info("run %s: approval %s decided (approved=%s)", run_id, request_id, approved)
+        logger.info("run %s: approval %s decided (approved=%s)", run_id, request_id, approved)
         return self._push(run_id, _decision_message(decision))
 
     async def send_budget_update(
@@ -707,7 +707,7 @@ class LocalEngine:
         stream = _Stream(context.peer())
         token = _bearer_token(context.invocation_metadata())
         if token is None:
-            log.info("stream from %s: no bearer token", stream.peer)
+            logger.info("stream from %s: no bearer token", stream.peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing bearer token")
         self._handlers.add(stream)
         stream.start_reader(requests)
@@ -719,7 +719,7 @@ class LocalEngine:
                         await self._on_up(stream, command.msg, token, context)
                     except (sqlite3.Error, StoreClosedError) as exc:
                         # The stream ends UNAVAILABLE, so the client retries.
-                        log.error("%s: engine store failed: %s", stream.label(), exc)
+                        logger.error("%s: engine store failed: %s", stream.label(), exc)
                         await context.abort(grpc.StatusCode.UNAVAILABLE, "engine store unavailable")
                 elif isinstance(command, _Push):
                     stream.send(command.msg)
@@ -732,9 +732,9 @@ class LocalEngine:
                         self._send_ack(stream)
                 elif isinstance(command, _ReadEnded):
                     if command.error is not None:
-                        log.info("%s: stream input failed: %r", stream.label(), command.error)
+                        logger.info("%s: stream input failed: %r", stream.label(), command.error)
                         return
-                    log.debug("%s: client half-closed", stream.label())
+                    logger.debug("%s: client half-closed", stream.label())
                     stream.closing = True
                     if stream.unacked:
                         self._send_ack(stream)
@@ -800,10 +800,10 @@ class LocalEngine:
         """Authenticate the stream's first message, which must be the handshake."""
         run_id = msg.run_id
         if time.monotonic() < self._reject_until:
-            log.info("run %s: token rejected (this engine does not know runs yet)", run_id)
+            logger.info("run %s: token rejected (this engine does not know runs yet)", run_id)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if not await self._store_call(self._store.check_token, run_id, token):
-            log.warning("run %s: unknown run or invalid token from %s", run_id, stream.peer)
+            logger.warning("run %s: unknown run or invalid token from %s", run_id, stream.peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if kind != "handshake" or msg.seq != 0:
             await context.abort(
@@ -817,7 +817,7 @@ class LocalEngine:
         # meanwhile is queued behind this handshake's answer, never lost.
         self._streams[run_id] = stream
         if older is not None and older is not stream:
-            log.info("run %s: a newer stream from %s ends the older one", run_id, stream.peer)
+            logger.info("run %s: a newer stream from %s ends the older one", run_id, stream.peer)
             older.command(_End(grpc.StatusCode.ABORTED, "superseded by a newer stream for the run"))
         await self._answer_handshake(stream, context)
 
@@ -830,7 +830,7 @@ class LocalEngine:
         if state is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if state.completed:
-            log.info("run %s: handshake refused, run completed", run_id)
+            logger.info("run %s: handshake refused, run completed", run_id)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RUN_COMPLETED)
         stream.h = max(stream.h, state.h)
         if self._ack_handshakes:
@@ -839,7 +839,7 @@ class LocalEngine:
             stream.send(pb.DownMessage(stop=pb.Stop(reason=state.stop_reason)))
         for decision in state.decisions:
             stream.send(_decision_message(decision))
-        log.info(
+        logger.info(
             "run %s: handshake from %s, h=%d (stop=%s, %d decisions re-sent)",
             run_id,
             stream.peer,
@@ -859,20 +859,20 @@ class LocalEngine:
         run_id = stream.run_id
         if result.outcome == "applied":
             stream.h = max(stream.h, result.h)
-            log.debug("run %s: applied seq %d (%s)", run_id, seq, kind)
+            logger.debug("run %s: applied seq %d (%s)", run_id, seq, kind)
         elif result.outcome == "duplicate":
             stream.h = max(stream.h, result.h)
             if result.differs:
-                log.warning(
+                logger.warning(
                     "run %s: duplicate seq %d (%s) differs from the applied message",
                     run_id,
                     seq,
                     kind,
                 )
             else:
-                log.debug("run %s: duplicate seq %d (h=%d)", run_id, seq, result.h)
+                logger.debug("run %s: duplicate seq %d (h=%d)", run_id, seq, result.h)
         elif result.outcome == "gap":
-            log.warning("run %s: gap: expected seq %d, got seq %d", run_id, result.expected, seq)
+            logger.warning("run %s: gap: expected seq %d, got seq %d", run_id, result.expected, seq)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"expected seq {result.expected}, got seq {seq}",
@@ -882,7 +882,7 @@ class LocalEngine:
                 details = f"second Done at seq {seq}: the run completed at seq {result.h}"
             else:
                 details = RUN_COMPLETED
-            log.warning("run %s: %s at seq %d after the run's Done", run_id, kind, seq)
+            logger.warning("run %s: %s at seq %d after the run's Done", run_id, kind, seq)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, details)
         else:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
@@ -890,7 +890,7 @@ class LocalEngine:
             # A repeated request id gets the stored decision again.
             stream.send(_decision_message(result.decision))
         if kind == "done":
-            log.info("run %s: done at seq %d (%s)", run_id, seq, result.outcome)
+            logger.info("run %s: done at seq %d (%s)", run_id, seq, result.outcome)
             self._send_ack(stream)
             return
         stream.unacked += 1

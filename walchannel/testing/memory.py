@@ -28,7 +28,7 @@ from walchannel.payload import check_text
 
 __all__ = ["InMemoryEngineChannel"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class InMemoryEngineChannel:
@@ -172,7 +172,7 @@ class InMemoryEngineChannel:
             try:
                 callback(reason)
             except Exception:
-                log.exception("on_stop callback %r raised; ignored", callback)
+                logger.exception("on_stop callback %r raised; ignored", callback)
 
     async def close(self) -> None:
         """Mark the channel closed (idempotent)."""

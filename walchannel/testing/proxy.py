@@ -51,7 +51,7 @@ from typing import Final, Literal
 
 __all__ = ["FaultMode", "FaultProxy", "ProxyEvent", "ProxyStats", "main"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 FaultMode = Literal["pass", "reset", "freeze", "blackhole"]
 MODES: Final[tuple[str, ...]] = ("pass", "reset", "freeze", "blackhole")
@@ -311,7 +311,7 @@ class FaultProxy:
         self.events.append(ProxyEvent(time.monotonic(), flow, kind))
         if len(self.events) > MAX_EVENTS:
             del self.events[: len(self.events) - MAX_EVENTS]
-        log.debug("flow %d: %s", flow, kind)
+        logger.debug("flow %d: %s", flow, kind)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -329,7 +329,7 @@ class FaultProxy:
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         self._monitor = asyncio.create_task(self._idle_monitor(), name="fault-proxy-idle")
-        log.info("fault proxy on %s -> %s", self.addr, self.target)
+        logger.info("fault proxy on %s -> %s", self.addr, self.target)
 
     async def stop(self) -> None:
         """Stop listening and close every flow (idempotent)."""

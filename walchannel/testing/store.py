@@ -47,7 +47,7 @@ __all__ = [
     "token_sha256",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 #: How long a transaction waits for another engine process's write lock.
 BUSY_TIMEOUT_MS: Final = 10_000
@@ -287,7 +287,7 @@ class EngineStore:
                 " ON CONFLICT (run_id) DO UPDATE SET token_sha256 = excluded.token_sha256",
                 (run_id, digest, time.time()),
             )
-        log.info("run %s: registered", run_id)
+        logger.info("run %s: registered", run_id)
 
     def check_token(self, run_id: str, run_token: str) -> bool:
         """Return True when ``run_id`` is registered and ``run_token`` hashes to its sha256."""
