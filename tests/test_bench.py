@@ -26,6 +26,10 @@ ROWS = (
     "e2e send_findings(64), ack/1",
     "e2e send_finding, ack/50",
     "e2e send_findings(64), ack/50",
+    "fast e2e send_finding, ack/1",
+    "fast e2e send_findings(64), ack/1",
+    "fast e2e send_finding, ack/50",
+    "fast e2e send_findings(64), ack/50",
     "replay: open + handshake",
     "replay: throughput, ack/50",
     "open: RunLog.open",
@@ -60,7 +64,7 @@ def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

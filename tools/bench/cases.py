@@ -38,11 +38,14 @@ from tools.bench.common import (
     percentile,
 )
 from tools.bench.engine import EngineProcess, Engines
+from tools.bench.fast_engine import FastEngineProcess
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.log import Durability, RunLog
 
 __all__ = ["CASES", "Context"]
+
+AnyEngine = EngineProcess | FastEngineProcess
 
 _SYNC = {"process": "NORMAL", "power": "FULL"}
 #: RunLog's ``rows`` table: the raw sqlite3 baseline writes a table of the same shape.
@@ -333,7 +336,7 @@ def case_open(ctx: Context) -> list[Result]:
 
 
 def channel_config(
-    engine: EngineProcess, run_id: str, wal_dir: Path, durability: Durability = "process"
+    engine: AnyEngine, run_id: str, wal_dir: Path, durability: Durability = "process"
 ) -> GrpcChannelConfig:
     return GrpcChannelConfig(
         grpc_addr=engine.grpc_addr,
@@ -356,7 +359,7 @@ def _e2e_sample(n: int, timer: Timer, engine_cpu: float) -> dict[str, float]:
 
 
 async def wal_e2e(
-    ctx: Context, engine: EngineProcess, n: int, batch: int, durability: Durability
+    ctx: Context, engine: AnyEngine, n: int, batch: int, durability: Durability
 ) -> dict[str, float]:
     """``send_finding`` (or ``send_findings`` batches) of ``n`` findings until all are acked."""
     folder = ctx.fresh_dir("e2e-wal-")
@@ -389,7 +392,7 @@ async def wal_e2e(
     return _e2e_sample(n, timer, engine_cpu)
 
 
-async def bare_e2e(ctx: Context, engine: EngineProcess, n: int) -> dict[str, float]:
+async def bare_e2e(ctx: Context, engine: AnyEngine, n: int) -> dict[str, float]:
     """The bare stream writes ``n`` findings and waits for the final ack."""
     run_id = engine.new_run("bare")
     stream = BareStream(engine.grpc_addr, run_id)
@@ -447,6 +450,47 @@ async def _e2e_rows(ctx: Context, durability: Durability, n: int) -> list[Result
 def case_e2e(ctx: Context) -> list[Result]:
     """``send_finding``/``send_findings`` → all acked vs the bare stream, same engine process."""
     return asyncio.run(_e2e_rows(ctx, "process", ctx.sizes.e2e_msgs))
+
+
+async def _fast_rows(ctx: Context, n: int) -> list[Result]:
+    out = []
+    for ack_every in (1, 50):
+        engine = ctx.engines.fast(ack_every)
+        for batch in (1, 64):
+            label = "send_finding" if batch == 1 else "send_findings(64)"
+            ctx.say(f"fast: {label}, ack every {ack_every}, {n} msgs x {ctx.sizes.reps}")
+            samples = await interleave_async(
+                {
+                    "wal": functools.partial(wal_e2e, ctx, engine, n, batch, "process"),
+                    "bare": functools.partial(bare_e2e, ctx, engine, n),
+                },
+                ctx.sizes.reps,
+            )
+            target = None
+            if ack_every == 1:
+                bound = 0.85 if batch == 1 else 0.95
+                target = Target("ratio", ">=", bound, f">={bound:.2f}x")
+            row = _throughput_row(
+                f"fast e2e {label}, ack/{ack_every}",
+                n,
+                "msgs/s",
+                samples,
+                "wal",
+                "bare",
+                "bare grpc.aio",
+                target,
+            )
+            extra = median(samples["wal"]["cpu_us"]) - median(samples["bare"]["cpu_us"])
+            budget = 30 if batch == 1 else 10
+            row.detail += f"; client +{extra:.0f} µs/msg (target <= +{budget})"
+            out.append(row)
+    return out
+
+
+def case_fast(ctx: Context) -> list[Result]:
+    """Against an engine that stores nothing and acks (tools/bench/fast_engine.py): the
+    client is the ceiling, so the ratio and cpu/msg show walchannel's own cost."""
+    return asyncio.run(_fast_rows(ctx, ctx.sizes.e2e_msgs))
 
 
 def case_power(ctx: Context) -> list[Result]:
@@ -646,6 +690,7 @@ def case_latency(ctx: Context) -> list[Result]:
 CASES: dict[str, Callable[[Context], list[Result]]] = {
     "append": case_append,
     "e2e": case_e2e,
+    "fast": case_fast,
     "replay": case_replay,
     "open": case_open,
     "latency": case_latency,

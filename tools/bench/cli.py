@@ -34,6 +34,7 @@ __all__ = ["ALL_CASES", "EXTRA_CASES", "machine", "main", "pin_cpus"]
 ALL_CASES: dict[str, Callable[[Context], list[Result]]] = {
     "append": CASES["append"],
     "e2e": CASES["e2e"],
+    "fast": CASES["fast"],
     "replay": CASES["replay"],
     "open": CASES["open"],
     "latency": CASES["latency"],

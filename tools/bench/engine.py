@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tools.bench.common import RUN_TOKEN
+from tools.bench.fast_engine import FastEngineProcess
 from walchannel.testing.store import EngineStore
 
 __all__ = ["ROOT", "EngineProcess", "Engines", "child_env"]
@@ -139,6 +140,7 @@ class Engines:
         self._folder = folder
         self._cpus = cpus
         self._engines: dict[int, EngineProcess] = {}
+        self._fast: dict[int, FastEngineProcess] = {}
 
     def get(self, ack_every: int) -> EngineProcess:
         engine = self._engines.get(ack_every)
@@ -147,7 +149,16 @@ class Engines:
             self._engines[ack_every] = engine
         return engine
 
+    def fast(self, ack_every: int) -> FastEngineProcess:
+        """The fast engine (stores nothing) acking every ``ack_every`` messages."""
+        engine = self._fast.get(ack_every)
+        if engine is None:
+            engine = FastEngineProcess(self._folder, ack_every, self._cpus).start()
+            self._fast[ack_every] = engine
+        return engine
+
     def close(self) -> None:
-        for engine in self._engines.values():
+        for engine in [*self._engines.values(), *self._fast.values()]:
             engine.stop()
         self._engines.clear()
+        self._fast.clear()

@@ -9,7 +9,7 @@ Paths (the walchannel arm of the matching benchmark row, client side only):
 - ``append``: ``RunLog.append`` of ``--n`` findings (``--durability``).
 - ``e2e``: ``send_finding`` (``--batch 1``) or ``send_findings`` (``--batch 64``)
   of ``--n`` findings to an engine process acking every ``--ack-every``,
-  until all are acked.
+  until all are acked; ``--fast``: to the fast engine, which stores nothing.
 - ``replay``: a channel opened on ``--n`` unacked rows, until all are acked.
 
 Prints the total, the top ``--top`` functions by own time (with their share
@@ -121,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=1, help="1: send_finding; >1: send_findings")
     parser.add_argument("--durability", choices=("process", "power"), default="process")
     parser.add_argument("--baseline", action="store_true", help="profile the baseline arm")
+    parser.add_argument(
+        "--fast", action="store_true", help="e2e against the fast engine (stores nothing)"
+    )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, default=None, help="write the raw pstats here")
     parser.add_argument("--no-pin", action="store_true")
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arm(ctx, args.durability, args.n, args.batch)
             profiler.disable()
         elif args.path == "e2e":
-            engine = engines.get(args.ack_every)
+            engine: Any = (engines.fast if args.fast else engines.get)(args.ack_every)
 
             async def run() -> None:
                 if args.baseline:
