@@ -25,6 +25,7 @@ from walchannel import (
     ChannelState,
     EngineBehindError,
     EngineUnavailableError,
+    GrpcChannelConfig,
     GrpcEngineChannel,
     PayloadError,
     RunCompletedError,
@@ -734,3 +735,76 @@ async def test_an_engine_echoing_a_short_token_is_masked_whole_word_only(
     assert expected in caplog.text
     assert f"token {token} is" not in caplog.text
     assert "UNAUTHENTICATED" in caplog.text  # "t" inside words is left alone
+
+
+@pytest.mark.asyncio
+async def test_a_refused_token_is_named_as_refused_at_the_handshake(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, _token = new_run(local_engine)
+    wrong = "wrong-token-7f3a"
+    config = local_channel_config(local_engine, tmp_path, run_id, wrong, connect_timeout_ms=2000)
+    async with GrpcEngineChannel(config) as ch:
+        with pytest.raises(EngineUnavailableError) as raised:
+            await ch.handshake("1", "h", "1")
+    text = str(raised.value)
+    assert f"run {run_id}: the engine refused this run's token" in text, text
+    assert "UNAUTHENTICATED" in text, text
+    assert wrong not in text
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_is_not_there_says_no_engine_answered(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = GrpcChannelConfig(
+        grpc_addr=f"127.0.0.1:{port}",
+        run_id="run-absent",
+        correlation_id="c",
+        run_token="tok-absent-1",
+        wal_dir=tmp_path,
+        connect_timeout_ms=1000,
+    )
+    async with GrpcEngineChannel(config) as ch:
+        with pytest.raises(EngineUnavailableError, match="no engine answered the handshake"):
+            await ch.handshake("1", "h", "1")
+
+
+@pytest.mark.asyncio
+async def test_waiting_for_acks_without_a_handshake_says_so(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    async with GrpcEngineChannel(local_channel_config(local_engine, tmp_path, run_id, token)) as ch:
+        seq = ch.send_finding({"n": 1})
+        with caplog.at_level(logging.WARNING, logger="walchannel"):
+            assert not await ch.wait_acked(seq, timeout_ms=100)
+            assert not await ch.wait_acked(seq, timeout_ms=100)
+        said = [r for r in caplog.records if "handshake() was never called" in r.getMessage()]
+        assert len(said) == 1, caplog.text  # once, not per wait
+        assert "handshake() was never called" in (ch.stats().last_error or "")
+        assert ch.stats().unacked_count == 1  # logged all the same
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(seq, timeout_ms=30_000)
+    assert local_engine.accepted(run_id) == [1]
+
+
+def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -> None:
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:1",
+        run_id="run-batch",
+        correlation_id="c",
+        run_token="tok-batch-1",
+        wal_dir=tmp_path,
+    )
+
+    async def main() -> None:
+        async with GrpcEngineChannel(config) as ch:
+            with pytest.raises(PayloadError, match=r"^findings: expected a list of findings"):
+                ch.send_findings({"a": 1})  # type: ignore[arg-type]
+            with pytest.raises(PayloadError, match=r"^findings\[1\]\.when: "):
+                ch.send_findings([{"ok": 1}, {"when": object()}])
+            assert ch.stats().unacked_count == 0  # nothing of a bad batch is logged
+
+    asyncio.run(main())

@@ -78,13 +78,17 @@ def event_body(type: str, severity: str, payload: Mapping[str, Any], ts: object)
     }
 
 
-def finding_body(finding: Mapping[str, Any]) -> dict[str, Any]:
+def finding_body(finding: Mapping[str, Any], path: str = "finding") -> dict[str, Any]:
     """Return the ``finding`` body ``{"fields": {...}}``.
 
+    Args:
+        finding: the finding's fields.
+        path: how errors name it (``findings[3]`` in a batch).
+
     Raises:
-        PayloadError: naming the bad value's path under ``finding``.
+        PayloadError: naming the bad value's path under ``path``.
     """
-    return {"fields": plain_payload(finding, "finding")}
+    return {"fields": plain_payload(finding, path)}
 
 
 def approval_body(request_id: str, action: str, details: Mapping[str, Any]) -> dict[str, Any]:

@@ -313,10 +313,16 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
         if self._closed:
             raise ChannelClosedError(f"run {self._run_id}: closed during the handshake")
+        waited = self._config.connect_timeout_ms
+        if self._last_end_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            raise EngineUnavailableError(
+                f"run {self._run_id}: the engine refused this run's token for {waited} ms "
+                f"(the last attempt: {self._last_error}); still dialing, in case a "
+                "replacement engine accepts it"
+            )
         raise EngineUnavailableError(
-            f"run {self._run_id}: no engine answered the handshake within "
-            f"{self._config.connect_timeout_ms} ms (last error: {self._last_error}); "
-            "still dialing"
+            f"run {self._run_id}: no engine answered the handshake within {waited} ms "
+            f"(the last attempt: {self._last_error}); still dialing"
         )
 
     def _take_answer(self, engine_high: int) -> int | None:

@@ -10,6 +10,7 @@ wait on what the acks and decisions bring in.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,11 +23,15 @@ from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
     ChannelClosedError,
+    PayloadError,
     RunExpiredError,
 )
 from walchannel.interface import ApprovalDecision
+from walchannel.protocol import ChannelState
 
 __all__ = ["Sender"]
+
+logger = logging.getLogger(__name__)
 
 
 class Sender(ChannelBase):
@@ -167,8 +172,14 @@ class Sender(ChannelBase):
         started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         items = []
-        for finding in findings:
-            body = messages.finding_body(finding)
+        if isinstance(findings, (Mapping, str, bytes)):
+            raise PayloadError(
+                "findings",
+                f"expected a list of findings (mappings), got {type(findings).__name__}; "
+                "for one finding use send_finding",
+            )
+        for index, finding in enumerate(findings):
+            body = messages.finding_body(finding, f"findings[{index}]")
             items.append(self._rows.prepare("finding", body))
         if not items:
             marker = messages.progress_marker(progress)
@@ -317,6 +328,13 @@ class Sender(ChannelBase):
 
     async def _wait_for(self, condition: Callable[[], bool], timeout_ms: float | None) -> bool:
         deadline = None if timeout_ms is None else now_ms() + timeout_ms
+        if self._sm.state is ChannelState.IDLE and not condition():
+            # Sends before handshake() are logged, not sent (SPEC "The
+            # channel"): waiting on acks then would end silently at the timeout.
+            text = "waiting for acks, but handshake() was never called: nothing is sent until it is"
+            if self._last_error != text:
+                logger.warning("run %s: %s", self._run_id, text)
+                self._last_error = text
         while not condition():
             # FAILED or EXPIRED: the connection loop is over, no ack can come.
             if self._closed or self._sm.final:

@@ -295,6 +295,7 @@ class StreamDriver(Dialer, ReplicaGate):
             code, details = reason.code, reason.details
         if code is None and stream.status is not None and stream.status[0] != "OK":
             code, details = stream.status
+        self._last_end_code = code
         text = describe_end(code, details) if code else str(reason or "stream ended")
         # The engine's text may echo the token (SPEC "Secrets").
         text = redact_secret(text, self._config.run_token)
