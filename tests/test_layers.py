@@ -20,6 +20,12 @@ ORDER = [
     "walchannel.protocol",
     "walchannel.session",
     "walchannel.log_format",
+    # RunLog's parts, then the class (walchannel/log/__init__.py).
+    "walchannel.log.base",
+    "walchannel.log.disk",
+    "walchannel.log.transactions",
+    "walchannel.log.quarantine",
+    "walchannel.log.opening",
     "walchannel.log",
     "walchannel.replication",
     "walchannel.wire",
@@ -61,6 +67,11 @@ NO_NETWORK = {
     "walchannel.session",
     "walchannel.log_format",
     "walchannel.log",
+    "walchannel.log.base",
+    "walchannel.log.disk",
+    "walchannel.log.transactions",
+    "walchannel.log.quarantine",
+    "walchannel.log.opening",
     "walchannel.wire",
     "walchannel.address",
     "walchannel.config",
@@ -276,9 +287,31 @@ def test_the_channel_split_keeps_its_names_importable() -> None:
     for name in ("STRUCT_GROWTH", "TAIL_BYTES", "TAIL_ROW_OVERHEAD"):
         assert getattr(walchannel.channel, name) is getattr(walchannel.row_source, name)
     assert callable(walchannel.channel._warn_grpc_trace)
-    # Issue 15: no module over ~600 lines (the channel's, here).
-    for path in [
-        *(ROOT / "walchannel" / "channel").glob("*.py"),
-        ROOT / "walchannel" / "row_source.py",
-    ]:
-        assert len(path.read_text().splitlines()) <= 650, f"{path} is a big room again"
+
+
+def test_no_module_is_a_big_room() -> None:
+    # Issue 15: no module over ~600 lines, anywhere under walchannel/ (the
+    # generated walchannel/_proto aside). The two below are being split.
+    not_yet = {"walchannel/inspection.py", "walchannel/testing/engine.py"}
+    big = {}
+    for path in (ROOT / "walchannel").rglob("*.py"):
+        if "_proto" in path.relative_to(ROOT).parts:
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > 650 and str(path.relative_to(ROOT)) not in not_yet:
+            big[str(path.relative_to(ROOT))] = lines
+    assert not big, f"big rooms again (over 650 lines): {big}"
+
+
+def test_the_log_split_keeps_its_names_importable() -> None:
+    # RunLog was one module; its parts moved into the package walchannel.log,
+    # its names did not.
+    import walchannel
+    import walchannel.log
+    from walchannel.log import disk, opening, quarantine, transactions
+
+    assert walchannel.log.RunLog is walchannel.RunLog
+    for part in (opening.Opening, transactions.Transactions, quarantine.Quarantine, disk.Disk):
+        assert issubclass(walchannel.log.RunLog, part)
+    assert walchannel.log.WRITABLE_META is transactions.WRITABLE_META
+    assert walchannel.log.CommitHook is walchannel.log.base.CommitHook
