@@ -6,7 +6,7 @@ calls :func:`inspect_command`, :func:`export_command` and
 to do about each state.
 
 - inspect: one line per run, most urgent first (or ``--json``); read-only,
-  never takes the owner lock (:mod:`walchannel.inspection`), ``--watch``
+  never takes the owner lock (:mod:`walchannel.log_reader`), ``--watch``
   refreshes (:mod:`walchannel.watch`).
 - export: the unacked rows (or ``--quarantined``, the quarantine) as JSON
   lines; read-only.
@@ -31,20 +31,10 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import files
 from walchannel.errors import WalCorruptError, WalLockedError
-from walchannel.inspection import (
-    ALERT_STATES,
-    LogReader,
-    LogUnreadableError,
-    PathError,
-    RunReport,
-    align_table,
-    format_age,
-    format_size,
-    inspect_log,
-    list_logs,
-    run_id_from_name,
-)
+from walchannel.formatting import align_table, format_age, format_size
+from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
 from walchannel.lock import OwnerLock, probe_owner
+from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta

@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
 def _resume_point(wal_dir: Path, run_id: str) -> str:
     """Where a restarted harness resumes: the progress marker its killed run committed."""
     from walchannel import files
-    from walchannel.inspection import LogReader
+    from walchannel.log_reader import LogReader
 
     try:
         with LogReader(files.log_path(wal_dir, run_id), run_id) as reader:

@@ -36,7 +36,7 @@ from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts
 from walchannel.cli_logs import err
 from walchannel.errors import WalCorruptError, WalLockedError
-from walchannel.inspection import LogReader, LogUnreadableError, run_id_from_name
+from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
     import httpx

@@ -18,15 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from walchannel.inspection import (
-    ALERT_STATES,
-    PathError,
-    RunReport,
-    align_table,
-    format_age,
-    format_size,
-    inspect_log,
-)
+from walchannel.formatting import align_table, format_age, format_size
+from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log
 
 __all__ = ["CLEAR_SCREEN", "Rates", "render", "watch"]
 
