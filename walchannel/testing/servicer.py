@@ -1,0 +1,502 @@
+"""The engine's side of one ``Open`` call: how a LocalEngine handles a stream.
+
+:class:`StreamHandling` is a part of
+:class:`~walchannel.testing.engine.LocalEngine`; :class:`_Stream` is one
+call's state (command queue, outbox, ack cadence).
+
+The duties (SPEC "Wire contract", "Engine duties the client relies on"):
+
+- Auth: call metadata ``authorization: Bearer <token>``, compared by sha256
+  with the registered hash; an unknown run or a bad token is
+  UNAUTHENTICATED (the token is never echoed or logged).
+- The first up-message is a handshake at seq 0, answered with ``Ack(h)``
+  (``h`` = the highest seq the store holds for the run, 0 if none); a
+  completed run fails FAILED_PRECONDITION "run completed". After every
+  handshake the run's ``Stop`` (if issued) and every decision are re-sent.
+- Heartbeats (seq 0) are answered with ``Ack(h)``.
+- Data: ``seq == h + 1`` is applied, ``seq <= h`` is a duplicate (counted,
+  acked, not applied), a higher seq is a gap (recorded; FAILED_PRECONDITION
+  naming the expected seq). A repeated ``ApprovalRequest`` id is answered
+  with the stored decision. ``Done`` completes the run and is acked at once;
+  a second ``Done`` is a protocol error.
+- Acks say only what the store committed: one per ``ack_every`` messages,
+  and after ``ack_idle_ms`` without new messages if anything is unacked.
+- One live stream per run per engine: a newer stream ends the older
+  (ABORTED).
+
+Each RPC handler owns one command queue, fed by a reader task (up-messages,
+end of input) and by the engine (end with a status, push a down message,
+timers), because an RPC can only be aborted from its own handler. Store
+transactions run on one worker thread per engine, so two engines in one
+process contend on the store file for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final, ParamSpec, TypeVar
+
+import grpc
+from grpc import aio
+
+from walchannel._proto import engine_channel_pb2 as pb
+from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.testing.store import AcceptResult, Decision, EngineStore, StoreClosedError
+from walchannel.wire import DATA_KINDS, body_of
+
+__all__ = ["RUN_COMPLETED", "StreamHandling"]
+
+logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+#: The details of the FAILED_PRECONDITION that answers a completed run.
+RUN_COMPLETED: Final = "run completed"
+
+_UNAUTHENTICATED_DETAILS: Final = "unknown run or invalid token"
+# Up-messages read ahead of the handler per stream (flow control stays with gRPC).
+_READ_AHEAD: Final = 256
+# Tolerance when deciding that a delayed message is due (seconds): asyncio
+# may run a timer up to its clock resolution early.
+_DUE_SLACK_S: Final = 0.001
+
+
+# -- per-stream commands ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Up:
+    msg: pb.UpMessage
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadEnded:
+    error: BaseException | None  # None: the client half-closed cleanly
+
+
+@dataclass(frozen=True, slots=True)
+class _Push:
+    msg: pb.DownMessage
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    code: grpc.StatusCode | None  # None: a bare, clean end of stream
+    details: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """A marker on a stream's queue: the delayed down messages that are due go out now."""
+
+
+@dataclass(frozen=True, slots=True)
+class _IdleAck:
+    generation: int
+
+
+_Command = _Up | _ReadEnded | _Push | _End | _Flush | _IdleAck
+
+
+def _ack(seq: int) -> pb.DownMessage:
+    return pb.DownMessage(ack=pb.Ack(seq=seq))
+
+
+def _decision_message(decision: Decision) -> pb.DownMessage:
+    return pb.DownMessage(
+        approval_decision=pb.ApprovalDecision(
+            request_id=decision.request_id,
+            approved=decision.approved,
+            reason=decision.reason,
+        )
+    )
+
+
+def _bearer_token(metadata: aio.Metadata | Sequence[tuple[str, Any]] | None) -> str | None:
+    """Return the bearer token of the call metadata, or None when there is none."""
+    if metadata is None:
+        return None
+    for key, value in metadata:
+        if key.lower() != "authorization":
+            continue
+        if not isinstance(value, str):
+            return None
+        scheme, _, token = value.strip().partition(" ")
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
+class _Stream:
+    """The state of one ``Open`` call: its command queue, outbox and ack cadence."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.run_id: str | None = None
+        #: Highest seq this stream knows to be committed for its run.
+        self.h = 0
+        #: Messages received (applied or duplicate) since the last ack.
+        self.unacked = 0
+        #: The client half-closed: finish once the outbox is empty.
+        self.closing = False
+        self.finished = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[_Command] = asyncio.Queue()
+        self._read_slots = asyncio.Semaphore(_READ_AHEAD)
+        # (due time on the loop clock, message); due times never decrease, so
+        # a delayed ack holds back what follows it and order is kept.
+        self._outbox: collections.deque[tuple[float, pb.DownMessage]] = collections.deque()
+        self._last_due = 0.0
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_generation = 0
+        self._reader: asyncio.Task[None] | None = None
+
+    def label(self) -> str:
+        return f"run {self.run_id}" if self.run_id is not None else f"stream from {self.peer}"
+
+    # -- input --
+
+    def start_reader(self, requests: AsyncIterator[pb.UpMessage]) -> None:
+        self._reader = asyncio.create_task(self._read(requests), name="walchannel-engine-reader")
+
+    async def _read(self, requests: AsyncIterator[pb.UpMessage]) -> None:
+        try:
+            async for msg in requests:
+                await self._read_slots.acquire()
+                self._queue.put_nowait(_Up(msg))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait(_ReadEnded(exc))
+        else:
+            self._queue.put_nowait(_ReadEnded(None))
+
+    def command(self, command: _Command) -> None:
+        """Queue a command for the handler (from any coroutine on the loop)."""
+        self._queue.put_nowait(command)
+
+    async def next_command(self) -> _Command:
+        command = await self._queue.get()
+        if isinstance(command, _Up):
+            self._read_slots.release()
+        return command
+
+    # -- output --
+
+    def send(self, msg: pb.DownMessage, *, delay_s: float = 0.0) -> None:
+        """Queue a down message, due ``delay_s`` from now (and not before the one ahead)."""
+        due = max(self._loop.time() + delay_s, self._last_due)
+        self._last_due = due
+        self._outbox.append((due, msg))
+        self._arm_flush()
+
+    def take_due(self) -> list[pb.DownMessage]:
+        """Pop every message that is due now, in order."""
+        now = self._loop.time() + _DUE_SLACK_S
+        out: list[pb.DownMessage] = []
+        while self._outbox and self._outbox[0][0] <= now:
+            out.append(self._outbox.popleft()[1])
+        self._arm_flush()
+        return out
+
+    @property
+    def outbox_empty(self) -> bool:
+        return not self._outbox
+
+    def _arm_flush(self) -> None:
+        if self._flush_timer is not None or not self._outbox:
+            return
+        delay = self._outbox[0][0] - self._loop.time()
+        if delay > 0:
+            self._flush_timer = self._loop.call_later(delay, self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_timer = None
+        self._queue.put_nowait(_Flush())
+
+    # -- idle ack timer --
+
+    def arm_idle(self, delay_s: float) -> None:
+        """(Re)start the idle timer: an ``_IdleAck`` arrives after ``delay_s`` of quiet."""
+        self.cancel_idle()
+        generation = self._idle_generation
+        self._idle_timer = self._loop.call_later(
+            delay_s, self._queue.put_nowait, _IdleAck(generation)
+        )
+
+    def cancel_idle(self) -> None:
+        # A new generation makes an _IdleAck already queued a no-op.
+        self._idle_generation += 1
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def idle_current(self, generation: int) -> bool:
+        return generation == self._idle_generation
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self.cancel_idle()
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self.finished.set()
+
+
+class StreamHandling:
+    """The handling of ``Open`` calls, a part of :class:`~walchannel.testing.engine.LocalEngine`.
+
+    The engine's constructor sets the attributes below; :meth:`_serve` runs
+    one call (authentication, the handshake's answer, data, acks).
+    """
+
+    _store: EngineStore
+    _executor: ThreadPoolExecutor
+    _streams: dict[str, _Stream]
+    _handlers: set[_Stream]
+    _ack_every: int
+    _ack_idle_s: float
+    _ack_delay_s: float
+    _ack_handshakes: bool
+    _ack_heartbeats: bool
+    _reject_until: float
+
+    async def _store_call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _serve(
+        self,
+        requests: AsyncIterator[pb.UpMessage],
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> AsyncIterator[pb.DownMessage]:
+        """The body of one ``Open`` call: run commands, yield due down messages."""
+        stream = _Stream(context.peer())
+        token = _bearer_token(context.invocation_metadata())
+        if token is None:
+            logger.info("stream from %s: no bearer token", stream.peer)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing bearer token")
+        self._handlers.add(stream)
+        stream.start_reader(requests)
+        try:
+            while True:
+                command = await stream.next_command()
+                if isinstance(command, _Up):
+                    try:
+                        await self._on_up(stream, command.msg, token, context)
+                    except (sqlite3.Error, StoreClosedError) as exc:
+                        # The stream ends UNAVAILABLE, so the client retries.
+                        logger.error("%s: engine store failed: %s", stream.label(), exc)
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, "engine store unavailable")
+                elif isinstance(command, _Push):
+                    stream.send(command.msg)
+                elif isinstance(command, _End):
+                    if command.code is None:
+                        return
+                    await context.abort(command.code, command.details)
+                elif isinstance(command, _IdleAck):
+                    if stream.idle_current(command.generation) and stream.unacked:
+                        self._send_ack(stream)
+                elif isinstance(command, _ReadEnded):
+                    if command.error is not None:
+                        logger.info("%s: stream input failed: %r", stream.label(), command.error)
+                        return
+                    logger.debug("%s: client half-closed", stream.label())
+                    stream.closing = True
+                    if stream.unacked:
+                        self._send_ack(stream)
+                for msg in stream.take_due():
+                    yield msg
+                if stream.closing and stream.outbox_empty:
+                    return
+        finally:
+            stream.close()
+            self._handlers.discard(stream)
+            if stream.run_id is not None and self._streams.get(stream.run_id) is stream:
+                del self._streams[stream.run_id]
+
+    async def _on_up(
+        self,
+        stream: _Stream,
+        msg: pb.UpMessage,
+        token: str,
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> None:
+        kind, body = body_of(msg)
+        seq = int(msg.seq)
+        run_id = stream.run_id
+        if run_id is None:
+            await self._open_run(stream, msg, kind, token, context)
+            return
+        if msg.run_id != run_id:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"message for run {msg.run_id!r} on the stream of run {run_id!r}",
+            )
+        if kind in ("handshake", "heartbeat"):
+            if seq != 0:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} must carry seq 0, got {seq}"
+                )
+            if kind == "handshake":
+                await self._answer_handshake(stream, context)
+            elif self._ack_heartbeats:
+                h = await self._store_call(self._store.high_water, run_id)
+                stream.h = max(stream.h, h)
+                self._send_ack(stream)
+            return
+        if kind not in DATA_KINDS:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"message at seq {seq} has no known body"
+            )
+        if seq == 0:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} needs a seq >= 1, got 0"
+            )
+        result = await self._store_call(self._store.accept, run_id, seq, kind, body)
+        await self._on_result(stream, seq, kind, result, context)
+
+    async def _open_run(
+        self,
+        stream: _Stream,
+        msg: pb.UpMessage,
+        kind: str,
+        token: str,
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> None:
+        """Authenticate the stream's first message, which must be the handshake."""
+        run_id = msg.run_id
+        if time.monotonic() < self._reject_until:
+            logger.info("run %s: token rejected (this engine does not know runs yet)", run_id)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
+        if not await self._store_call(self._store.check_token, run_id, token):
+            logger.warning("run %s: unknown run or invalid token from %s", run_id, stream.peer)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
+        if kind != "handshake" or msg.seq != 0:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the first message must be a handshake at seq 0, got {kind or 'no body'}"
+                f" at seq {msg.seq}",
+            )
+        stream.run_id = run_id
+        older = self._streams.get(run_id)
+        # Register before reading the run's state: a Stop or decision issued
+        # meanwhile is queued behind this handshake's answer, never lost.
+        self._streams[run_id] = stream
+        if older is not None and older is not stream:
+            logger.info("run %s: a newer stream from %s ends the older one", run_id, stream.peer)
+            older.command(_End(grpc.StatusCode.ABORTED, "superseded by a newer stream for the run"))
+        await self._answer_handshake(stream, context)
+
+    async def _answer_handshake(
+        self, stream: _Stream, context: aio.ServicerContext[pb.UpMessage, pb.DownMessage]
+    ) -> None:
+        run_id = stream.run_id
+        assert run_id is not None
+        state = await self._store_call(self._store.run_state, run_id)
+        if state is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
+        if state.completed:
+            logger.info("run %s: handshake refused, run completed", run_id)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RUN_COMPLETED)
+        stream.h = max(stream.h, state.h)
+        if self._ack_handshakes:
+            self._send_ack(stream)
+        if state.stop_reason is not None:
+            stream.send(pb.DownMessage(stop=pb.Stop(reason=state.stop_reason)))
+        for decision in state.decisions:
+            stream.send(_decision_message(decision))
+        logger.info(
+            "run %s: handshake from %s, h=%d (stop=%s, %d decisions re-sent)",
+            run_id,
+            stream.peer,
+            state.h,
+            state.stop_reason,
+            len(state.decisions),
+        )
+
+    async def _on_result(
+        self,
+        stream: _Stream,
+        seq: int,
+        kind: str,
+        result: AcceptResult,
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> None:
+        run_id = stream.run_id
+        if result.outcome == "applied":
+            stream.h = max(stream.h, result.h)
+            logger.debug("run %s: applied seq %d (%s)", run_id, seq, kind)
+        elif result.outcome == "duplicate":
+            stream.h = max(stream.h, result.h)
+            if result.differs:
+                logger.warning(
+                    "run %s: duplicate seq %d (%s) differs from the applied message",
+                    run_id,
+                    seq,
+                    kind,
+                )
+            else:
+                logger.debug("run %s: duplicate seq %d (h=%d)", run_id, seq, result.h)
+        elif result.outcome == "gap":
+            logger.warning("run %s: gap: expected seq %d, got seq %d", run_id, result.expected, seq)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"expected seq {result.expected}, got seq {seq}",
+            )
+        elif result.outcome == "completed":
+            if kind == "done":
+                details = f"second Done at seq {seq}: the run completed at seq {result.h}"
+            else:
+                details = RUN_COMPLETED
+            logger.warning("run %s: %s at seq %d after the run's Done", run_id, kind, seq)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, details)
+        else:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
+        if result.decision is not None:
+            # A repeated request id gets the stored decision again.
+            stream.send(_decision_message(result.decision))
+        if kind == "done":
+            logger.info("run %s: done at seq %d (%s)", run_id, seq, result.outcome)
+            self._send_ack(stream)
+            return
+        stream.unacked += 1
+        if stream.unacked >= self._ack_every:
+            self._send_ack(stream)
+        else:
+            stream.arm_idle(self._ack_idle_s)
+
+    def _send_ack(self, stream: _Stream) -> None:
+        """Ack everything the stream knows committed (``stream.h``), after ``ack_delay_ms``."""
+        stream.unacked = 0
+        stream.cancel_idle()
+        stream.send(_ack(stream.h), delay_s=self._ack_delay_s)
+
+
+# -- the process form ----------------------------------------------------------
+
+
+class _Servicer(pb_grpc.EngineChannelServicer):
+    """Hands each ``Open`` call to its engine."""
+
+    def __init__(self, engine: StreamHandling) -> None:
+        self._engine = engine
+
+    async def Open(
+        self,
+        request_iterator: AsyncIterator[pb.UpMessage],
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> AsyncIterator[pb.DownMessage]:
+        async for msg in self._engine._serve(request_iterator, context):
+            yield msg
