@@ -119,3 +119,19 @@ def test_backlog_case_runs_when_named(tmp_path: Path) -> None:
         assert samples["rows"] == [0.0], r
     assert results[1]["samples"]["wal"]["polls"][0] > 0
     assert not list(tmp_path.glob("walchannel-bench-*"))
+
+
+def test_attribute_prints_every_variant() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.attribute", "--n", "200", "--reps", "1"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for variant in ("as shipped", "no payload check", "no commit", "no check, no commit"):
+        line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(variant))
+        assert "walchannel" in line and "difference" in line, proc.stdout

@@ -808,3 +808,38 @@ def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -
             assert ch.stats().unacked_count == 0  # nothing of a bad batch is logged
 
     asyncio.run(main())
+
+
+@pytest.mark.asyncio
+async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path: Path) -> None:
+    async def script(stream: RogueStream) -> None:
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.seq:
+                stream.ack(msg.seq)
+
+    engine = RogueEngine(script)
+    await engine.start()
+    config = local_channel_config(
+        engine,  # type: ignore[arg-type]
+        tmp_path / "wal",
+        "beats",
+        "tok",
+        http_addr=None,
+        keepalive_ms=1000,
+    )
+
+    def beats() -> int:
+        return sum(m.WhichOneof("body") == "heartbeat" for s in engine.streams for m in s.received)
+
+    try:
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "h", "1")
+            await eventually(lambda: beats() >= 2, timeout=30, what="two heartbeats while idle")
+            # A data row resets nothing: the beats go on after it, on the same stream.
+            assert await ch.wait_acked(ch.send_finding(finding(1)), timeout_ms=30_000)
+            seen = beats()
+            await eventually(lambda: beats() >= seen + 2, timeout=30, what="beats after a row")
+            assert ch.stats().reconnects == 0
+    finally:
+        await engine.stop()

@@ -430,18 +430,27 @@ class StreamDriver(Dialer, ReplicaGate):
         keepalive_s = self._keepalive_ms / 1000
         next_beat = time.monotonic() + keepalive_s
         stream.next_beat_ms = next_beat * 1000
+        loop = asyncio.get_running_loop()
+        wakeup = self._wakeup
+        # One timer per heartbeat period wakes the writer for the beat, not one
+        # per wait: the writer waits once per message when the sender is slower.
+        beat_timer: asyncio.TimerHandle | None = None
+
+        def beat_due() -> None:
+            nonlocal beat_timer
+            beat_timer = None
+            wakeup.set()
+
         try:
             while True:
                 seq = cursor.next_to_write()
                 if seq is None:
-                    self._wakeup.clear()
+                    wakeup.clear()
                     if cursor.next_to_write() is None and not self._sm.final:
-                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows
-                        # a cancel that lands as the event fires, and the writer would
-                        # outlive its stream's teardown by up to a keepalive period.
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
-                                await self._wakeup.wait()
+                        if beat_timer is None:
+                            delay_s = max(0.0, next_beat - time.monotonic())
+                            beat_timer = loop.call_later(delay_s, beat_due)
+                        await wakeup.wait()
                     if self._sm.final:
                         return
                 elif self._replica_socket is not None and seq > self._replicated_through:
@@ -469,6 +478,9 @@ class StreamDriver(Dialer, ReplicaGate):
                     stream.write_since_ms = None
                     next_beat = time.monotonic() + keepalive_s
                     stream.next_beat_ms = next_beat * 1000
+                    if beat_timer is not None:
+                        beat_timer.cancel()
+                        beat_timer = None
         except asyncio.CancelledError:
             raise
         except (
@@ -489,6 +501,9 @@ class StreamDriver(Dialer, ReplicaGate):
         except Exception as exc:
             logger.exception("run %s: writing the stream failed", self._run_id)
             stream.finish(exc)
+        finally:
+            if beat_timer is not None:
+                beat_timer.cancel()
 
     async def _watchdog(self, stream: Stream) -> None:
         """End ``stream`` when it is dead: the ``dead_stream_ms`` rule and stalled writes.
