@@ -47,19 +47,10 @@ ROWS = (
 )
 
 
-def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
+def run_tool(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository; it must exit 0 (bounds: minutes)."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.bench",
-            "--quick",
-            "--json",
-            str(out),
-            "--dir",
-            str(tmp_path),
-        ],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
@@ -68,6 +59,12 @@ def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_quick_bench_prints_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = run_tool("tools.bench", "--quick", "--json", str(out), "--dir", str(tmp_path))
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     names = [line.split("|")[1].strip() for line in table[1:]]
     assert names == list(ROWS), proc.stdout
@@ -87,27 +84,9 @@ def test_backlog_case_runs_when_named(tmp_path: Path) -> None:
     # Issue 13's disk scenario is not in the default set (the full size takes
     # minutes); --only backlog runs it, with and without inspect polling.
     out = tmp_path / "backlog.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.bench",
-            "--quick",
-            "--only",
-            "backlog",
-            "--json",
-            str(out),
-            "--dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    run_tool(
+        "tools.bench", "--quick", "--only", "backlog", "--json", str(out), "--dir", str(tmp_path)
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())["results"]
     assert [r["name"] for r in results] == [
         "disk: backlog acked, idle",
@@ -122,16 +101,7 @@ def test_backlog_case_runs_when_named(tmp_path: Path) -> None:
 
 
 def test_attribute_prints_every_variant() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.attribute", "--n", "200", "--reps", "1"],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_tool("tools.bench.attribute", "--n", "200", "--reps", "1")
     for variant in ("as shipped", "no payload check", "no commit", "no check, no commit"):
         line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(variant))
         assert "walchannel" in line and "difference" in line, proc.stdout

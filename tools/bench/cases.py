@@ -37,8 +37,7 @@ from tools.bench.common import (
     median,
     percentile,
 )
-from tools.bench.engine import EngineProcess, Engines
-from tools.bench.fast_engine import FastEngineProcess
+from tools.bench.engine import EngineProcess, Engines, FastEngineProcess
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.log import Durability, RunLog

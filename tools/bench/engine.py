@@ -1,4 +1,4 @@
-"""The local engine as a subprocess: ``python -m walchannel.testing.engine --store FILE``.
+"""The engines as subprocesses: the LocalEngine and the fast engine (stores nothing).
 
 Both arms of an end-to-end row talk to the same engine process, so the
 engine's cost (one SQLite transaction per message) is the same for both.
@@ -14,25 +14,33 @@ import subprocess
 import sys
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from tools.bench.common import RUN_TOKEN
-from tools.bench.fast_engine import FastEngineProcess
 from walchannel.testing.store import EngineStore
 
-__all__ = ["ROOT", "EngineProcess", "Engines", "child_env"]
+__all__ = [
+    "ROOT",
+    "EngineChild",
+    "EngineProcess",
+    "Engines",
+    "FastEngineProcess",
+    "child_env",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-# ``python -m walchannel.testing.engine ARGS`` after pinning the process to the CPUs
-# in argv[1] (before any thread starts, so every engine thread inherits them);
-# no preexec_fn, so the parent's gRPC never sees a fork.
+# ``python -m MODULE ARGS`` after pinning the process to the CPUs in argv[1]
+# (before any thread starts, so every engine thread inherits them); no
+# preexec_fn, so the parent's gRPC never sees a fork.
 _LAUNCH = """
 import os, runpy, sys
 cpus = sys.argv.pop(1)
+module = sys.argv.pop(1)
 if cpus:
     os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-sys.argv[0] = "walchannel.testing.engine"
-runpy.run_module("walchannel.testing.engine", run_name="__main__", alter_sys=True)
+sys.argv[0] = module
+runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
@@ -43,26 +51,25 @@ def child_env() -> dict[str, str]:
     return env
 
 
-class EngineProcess:
-    """A LocalEngine process on its own store file, with ``--ack-every N``.
+class EngineChild:
+    """An engine as a child process, pinned to ``cpus``; a context manager.
 
-    Use as a context manager; :meth:`new_run` registers a fresh run id.
+    The child runs ``python -m MODULE ARGS`` and prints one JSON line with
+    its ``grpc_addr`` and ``pid`` once it listens.
     """
 
-    _ids = itertools.count(1)
-
-    def __init__(self, folder: Path, ack_every: int, cpus: set[int] | None = None) -> None:
-        self.ack_every = ack_every
+    def __init__(
+        self, module: str, args: list[str], stderr_path: Path, cpus: set[int] | None
+    ) -> None:
+        self._module = module
+        self._args = args
+        self._stderr_path = stderr_path
         self.cpus = cpus
-        self.store_path = folder / f"engine-ack{ack_every}.sqlite3"
-        self._stderr_path = folder / f"engine-ack{ack_every}.stderr"
         self._proc: subprocess.Popen[str] | None = None
-        self._store: EngineStore | None = None
         self.grpc_addr = ""
         self.pid = 0
 
-    def start(self) -> EngineProcess:
-        self._store = EngineStore(self.store_path)
+    def start(self) -> Self:
         with open(self._stderr_path, "w", encoding="utf-8") as stderr:
             self._proc = subprocess.Popen(
                 [
@@ -70,10 +77,8 @@ class EngineProcess:
                     "-c",
                     _LAUNCH,
                     ",".join(map(str, sorted(self.cpus or ()))),
-                    "--store",
-                    str(self.store_path),
-                    "--ack-every",
-                    str(self.ack_every),
+                    self._module,
+                    *self._args,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -86,19 +91,12 @@ class EngineProcess:
         if not line:
             self.stop()
             raise RuntimeError(
-                f"the engine process did not start: {self._stderr_path.read_text()[-2000:]}"
+                f"{self._module} did not start: {self._stderr_path.read_text()[-2000:]}"
             )
         info = json.loads(line)
         self.grpc_addr = info["grpc_addr"]
         self.pid = int(info["pid"])
         return self
-
-    def new_run(self, prefix: str) -> str:
-        """Register and return a fresh run id (token :data:`RUN_TOKEN`)."""
-        assert self._store is not None
-        run_id = f"{prefix}-{os.getpid()}-{next(self._ids)}"
-        self._store.register_run(run_id, RUN_TOKEN)
-        return run_id
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system, all threads) the engine process has used so far."""
@@ -108,20 +106,19 @@ class EngineProcess:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+        if proc is None:
+            return
+        if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc is not None and proc.stdout is not None:
+        if proc.stdout is not None:
             proc.stdout.close()
-        if self._store is not None:
-            self._store.close()
-            self._store = None
 
-    def __enter__(self) -> EngineProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -131,6 +128,62 @@ class EngineProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class EngineProcess(EngineChild):
+    """A LocalEngine process on its own store file, with ``--ack-every N``.
+
+    Use as a context manager; :meth:`new_run` registers a fresh run id.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, folder: Path, ack_every: int, cpus: set[int] | None = None) -> None:
+        self.ack_every = ack_every
+        self.store_path = folder / f"engine-ack{ack_every}.sqlite3"
+        super().__init__(
+            "walchannel.testing.engine",
+            ["--store", str(self.store_path), "--ack-every", str(ack_every)],
+            folder / f"engine-ack{ack_every}.stderr",
+            cpus,
+        )
+        self._store: EngineStore | None = None
+
+    def start(self) -> Self:
+        self._store = EngineStore(self.store_path)
+        return super().start()
+
+    def new_run(self, prefix: str) -> str:
+        """Register and return a fresh run id (token :data:`RUN_TOKEN`)."""
+        assert self._store is not None
+        run_id = f"{prefix}-{os.getpid()}-{next(self._ids)}"
+        self._store.register_run(run_id, RUN_TOKEN)
+        return run_id
+
+    def stop(self) -> None:
+        super().stop()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+class FastEngineProcess(EngineChild):
+    """The fast engine (:mod:`tools.bench.fast_engine`: stores nothing, acks) as a child."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, folder: Path, ack_every: int, cpus: set[int] | None = None) -> None:
+        self.ack_every = ack_every
+        super().__init__(
+            "tools.bench.fast_engine",
+            ["--ack-every", str(ack_every)],
+            folder / f"fast-engine-ack{ack_every}.stderr",
+            cpus,
+        )
+
+    def new_run(self, prefix: str) -> str:
+        """A fresh run id (the fast engine accepts any run and token)."""
+        return f"{prefix}-{os.getpid()}-{next(self._ids)}"
 
 
 class Engines:
