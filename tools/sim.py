@@ -268,6 +268,7 @@ class Stream:
         "up_at",
         "up_t",
         "upq",
+        "write_since_ms",
         "writer_idle",
         "writing",
     )
@@ -296,6 +297,7 @@ class Stream:
         # The channel's view of the stream, as channel.stream.Stream keeps it.
         self.last_down_ms = 0.0
         self.heartbeats_since_down = 0
+        self.write_since_ms: float | None = None
         self.next_beat_ms = _INF
         self.keepalive = KEEPALIVE_MS
 
@@ -337,16 +339,16 @@ class SimDriver:
       :func:`walchannel.session.doubled_keepalive_ms`;
     - reconnecting: :class:`walchannel.protocol.ReconnectPolicy` (the
       backoff reset rule), ``Backoff.delay_ms``, :class:`~walchannel.protocol.StateMachine`;
-    - the watchdog: :func:`walchannel.session.stream_verdict`,
+    - the watchdog: :func:`walchannel.session.stream_verdict` (dead streams,
+      and writes blocked by flow control on a stalled path: the world's
+      :meth:`World.write` says when a write returns),
       :func:`walchannel.session.watchdog_period_ms`;
     - the log: ``RunLog`` and its :class:`~walchannel.log_state.LogState`.
 
     Not driven, because the simulated world never produces their input:
     size refusals (``pick_refused_row``, ``held_done_reached``), ``Stop``
     and approvals (``DownLatch``), checkpoints (``CheckpointPolicy``: the
-    in-memory log has no file to give back), blocked writes (the simulated
-    transport queues every write, so only the ``dead_stream_ms`` rule of
-    ``stream_verdict`` can fire). Method names follow the channel's
+    in-memory log has no file to give back). Method names follow the channel's
     (``_take_answer`` -> :meth:`take_answer`, ``_record_end`` ->
     :meth:`record_end`, ...). The checker's notes (``exp_attempt``,
     ``dials``) are written by the world, never read here.
@@ -679,15 +681,19 @@ class SimDriver:
             self.at(0.0, self.writer, s)
 
     def writer(self, s: Stream) -> None:
-        """One turn of ``_write_loop``: the next row from ``RowSource``, or idle."""
-        if s is not self.stream or not s.writing:
+        """One turn of ``_write_loop``: a due heartbeat, else the next row, else idle."""
+        if s is not self.stream or not s.writing or s.write_since_ms is not None:
+            return
+        w = self.w
+        if w.now >= s.next_beat_ms:
+            s.heartbeats_since_down += 1
+            self.write(s, (HB,), 0)
             return
         c = self.cursor
         seq = c.next_to_write()
         if seq is None:
             s.writer_idle = True
             return
-        w = self.w
         try:
             data = self.rows.row_bytes(seq)
         except RowMissingError:
@@ -698,19 +704,41 @@ class SimDriver:
         if wrote != seq:
             w.violation(f"the writer asked for seq {seq} and got the message of seq {wrote}")
         w.cp()
-        w.send_up(s, (ROW, seq, content))
-        c.on_written(seq)
-        self.reconnect.on_written(seq)
-        self.writes.on_written(seq)
+        self.write(s, (ROW, seq, content), seq)
+
+    def write(self, s: Stream, msg: tuple[Any, ...], seq: int) -> None:
+        """``await call.write(...)``: returns when the transport takes it (flow control)."""
+        w = self.w
+        s.write_since_ms = w.now
+        returns_at = w.write(s, msg)
+        if returns_at > w.now:
+            self.at(returns_at - w.now, self.wrote, s, seq)
+        else:
+            self.wrote(s, seq)
+
+    def wrote(self, s: Stream, seq: int) -> None:
+        """The write of row ``seq`` (0: a heartbeat) returned; the writer goes on."""
+        if s is not self.stream or not s.writing:
+            return  # the stream was torn down: the write was cancelled
+        w = self.w
+        s.write_since_ms = None
+        if seq:
+            self.cursor.on_written(seq)
+            self.reconnect.on_written(seq)
+            self.writes.on_written(seq)
+        else:
+            s.next_beat_ms = w.now + s.keepalive
+            self.at(s.keepalive, self.heartbeat, s)
         self.at(w.write_gap(), self.writer, s)
 
     def heartbeat(self, s: Stream) -> None:
-        """The writer's heartbeat, every ``keepalive`` whatever the traffic."""
-        if s is self.stream and s.writing:
-            s.heartbeats_since_down += 1
-            self.w.send_up(s, (HB,))
-            s.next_beat_ms = self.w.now + s.keepalive
-            self.at(s.keepalive, self.heartbeat, s)
+        """A heartbeat falls due (every ``keepalive`` whatever the traffic): wake the writer.
+
+        A busy writer (or one blocked in a write) sends it at its next turn.
+        """
+        if s is self.stream and s.writing and s.writer_idle:
+            s.writer_idle = False
+            self.writer(s)
 
     def watchdog(self, s: Stream) -> None:
         """``_watchdog``: end the stream when :func:`~walchannel.session.stream_verdict` says so."""
@@ -721,7 +749,7 @@ class SimDriver:
             w.now,
             last_down_ms=s.last_down_ms,
             heartbeats_since_down=s.heartbeats_since_down,
-            write_since_ms=None,  # the simulated transport never blocks a write
+            write_since_ms=s.write_since_ms,
             next_beat_ms=s.next_beat_ms,
             dead_stream_ms=w.dead_stream_ms,
             keepalive_ms=self.keepalive,
@@ -729,7 +757,7 @@ class SimDriver:
         if verdict is None:
             self.at(S.watchdog_period_ms(w.dead_stream_ms, self.keepalive), self.watchdog, s)
             return
-        w.stats["dead_streams"] += 1
+        w.stats[f"{verdict.kind.value}_streams"] += 1
         self.stream_end(s, None, f"{verdict.kind.value} stream: silent {verdict.silent_ms:.0f} ms")
 
     def on_down(self, s: Stream, msg: tuple[Any, ...]) -> None:
@@ -914,6 +942,7 @@ class World:
                 "done_ack_lost",
                 "dials",
                 "dead_streams",
+                "stalled_streams",
                 "engine_losses",
                 "engine_behind",
                 "forgot_answers",
@@ -1379,6 +1408,17 @@ class World:
             t = s.up_t
         s.up_t = t
         self.at(t, self.deliver_up, s)
+
+    def write(self, s: Stream, msg: tuple[Any, ...]) -> float:
+        """The client writes ``msg``: when does its write return (flow control)?
+
+        On a stalled path the windows fill and the write blocks until the
+        stall ends (or the stream does); otherwise it returns at once.
+        """
+        self.send_up(s, msg)
+        if s.link and s.stalled_until > self.now:
+            return s.stalled_until
+        return self.now
 
     def deliver_up(self, s: Stream) -> None:
         if not s.upq:
