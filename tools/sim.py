@@ -242,8 +242,15 @@ class DiskHook:
         self.w.committed(self.conn, what)
 
 
-class Stream:
-    """One dial: the transport, both ends' view of it, and the checker's notes."""
+class Link:
+    """The simulated transport of one dial, with what each end reads of it.
+
+    The world's: the queues, latency and stall of the link, the engine's side
+    (open, epoch, unacked count), the checker's notes (first row written,
+    progress). The channel's side holds the times and counters its real
+    ``channel.stream.Stream`` holds for ``session.stream_verdict`` (last down
+    message, heartbeats since, the write in progress, the next heartbeat).
+    """
 
     __slots__ = (
         "answered",
@@ -312,7 +319,7 @@ class Inst:
         self.addr = addr
         self.alive = True
         self.reject_until = reject_until
-        self.streams: set[Stream] = set()
+        self.streams: set[Link] = set()
 
 
 class SimDriver:
@@ -373,7 +380,7 @@ class SimDriver:
         self.rng = random.Random(w.rng.getrandbits(32))
         self.addr = w.first_addr
         self.keepalive = w.keepalive_ms
-        self.stream: Stream | None = None
+        self.stream: Link | None = None
         self.running = False
         self.closed = False
         self.closing = False
@@ -532,7 +539,7 @@ class SimDriver:
         w.tr("dial #%d to %s", s.sid, self.addr)
         self.at(CONNECT_TIMEOUT_MS, self.answer_timeout, s)
 
-    def on_connected(self, s: Stream) -> None:
+    def on_connected(self, s: Link) -> None:
         """``_open``: the handshake is written; without answers the stream is up at once."""
         if s is not self.stream:
             return
@@ -540,11 +547,11 @@ class SimDriver:
         if not self.w.acks_hs:
             self.open_stream(s, None)
 
-    def answer_timeout(self, s: Stream) -> None:
+    def answer_timeout(self, s: Link) -> None:
         if s is self.stream and s.up_at is None:
             self.stream_end(s, None, "no handshake answer")
 
-    def open_stream(self, s: Stream, h: int | None) -> None:
+    def open_stream(self, s: Link, h: int | None) -> None:
         """``_open`` after the answer (None: no answer awaited): decide, then start writing."""
         if h is not None:
             self.w.tr("answer Ack(%d) on #%d", h, s.sid)
@@ -609,7 +616,7 @@ class SimDriver:
         self.on_ack(h)
         return plan.replay_from
 
-    def stream_end(self, s: Stream, code: str | None, details: str) -> None:
+    def stream_end(self, s: Link, code: str | None, details: str) -> None:
         """The stream is over: ``_stream_once``'s finally, ``_record_end``, then ``_run``."""
         if s is not self.stream:
             return
@@ -680,7 +687,7 @@ class SimDriver:
             s.writer_idle = False
             self.at(0.0, self.writer, s)
 
-    def writer(self, s: Stream) -> None:
+    def writer(self, s: Link) -> None:
         """One turn of ``_write_loop``: a due heartbeat, else the next row, else idle."""
         if s is not self.stream or not s.writing or s.write_since_ms is not None:
             return
@@ -706,7 +713,7 @@ class SimDriver:
         w.cp()
         self.write(s, (ROW, seq, content), seq)
 
-    def write(self, s: Stream, msg: tuple[Any, ...], seq: int) -> None:
+    def write(self, s: Link, msg: tuple[Any, ...], seq: int) -> None:
         """``await call.write(...)``: returns when the transport takes it (flow control)."""
         w = self.w
         s.write_since_ms = w.now
@@ -716,7 +723,7 @@ class SimDriver:
         else:
             self.wrote(s, seq)
 
-    def wrote(self, s: Stream, seq: int) -> None:
+    def wrote(self, s: Link, seq: int) -> None:
         """The write of row ``seq`` (0: a heartbeat) returned; the writer goes on."""
         if s is not self.stream or not s.writing:
             return  # the stream was torn down: the write was cancelled
@@ -731,7 +738,7 @@ class SimDriver:
             self.at(s.keepalive, self.heartbeat, s)
         self.at(w.write_gap(), self.writer, s)
 
-    def heartbeat(self, s: Stream) -> None:
+    def heartbeat(self, s: Link) -> None:
         """A heartbeat falls due (every ``keepalive`` whatever the traffic): wake the writer.
 
         A busy writer (or one blocked in a write) sends it at its next turn.
@@ -740,7 +747,7 @@ class SimDriver:
             s.writer_idle = False
             self.writer(s)
 
-    def watchdog(self, s: Stream) -> None:
+    def watchdog(self, s: Link) -> None:
         """``_watchdog``: end the stream when :func:`~walchannel.session.stream_verdict` says so."""
         if s is not self.stream or not s.writing:
             return
@@ -760,7 +767,7 @@ class SimDriver:
         w.stats[f"{verdict.kind.value}_streams"] += 1
         self.stream_end(s, None, f"{verdict.kind.value} stream: silent {verdict.silent_ms:.0f} ms")
 
-    def on_down(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def on_down(self, s: Link, msg: tuple[Any, ...]) -> None:
         """``_read_loop`` / ``_on_down``: the first ack answers the handshake."""
         if s is not self.stream:
             return
@@ -873,7 +880,7 @@ class SimDriver:
             return
         self.close_finish()
 
-    def _close_timeout(self, s: Stream) -> None:
+    def _close_timeout(self, s: Link) -> None:
         if self.close_cont is not None:
             self.close_finish()
 
@@ -1014,7 +1021,7 @@ class World:
         self.complete_failed = False
         self.completed = False
         self.epoch = 0
-        self.live: Stream | None = None
+        self.live: Link | None = None
         self.insts: list[Inst] = []
         self.sid = 0
         self.first_addr = "e0"
@@ -1263,7 +1270,7 @@ class World:
             if d >= detect and not self.proxy:
                 self.at(self.now + detect, self.stall_kill, s)
 
-    def stall_kill(self, s: Stream) -> None:
+    def stall_kill(self, s: Link) -> None:
         if s.link:
             self.stats["cuts"] += 1
             self.reset(s, "UNAVAILABLE", "keepalive watchdog timeout", keep_prefix=False)
@@ -1315,11 +1322,13 @@ class World:
         prev = d.states[-1]
         st = read_snap(conn)
         old, new = prev.rows.items(), st.rows.items()
-        touched = [c for _, c in old ^ new if c >= 0]
+        # Most commits (meta, claim) leave the rows alone: compare before diffing.
+        touched = [] if prev.rows == st.rows else [c for _, c in old ^ new if c >= 0]
         if prev.unverified is not None and st.unverified is None:
             # The verification rule declares every unverified row (re)placed.
             touched.extend(c for q, c in old if q >= prev.unverified and c >= 0)
-        st = st._replace(touched=tuple(touched))
+        if touched:
+            st = st._replace(touched=tuple(touched))
         if prev.completed and (kind == "append" or st.last_acked > prev.last_acked):
             self.violation(f"a completed run was written to ({kind})")
         if st.last_acked > self.peak:
@@ -1351,14 +1360,14 @@ class World:
 
     # -- the network ----------------------------------------------------------------------
 
-    def net_dial(self, ch: SimDriver, addr: str) -> Stream:
+    def net_dial(self, ch: SimDriver, addr: str) -> Link:
         self.sid += 1
         inst = None
         for i in reversed(self.insts):
             if i.alive and i.addr == addr:
                 inst = i
                 break
-        s = Stream(self.sid, ch, inst)
+        s = Link(self.sid, ch, inst)
         if inst is not None:
             self.at(self.now + self.lat(), self.connected, s)
         elif self.rng.random() < 0.7:
@@ -1366,7 +1375,7 @@ class World:
         # else: a black hole; the connect timeout ends it
         return s
 
-    def connected(self, s: Stream) -> None:
+    def connected(self, s: Link) -> None:
         inst = s.inst
         assert inst is not None
         if not s.link:
@@ -1391,7 +1400,7 @@ class World:
         live = [i for i in self.insts if i.alive]
         return (live[-1] if live else self.insts[-1]).addr
 
-    def send_up(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def send_up(self, s: Link, msg: tuple[Any, ...]) -> None:
         if msg[0] == ROW:
             # The checker's notes: the first row written on the stream; cut points.
             if s.first_written is None:
@@ -1409,7 +1418,7 @@ class World:
         s.up_t = t
         self.at(t, self.deliver_up, s)
 
-    def write(self, s: Stream, msg: tuple[Any, ...]) -> float:
+    def write(self, s: Link, msg: tuple[Any, ...]) -> float:
         """The client writes ``msg``: when does its write return (flow control)?
 
         On a stalled path the windows fill and the write blocks until the
@@ -1420,7 +1429,7 @@ class World:
             return s.stalled_until
         return self.now
 
-    def deliver_up(self, s: Stream) -> None:
+    def deliver_up(self, s: Link) -> None:
         if not s.upq:
             return
         if s.stalled_until > self.now:
@@ -1430,7 +1439,7 @@ class World:
         if s.e_open:
             self.engine_up(s, msg)
 
-    def send_down(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def send_down(self, s: Link, msg: tuple[Any, ...]) -> None:
         if not s.link:
             return
         s.downq.append(msg)
@@ -1440,7 +1449,7 @@ class World:
         s.down_t = t
         self.at(t, self.deliver_down, s)
 
-    def deliver_down(self, s: Stream) -> None:
+    def deliver_down(self, s: Link) -> None:
         if not s.downq:
             return
         if s.stalled_until > self.now:
@@ -1453,13 +1462,13 @@ class World:
                 s.productive = True  # the checker's note: progress on this stream
             ch.on_down(s, msg)
 
-    def client_end(self, s: Stream, code: str | None, details: str) -> None:
+    def client_end(self, s: Link, code: str | None, details: str) -> None:
         s.link = False
         ch = s.ch
         if ch.alive and ch.stream is s:
             ch.stream_end(s, code, details)
 
-    def reset(self, s: Stream, code: str, details: str, *, keep_prefix: bool = False) -> None:
+    def reset(self, s: Link, code: str, details: str, *, keep_prefix: bool = False) -> None:
         """The transport dies: a prefix of the in-flight up-messages may still land."""
         s.link = False
         s.downq.clear()
@@ -1473,7 +1482,7 @@ class World:
             self.engine_cancel(s)
         self.at(self.now + self.lat(), self.client_end, s, code, details)
 
-    def client_close(self, s: Stream) -> None:
+    def client_close(self, s: Link) -> None:
         """The client tears the stream down; what it wrote before still lands, then RST."""
         if not s.link:
             return
@@ -1481,7 +1490,7 @@ class World:
         s.downq.clear()
         self.at(max(self.now, s.up_t) + self.lat(), self.engine_cancel, s)
 
-    def client_die(self, s: Stream) -> None:
+    def client_die(self, s: Link) -> None:
         """The harness process dies: a prefix of its in-flight writes lands."""
         if not s.link:
             return
@@ -1494,25 +1503,25 @@ class World:
 
     # -- the engine ---------------------------------------------------------------------------
 
-    def engine_cancel(self, s: Stream) -> None:
+    def engine_cancel(self, s: Link) -> None:
         s.upq.clear()
         self.engine_drop(s)
 
-    def engine_drop(self, s: Stream) -> None:
+    def engine_drop(self, s: Link) -> None:
         s.e_open = False
         if s.inst is not None:
             s.inst.streams.discard(s)
         if self.live is s:
             self.live = None
 
-    def engine_end(self, s: Stream, code: str | None, details: str) -> None:
+    def engine_end(self, s: Link, code: str | None, details: str) -> None:
         """The engine ends a stream with a status (sent after what it already sent)."""
         if not s.e_open:
             return
         self.engine_drop(s)
         self.send_down(s, (END, code, details))
 
-    def engine_up(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def engine_up(self, s: Link, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == ROW:
             self.engine_row(s, msg[1], msg[2])
@@ -1526,7 +1535,7 @@ class World:
                 self.engine_ack(s)
             self.engine_end(s, None, "")
 
-    def engine_handshake(self, s: Stream) -> None:
+    def engine_handshake(self, s: Link) -> None:
         inst = s.inst
         assert inst is not None
         if self.now < inst.reject_until:
@@ -1557,7 +1566,7 @@ class World:
                 "engine dropped the stream",
             )
 
-    def engine_row(self, s: Stream, seq: int, content: int) -> None:
+    def engine_row(self, s: Link, seq: int, content: int) -> None:
         if s.epoch != self.epoch:
             return  # fenced: a newer stream owns the run
         applied = self.applied
@@ -1593,11 +1602,11 @@ class World:
             s.idle_gen += 1
             self.at(self.now + ENGINE_ACK_IDLE_MS, self.engine_idle, s, s.idle_gen)
 
-    def engine_idle(self, s: Stream, gen: int) -> None:
+    def engine_idle(self, s: Link, gen: int) -> None:
         if s.idle_gen == gen and s.unacked and s.e_open:
             self.engine_ack(s)
 
-    def engine_ack(self, s: Stream) -> None:
+    def engine_ack(self, s: Link) -> None:
         s.unacked = 0
         s.idle_gen += 1
         if self.ack_delay:
@@ -1619,7 +1628,7 @@ class World:
         if n > 3:
             self.violation(f"tight loop: {n} dials within one virtual second")
 
-    def note_stream_end(self, ch: SimDriver, s: Stream) -> None:
+    def note_stream_end(self, ch: SimDriver, s: Link) -> None:
         """The checker's model of progress: an ack of a row written on it, or up 30 s."""
         if s.productive or (s.up_at is not None and self.now - s.up_at >= P.STABLE_STREAM_MS):
             ch.exp_attempt = 0

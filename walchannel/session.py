@@ -4,7 +4,8 @@ Sans-I/O in the style of h11: inputs are events and times in milliseconds
 (any monotonic origin), outputs are decisions; nothing here awaits, reads a
 clock, touches SQLite or gRPC. The channel (:mod:`walchannel.channel`) feeds
 it what happened and carries out what it returns, so each rule is tested
-directly (``tests/test_session.py``) and can be driven by a simulator.
+directly (``tests/test_session.py``) and the simulator carries out the very
+same decisions in virtual time (``tools/sim.py``'s ``SimDriver``).
 
 It builds on :mod:`walchannel.protocol` (the cursor, the handshake answer's
 meaning, the reconnect policy, how a stream ended), which it does not
