@@ -23,6 +23,7 @@ from walchannel.session import (
     held_done_reached,
     plan_answer,
     plan_end,
+    plan_run_completed,
     stream_verdict,
     unproven_refusal,
     watchdog_period_ms,
@@ -232,6 +233,24 @@ def test_run_completed_ends_the_loop_even_once_the_channel_is_over() -> None:
         plan = plan_end("FAILED_PRECONDITION", "run completed", "", final=final)
         assert plan.outcome is EndOutcome.RUN_COMPLETED
     assert plan_end("UNAVAILABLE", "x", "", final=True).outcome is EndOutcome.ALREADY_OVER
+
+
+@pytest.mark.parametrize(
+    ("done_seq", "acked", "tombstone", "undeliverable"),
+    [
+        (10, 3, True, True),  # our Done was applied, its ack lost: a tombstone
+        (None, 3, False, True),  # rows that can never be delivered: marked failed
+        (None, 10, False, False),  # nothing left: only the loop ends
+    ],
+)
+def test_run_completed_makes_a_logged_done_a_tombstone_else_marks_what_is_left(
+    done_seq: int | None, acked: int, tombstone: bool, undeliverable: bool
+) -> None:
+    # docs/design.md: "run completed" while Done is logged completes the log on the
+    # engine's word; without Done, rows above the stored cursor are undeliverable.
+    state = LogState("r", 11, acked, None, done_seq, False)
+    plan = plan_run_completed(state)
+    assert (plan.tombstone, plan.mark_undeliverable) == (tombstone, undeliverable)
 
 
 def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from walchannel import log_state
 from walchannel import protocol as P
+from walchannel import session as S
 from walchannel.log import RunLog
 from walchannel.log_state import AckPlan, LogState
 
@@ -65,6 +66,8 @@ def test_short_sweep_finds_no_violation() -> None:
         "flushes",
         "shifts",
         "dup_by_content",
+        "engine_losses",
+        "engine_behind",
     ):
         assert st[key] > 0, key
     assert totals.max_dials_per_s <= 3
@@ -175,8 +178,10 @@ def test_next_seq_at_open_is_what_runlog_does(tmp_path: Path) -> None:
 # -- it bites: mutations planted in walchannel/ itself --------------------------------
 #
 # Each plant replaces a function or method of the product (walchannel.log_state,
-# walchannel.protocol) with a mutated copy, through monkeypatch: the simulator's
-# RunLog and Cursor then run the mutated code, as GrpcEngineChannel would.
+# walchannel.protocol, walchannel.session) with a mutated copy, through
+# monkeypatch: the simulator's RunLog, Cursor and SimDriver then run the mutated
+# code, as GrpcEngineChannel would. The log's mutations come first, then the
+# channel's decisions.
 
 _at_open = LogState.at_open.__func__  # type: ignore[attr-defined]
 _ack = LogState.ack
@@ -185,6 +190,8 @@ _store = LogState._store
 _read_after = LogState.read_after
 _ack_to_store = P.Cursor.ack_to_store
 _on_stream_up = P.ReconnectPolicy.on_stream_up
+_plan_answer = S.plan_answer
+_plan_end = S.plan_end
 
 
 def _next_seq_restarts(cls: type[LogState], run_id: str, **kw: Any) -> LogState:
@@ -251,6 +258,66 @@ def _reset_on_answer(self: P.ReconnectPolicy, now_ms: float) -> None:
     self.attempt = 0
 
 
+def _verify_taken_as_resume(
+    cursor: P.Cursor, engine_high: int | None, *, failed_mark: bool
+) -> S.AnswerPlan:
+    # An answer above the received ack taken as an ordinary resume: no verification.
+    plan = _plan_answer(cursor, engine_high, failed_mark=failed_mark)
+    if plan.step is S.AnswerStep.VERIFY and engine_high is not None and engine_high > cursor.acked:
+        cursor.verifying = None
+        return S.AnswerPlan(S.AnswerStep.ACK, engine_high + 1, plan.clear_failed_mark)
+    return plan
+
+
+def _verify_replay_skips_a_row(
+    cursor: P.Cursor, engine_high: int | None, *, failed_mark: bool
+) -> S.AnswerPlan:
+    # The replay after a verification starts one row late.
+    plan = _plan_answer(cursor, engine_high, failed_mark=failed_mark)
+    if plan.step is S.AnswerStep.VERIFY and plan.replay_from is not None:
+        return dataclasses.replace(plan, replay_from=plan.replay_from + 1)
+    return plan
+
+
+def _run_completed_reconnects(code: str | None, details: str, debug: str, *, final: bool) -> Any:
+    # "run completed" read as one more cut: back off and dial again.
+    plan = _plan_end(code, details, debug, final=final)
+    if plan.outcome is S.EndOutcome.RUN_COMPLETED:
+        return S.EndPlan(S.EndOutcome.RECONNECT, plan.double_keepalive)
+    return plan
+
+
+def _run_completed_keeps_done(state: LogState) -> S.RunCompletedPlan:
+    # "run completed" never completes the log, even when it holds our Done.
+    return S.RunCompletedPlan(tombstone=False, mark_undeliverable=state.unacked_count > 0)
+
+
+def _reset_on_any_ack(self: P.ReconnectPolicy, seq: int) -> None:
+    # Any ack (the handshake's answer too) taken as progress.
+    self.attempt = 0
+
+
+def _store_one_above_received(self: P.Cursor, now_ms: float, *, force: bool = False) -> int | None:
+    # Coalescing stores one more than was received (never above the high-water).
+    seq = _ack_to_store(self, now_ms, force=force)
+    return None if seq is None else min(seq + 1, self.high_water)
+
+
+def _behind_one_below_accepted(self: P.Cursor, engine_high: int) -> P.Answer:
+    # Cursor.on_answer with the engine-behind rule off by one: h = stored - 1 passes.
+    if engine_high < self.stored - 1:
+        return P.Answer(P.AnswerKind.BEHIND, 0)
+    unverified = self.unverified_from
+    if unverified is not None:
+        self.verifying = (unverified, self.high_water + 1)
+        return P.Answer(P.AnswerKind.VERIFY, engine_high + 1)
+    if engine_high > self.high_water:
+        return P.Answer(P.AnswerKind.AHEAD, self.acked + 1)
+    if engine_high < self.acked:
+        return P.Answer(P.AnswerKind.FORGOT, engine_high + 1)
+    return P.Answer(P.AnswerKind.RESUME, engine_high + 1)
+
+
 # name -> (owner, attribute, mutated value, symptoms one of which the report names)
 PLANTED: dict[str, tuple[Any, str, Any, tuple[str, ...]]] = {
     "next_seq_restarts_after_all_acked_reopen": (
@@ -312,6 +379,48 @@ PLANTED: dict[str, tuple[Any, str, Any, tuple[str, ...]]] = {
         "on_stream_up",
         _reset_on_answer,
         ("backoff reset without progress", "tight loop"),
+    ),
+    "backoff_reset_on_any_ack": (
+        P.ReconnectPolicy,
+        "on_ack",
+        _reset_on_any_ack,
+        ("backoff reset without progress", "tight loop"),
+    ),
+    "ack_stored_above_received": (
+        P.Cursor,
+        "ack_to_store",
+        _store_one_above_received,
+        ("exceeds what the engine has", "lacks Done", "never applied"),
+    ),
+    "engine_behind_one_below_stored_accepted": (
+        P.Cursor,
+        "on_answer",
+        _behind_one_below_accepted,
+        ("gap", "exception", "not in the log", "never applied"),
+    ),
+    "answer_above_cursor_resumes_instead_of_verifying": (
+        S,
+        "plan_answer",
+        _verify_taken_as_resume,
+        ("protocol error", "two contents", "never applied", "exception", "gap"),
+    ),
+    "replay_after_verification_skips_a_row": (
+        S,
+        "plan_answer",
+        _verify_replay_skips_a_row,
+        ("gap", "never applied"),
+    ),
+    "run_completed_reconnects": (
+        S,
+        "plan_end",
+        _run_completed_reconnects,
+        ("stuck", "tight loop", "lacks Done"),
+    ),
+    "run_completed_keeps_a_logged_done": (
+        S,
+        "plan_run_completed",
+        _run_completed_keeps_done,
+        ("no tombstone",),
     ),
 }
 

@@ -18,15 +18,26 @@ simulated disk is that database serialized after every commit
 image, a power loss only the last synced one (durability ``"process"``), a
 restore an older one, and the next process opens the image with
 ``Connection.deserialize()``. The checker reads rows and meta from the real
-database. The simulated channel calls the same :mod:`walchannel.protocol`
-code that ``GrpcEngineChannel`` calls (``Cursor``, which reads the log's
-state, ``ReconnectPolicy``, ``StateMachine``, ``classify_end``,
-``is_too_many_pings``) and ``Backoff.delay_ms`` with a seeded rng, always
-through the module (``P.name``), so a test can plant a bug in the product by
-monkeypatching it. What is simulated is the world around it: ``Chan``
-drives the channel's decisions as events in virtual time, the engine
-fulfils the SPEC's duties, and the network, the operator and the faults are
-the schedule's.
+database. Every decision of the channel is the product's too:
+:class:`SimDriver` carries out, in simulated time, what
+:mod:`walchannel.session` (``plan_answer``, ``plan_end``,
+``plan_run_completed``, ``ack_timer_ms``, ``WriteCounter``,
+``stream_verdict``) and :mod:`walchannel.protocol` (``Cursor``,
+``ReconnectPolicy``, ``StateMachine``) decide, with the rows and their
+``UpMessage`` bytes from the real :class:`walchannel.row_source.RowSource`
+and ``Backoff.delay_ms`` on a seeded rng — always through the module
+(``S.plan_answer``, ``P.Cursor``), so a test can plant a bug in the product
+by monkeypatching it (tests/test_simulation.py). ``SimDriver`` is to the
+scheduler what ``walchannel/channel/`` is to asyncio and gRPC: the carrying
+out, with no rule of its own.
+
+What is simulated is the world: the disk (images, syncs, crashes, power
+loss, a full disk, a lost or restored log), the network (latency, cuts,
+stalls, GOAWAY, gRPC's transport keepalive, proxies), the engine (it
+fulfils the SPEC's duties: seqs in order, cumulative acks, one live stream
+per run, "run completed"; it dies, is replaced, and may lose its newest
+rows to an older backup), the harness and the operator (restarts,
+``flush``), and the checker.
 
 After every schedule the invariants of docs/reliability.md are checked;
 a violation prints the seed and the last events.
@@ -56,6 +67,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from walchannel import protocol as P
+from walchannel import session as S
+from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.config import Backoff
 from walchannel.errors import (
     ChannelClosedError,
@@ -64,7 +77,8 @@ from walchannel.errors import (
     WalWriteError,
 )
 from walchannel.log import RunLog
-from walchannel.log_format import encode_body
+from walchannel.log_format import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE, encode_body
+from walchannel.row_source import RowMissingError, RowSource
 
 #: Content of the ``done`` row (findings are 0 .. N-1).
 DONE = -1
@@ -78,9 +92,10 @@ ACK, END = 0, 1
 CONNECT_TIMEOUT_MS = 10_000.0
 DONE_ACK_TIMEOUT_MS = 5_000.0
 CLOSE_TIMEOUT_MS = 2_000.0
-KEEPALIVE_MS = 25_000.0
+KEEPALIVE_MS = 25_000
+#: gRPC's transport keepalive timeout (the world's: it ends a stalled transport).
 KEEPALIVE_TIMEOUT_MS = 10_000.0
-MAX_KEEPALIVE_MS = 300_000.0
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 FLUSH_TIMEOUT_MS = 300_000.0
 ENGINE_ACK_IDLE_MS = 50.0
 #: After the chaos window the world must settle within this (virtual ms).
@@ -132,6 +147,26 @@ def _content(blob: bytes) -> int:
     return _CONTENTS[blob]
 
 
+# UpMessage bytes -> (seq, content): the engine reads what RowSource encoded.
+_WIRE: dict[bytes, tuple[int, int]] = {}
+
+
+def _decode(data: bytes) -> tuple[int, int]:
+    """The ``(seq, content)`` of an ``UpMessage`` the writer wrote (decoded once per bytes)."""
+    found = _WIRE.get(data)
+    if found is None:
+        msg = pb.UpMessage.FromString(data)
+        kind = msg.WhichOneof("body")
+        if kind == "done":
+            content = DONE
+        elif kind == "event":
+            content = int(msg.event.payload["c"])
+        else:
+            content = int(msg.finding.fields["i"])
+        found = _WIRE[data] = (msg.seq, content)
+    return found
+
+
 class Snap(NamedTuple):
     """One committed state of the log: the database image and what the checker read from it."""
 
@@ -146,7 +181,8 @@ class Snap(NamedTuple):
 
 def read_snap(conn: sqlite3.Connection, touched: tuple[int, ...] = ()) -> Snap:
     """Read the log's rows and meta from the real database and take its image."""
-    rows = {int(q): _content(b) for q, b in conn.execute("SELECT seq, body FROM rows")}
+    contents = _CONTENTS
+    rows = {q: contents[b] for q, b in conn.execute("SELECT seq, body FROM rows")}
     acked, unverified, completed, handshake = conn.execute(
         "SELECT last_acked_seq, unverified_from, completed_at IS NOT NULL,"
         " harness_name IS NOT NULL FROM meta WHERE id = 1"
@@ -206,8 +242,15 @@ class DiskHook:
         self.w.committed(self.conn, what)
 
 
-class Stream:
-    """One dial: the transport, both ends' view of it, and the checker's notes."""
+class Link:
+    """The simulated transport of one dial, with what each end reads of it.
+
+    The world's: the queues, latency and stall of the link, the engine's side
+    (open, epoch, unacked count), the checker's notes (first row written,
+    progress). The channel's side holds the times and counters its real
+    ``channel.stream.Stream`` holds for ``session.stream_verdict`` (last down
+    message, heartbeats since, the write in progress, the next heartbeat).
+    """
 
     __slots__ = (
         "answered",
@@ -218,9 +261,13 @@ class Stream:
         "e_open",
         "epoch",
         "first_written",
+        "heartbeats_since_down",
         "idle_gen",
         "inst",
+        "keepalive",
+        "last_down_ms",
         "link",
+        "next_beat_ms",
         "productive",
         "sid",
         "stalled_until",
@@ -228,11 +275,12 @@ class Stream:
         "up_at",
         "up_t",
         "upq",
+        "write_since_ms",
         "writer_idle",
         "writing",
     )
 
-    def __init__(self, sid: int, ch: Chan, inst: Inst | None) -> None:
+    def __init__(self, sid: int, ch: SimDriver, inst: Inst | None) -> None:
         self.sid = sid
         self.ch = ch
         self.inst = inst
@@ -253,6 +301,12 @@ class Stream:
         self.first_written: int | None = None
         self.productive = False
         self.up_at: float | None = None
+        # The channel's view of the stream, as channel.stream.Stream keeps it.
+        self.last_down_ms = 0.0
+        self.heartbeats_since_down = 0
+        self.write_since_ms: float | None = None
+        self.next_beat_ms = _INF
+        self.keepalive = KEEPALIVE_MS
 
 
 class Inst:
@@ -265,13 +319,46 @@ class Inst:
         self.addr = addr
         self.alive = True
         self.reject_until = reject_until
-        self.streams: set[Stream] = set()
+        self.streams: set[Link] = set()
 
 
-class Chan:
-    """Mirrors ``GrpcEngineChannel`` (its tasks as events) plus the harness or ``flush`` on top.
+class SimDriver:
+    """The channel's tasks in simulated time: it carries out the product's decisions.
 
-    Method names follow channel.py (``_take_answer`` -> :meth:`take_answer`, ...).
+    ``GrpcEngineChannel`` runs its dial, reader, writer, heartbeat, watchdog
+    and timers as grpc.aio tasks; here each is an event of the scheduler,
+    and the harness's calls (``send_*``, ``send_done``, ``wait_acked``,
+    ``close``) are continuations. It decides nothing: every decision is the
+    product's, called through its module so a test can plant a bug in it —
+
+    - the handshake answer: :func:`walchannel.session.plan_answer` (over
+      :meth:`walchannel.protocol.Cursor.on_answer`), carried out with
+      ``RunLog.verify``, ``Cursor.on_verified`` / ``on_forgot``;
+    - acks: ``Cursor.on_ack``, ``Cursor.ack_to_store`` (coalescing),
+      :func:`walchannel.session.ack_timer_ms`, ``RunLog.ack``,
+      ``Cursor.on_stored``;
+    - the writer: ``Cursor.start_stream`` / ``next_to_write`` /
+      ``on_written`` / ``rewind`` / ``translate``, the rows and their bytes
+      from the real :class:`walchannel.row_source.RowSource` (tail,
+      readahead, ``UpMessage`` encoding), :class:`walchannel.session.WriteCounter`;
+    - ends of stream: :func:`walchannel.session.plan_end`,
+      :func:`walchannel.session.plan_run_completed` (``RunLog.complete_by_engine``),
+      :func:`walchannel.session.doubled_keepalive_ms`;
+    - reconnecting: :class:`walchannel.protocol.ReconnectPolicy` (the
+      backoff reset rule), ``Backoff.delay_ms``, :class:`~walchannel.protocol.StateMachine`;
+    - the watchdog: :func:`walchannel.session.stream_verdict` (dead streams,
+      and writes blocked by flow control on a stalled path: the world's
+      :meth:`World.write` says when a write returns),
+      :func:`walchannel.session.watchdog_period_ms`;
+    - the log: ``RunLog`` and its :class:`~walchannel.log_state.LogState`.
+
+    Not driven, because the simulated world never produces their input:
+    size refusals (``pick_refused_row``, ``held_done_reached``), ``Stop``
+    and approvals (``DownLatch``), checkpoints (``CheckpointPolicy``: the
+    in-memory log has no file to give back). Method names follow the channel's
+    (``_take_answer`` -> :meth:`take_answer`, ``_record_end`` ->
+    :meth:`record_end`, ...). The checker's notes (``exp_attempt``,
+    ``dials``) are written by the world, never read here.
     """
 
     def __init__(self, w: World, role: str) -> None:
@@ -284,30 +371,29 @@ class Chan:
             raise RunCompletedError("the log is a tombstone")
         self.handshake_stored = w.disk.states[-1].handshake
         log = self.log
-        # GrpcEngineChannel.__init__: the cursor reads the log's facts from the log.
+        # ChannelBase.__init__: the cursor reads the log's facts from the log.
         self.cursor = P.Cursor(log=log, acked=log.last_acked_seq)
         self.sm = P.StateMachine()
-        self.policy = P.ReconnectPolicy()
+        self.reconnect = P.ReconnectPolicy()
+        self.writes = S.WriteCounter()
+        self.rows = RowSource(log, RUN_ID, CORRELATION_ID, MAX_MESSAGE_BYTES)
         self.rng = random.Random(w.rng.getrandbits(32))
         self.addr = w.first_addr
-        self.keepalive = KEEPALIVE_MS
-        self.tail: dict[int, int] = {}
-        self.tail_last = -1
-        self.stream: Stream | None = None
+        self.keepalive = w.keepalive_ms
+        self.stream: Link | None = None
         self.running = False
         self.closed = False
         self.closing = False
         self.close_cont: Callable[[], None] | None = None
         self.done_sent = False
         self.failure: Exception | None = None
-        self.max_written = 0
         self.ack_timer = False
-        self.streams_up = 0
+        self.protocol_errors = 0
         self.waiter: tuple[Callable[[], bool], Callable[[bool], None]] | None = None
         # harness
         self.next = 0
         self.early = False
-        # checker notes (backoff)
+        # the checker's notes (backoff), kept by the world
         self.exp_attempt = 0
         self.dials: deque[float] = deque()
 
@@ -321,6 +407,7 @@ class Chan:
             fn(*args)
 
     def move(self, state: P.ChannelState) -> None:
+        """``_move``: the state machine refuses an illegal move (StateError)."""
         if self.sm.state is state:
             return
         self.sm.move(state)
@@ -330,6 +417,7 @@ class Chan:
                 self.wakeup()
 
     def notify(self) -> None:
+        """``_acked_changed.set()``: the waiter looks at its condition again."""
         waiter = self.waiter
         if waiter is not None and waiter[0]():
             self.waiter = None
@@ -348,9 +436,13 @@ class Chan:
             self.waiter = None
             waiter[1](waiter[0]())
 
-    def set_error(self) -> None:
+    def set_error(self, failed: str | None = None) -> None:
+        fields: dict[str, Any] = {"last_error": "sim", "last_error_at": self.w.now}
+        if failed is not None:
+            fields["failed_at"] = self.w.now
+            fields["failed_reason"] = failed
         with contextlib.suppress(WalWriteError):
-            self.log.update_meta(last_error="sim", last_error_at=self.w.now)
+            self.log.update_meta(**fields)
 
     def close_log(self) -> None:
         if not self.log.closed:
@@ -358,10 +450,16 @@ class Chan:
             self.w.sync()  # closing the last connection checkpoints the WAL
 
     def fail(self, error: Exception) -> None:
+        """``_fail``."""
         self.failure = error
-        self.set_error()
+        self.set_error(FAILED_ENGINE_BEHIND if isinstance(error, EngineBehindError) else None)
         if not self.sm.final:
             self.move(P.ChannelState.FAILED)
+
+    def protocol_error(self, message: str) -> None:
+        """``_protocol_error``: counted, never applied (the world's engine never earns one)."""
+        self.protocol_errors += 1
+        self.w.violation(f"protocol error: {message}")
 
     # -- sending (buffer first) --------------------------------------------------
 
@@ -377,31 +475,24 @@ class Chan:
         self, items: list[int], progress: int | None, cont: Callable[[BaseException | None], None]
     ) -> None:
         """``_log_rows``: commit, then hand to the writer; ``cont(error)`` when it returns."""
-        w = self.w
+        rows = [_row(c) for c in items]
         try:
             seqs = self.log.append_encoded(
-                [_row(c) for c in items], progress=None if progress is None else {"n": progress}
+                rows, progress=None if progress is None else {"n": progress}
             )
         except (WalWriteError, ChannelClosedError, RunCompletedError) as exc:
             cont(exc)
             return
-        w.tr(
+        self.w.tr(
             "log commits seq %d..%d = %s (progress=%s)",
             seqs[0],
             seqs[-1],
             ", ".join(_name(c) for c in items),
             progress,
         )
-        self._enqueue(seqs, items)
+        self.rows.on_commit(seqs, rows)
         self.wakeup()
         cont(None)
-
-    def _enqueue(self, seqs: list[int], items: list[int]) -> None:
-        if seqs[0] != self.tail_last + 1:
-            self.tail.clear()
-        for seq, c in zip(seqs, items, strict=True):
-            self.tail[seq] = c
-        self.tail_last = seqs[-1]
 
     # -- handshake and the connection loop ---------------------------------------
 
@@ -423,6 +514,7 @@ class Chan:
         )
 
     def loop_dial(self, first: bool) -> None:
+        """``_run``'s loop head: rediscover (not before the first dial), then dial."""
         if self.sm.final or self.closing:
             return
         if not first and self.w.discovery:
@@ -437,46 +529,71 @@ class Chan:
         self.dial()
 
     def dial(self) -> None:
+        """``_stream_once``: dial, then the handshake once connected, under the connect timeout."""
         w = self.w
         self.move(P.ChannelState.CONNECTING)
         w.note_dial(self)
         s = w.net_dial(self, self.addr)
+        s.last_down_ms = w.now
         self.stream = s
         w.tr("dial #%d to %s", s.sid, self.addr)
         self.at(CONNECT_TIMEOUT_MS, self.answer_timeout, s)
 
-    def on_connected(self, s: Stream) -> None:
+    def on_connected(self, s: Link) -> None:
+        """``_open``: the handshake is written; without answers the stream is up at once."""
         if s is not self.stream:
             return
         self.w.send_up(s, (HS,))
         if not self.w.acks_hs:
-            self.stream_up(s, None)
+            self.open_stream(s, None)
 
-    def answer_timeout(self, s: Stream) -> None:
+    def answer_timeout(self, s: Link) -> None:
         if s is self.stream and s.up_at is None:
             self.stream_end(s, None, "no handshake answer")
 
-    def on_answer(self, s: Stream, h: int) -> None:
-        self.w.tr("answer Ack(%d) on #%d", h, s.sid)
-        replay_from = self.take_answer(s, h)
+    def open_stream(self, s: Link, h: int | None) -> None:
+        """``_open`` after the answer (None: no answer awaited): decide, then start writing."""
+        if h is not None:
+            self.w.tr("answer Ack(%d) on #%d", h, s.sid)
+        replay_from = self.take_answer(h)
         if s is not self.stream:
             return
         if replay_from is None:
             self.stream_end(s, None, "handshake answer refused")
             return
-        self.stream_up(s, replay_from)
+        if self.sm.final:
+            self.stream_end(s, None, "the channel stopped")
+            return
+        w = self.w
+        self.writes.on_stream_up()
+        self.move(P.ChannelState.STREAMING)
+        self.reconnect.on_stream_up(w.now)
+        s.up_at = w.now
+        with contextlib.suppress(WalWriteError):
+            # _record_up
+            self.log.update_meta(last_engine_addr=self.addr, reconnects=self.writes.reconnects)
+        self.cursor.start_stream(replay_from)
+        s.writing = True
+        s.keepalive = self.keepalive
+        s.next_beat_ms = w.now + s.keepalive
+        w.tr("streaming on #%d from seq %d", s.sid, self.cursor.write_pos)
+        self.at(0.0, self.writer, s)
+        self.at(s.keepalive, self.heartbeat, s)
+        self.at(S.watchdog_period_ms(w.dead_stream_ms, self.keepalive), self.watchdog, s)
 
-    def take_answer(self, s: Stream, h: int) -> int | None:
-        """``_take_answer``: carry out the core's decision for the answer ``Ack(h)``."""
+    def take_answer(self, h: int | None) -> int | None:
+        """``_take_answer``: carry out :func:`walchannel.session.plan_answer` for ``Ack(h)``."""
         c = self.cursor
         w = self.w
-        answer = c.on_answer(h)
-        kind = answer.kind
-        if kind is P.AnswerKind.BEHIND:
-            w.violation(f"engine behind: answer {h} below the stored cursor {c.stored}")
+        plan = S.plan_answer(c, h, failed_mark=False)
+        step = plan.step
+        if h is None or step is S.AnswerStep.NO_ANSWER:
+            return plan.replay_from
+        if step is S.AnswerStep.FAIL_BEHIND:
+            w.note_behind(h)
             self.fail(EngineBehindError("engine behind"))
             return None
-        if kind is P.AnswerKind.VERIFY:
+        if step is S.AnswerStep.VERIFY:
             try:
                 shift = self.log.verify(h)
             except WalWriteError:
@@ -485,174 +602,214 @@ class Chan:
             w.tr("verify h=%d: shift %d", h, shift)
             if shift:
                 w.stats["shifts"] += 1
-                self.tail.clear()
-                self.tail_last = -1
+                self.rows.clear_tail()
             c.on_verified(h, shift)
             self.after_ack()
-            return h + 1
-        if kind is P.AnswerKind.AHEAD:
-            w.violation(f"protocol error: answer {h} above the high-water {c.high_water}")
-            return answer.replay_from
-        if kind is P.AnswerKind.FORGOT:
-            w.violation(f"engine forgot acks: answer {h} below the received ack {c.acked}")
+            return plan.replay_from
+        if step is S.AnswerStep.PROTOCOL_ERROR:
+            self.protocol_error(f"answer {h} above the high-water {c.high_water}")
+            return plan.replay_from
+        if step is S.AnswerStep.RESEND_FORGOTTEN:
+            w.note_forgot(h, c.acked)
             c.on_forgot(h)
-            return answer.replay_from
-        self.on_ack(s, h)
-        return answer.replay_from
+            return plan.replay_from
+        self.on_ack(h)
+        return plan.replay_from
 
-    def stream_up(self, s: Stream, replay_from: int | None) -> None:
-        c = self.cursor
-        if replay_from is None:
-            replay_from = c.acked + 1
-        self.streams_up += 1
-        self.move(P.ChannelState.STREAMING)
-        self.policy.on_stream_up(self.w.now)
-        s.up_at = self.w.now
-        with contextlib.suppress(WalWriteError):
-            # _record_up
-            self.log.update_meta(last_engine_addr=self.addr, reconnects=self.streams_up)
-        c.start_stream(replay_from)
-        s.writing = True
-        self.w.tr("streaming on #%d from seq %d", s.sid, c.write_pos)
-        self.at(0.0, self.writer, s)
-        self.at(self.keepalive, self.heartbeat, s)
-
-    def stream_end(self, s: Stream, code: str | None, details: str) -> None:
-        """The stream is over (``_stream_once``'s finally, then ``_run``'s loop)."""
+    def stream_end(self, s: Link, code: str | None, details: str) -> None:
+        """The stream is over: ``_stream_once``'s finally, ``_record_end``, then ``_run``."""
         if s is not self.stream:
             return
         w = self.w
         self.stream = None
         s.writing = False
         self.cursor.end_stream()
+        self.rows.clear_readahead()
         w.client_close(s)
         w.tr("#%d ended: %s %s", s.sid, code, details)
-        productive = s.productive or (s.up_at is not None and w.now - s.up_at >= P.STABLE_STREAM_MS)
-        if productive:
-            self.exp_attempt = 0
+        w.note_stream_end(self, s)
         if self.closing:
             if self.close_cont is not None:
                 self.close_finish()
             return
-        # _record_end
-        if P.is_too_many_pings(details):
-            self.keepalive = min(self.keepalive * 2, MAX_KEEPALIVE_MS)
-        if P.classify_end(code, details) is P.EndKind.RUN_COMPLETED:
-            # _on_run_completed: a logged Done was applied, its ack lost.
-            if self.log.done_seq is not None:
-                try:
-                    self.log.complete_by_engine()
-                except WalWriteError:
-                    pass  # logged by the channel; the rows stay, the run fails below
-                else:
-                    self.failure = RunCompletedError("the engine says the run is completed")
-                    if not self.sm.final:
-                        self.move(P.ChannelState.FAILED)
-                    return
-            self.fail(RunCompletedError("the engine says the run is completed"))
+        self.record_end(code, details)
+        if self.closing or self.sm.final:
             return
-        if self.sm.final:
-            return
-        self.set_error()
         # _run: back off, then dial again
         self.move(P.ChannelState.BACKOFF)
-        delay = self.policy.next_delay_ms(
+        delay = self.reconnect.next_delay_ms(
             w.now, lambda attempt: w.backoff.delay_ms(attempt, self.rng)
         )
         w.check_delay(self, delay)
         self.at(delay, self.loop_dial, False)
 
-    # -- the writer and the reader -------------------------------------------------
+    def record_end(self, code: str | None, details: str) -> None:
+        """``_record_end``: carry out :func:`walchannel.session.plan_end`."""
+        plan = S.plan_end(code, details, "", final=self.sm.final)
+        if plan.double_keepalive:
+            self.keepalive = S.doubled_keepalive_ms(int(self.keepalive))
+        if plan.outcome is S.EndOutcome.RUN_COMPLETED:
+            self.on_run_completed()
+            return
+        if plan.outcome is S.EndOutcome.ALREADY_OVER:
+            return
+        if plan.outcome is S.EndOutcome.SIZE_REFUSAL:
+            self.w.violation(f"a size refusal the simulated engine never sends: {details}")
+        self.set_error()
+
+    def on_run_completed(self) -> None:
+        """``_on_run_completed``: carry out :func:`walchannel.session.plan_run_completed`."""
+        error = RunCompletedError("the engine says the run is completed")
+        plan = S.plan_run_completed(self.log.state)
+        if plan.tombstone and self.log.writable:
+            try:
+                self.log.complete_by_engine()
+            except WalWriteError:
+                self.w.complete_failed = True  # the checker's note (disk full)
+            else:
+                self.w.tr("the engine applied our Done: the log is a tombstone")
+                self.notify()
+                self.failure = error
+                if not self.sm.final:
+                    self.move(P.ChannelState.FAILED)
+                return
+        self.fail(error)
+        if self.log.writable and plan.mark_undeliverable:
+            with contextlib.suppress(WalWriteError):
+                self.log.update_meta(failed_at=self.w.now, failed_reason=FAILED_UNDELIVERABLE)
+
+    # -- the writer, heartbeats, the watchdog and the reader ----------------------------
 
     def wakeup(self) -> None:
+        """``_wakeup.set()``: an idle writer looks again."""
         s = self.stream
         if s is not None and s.writing and s.writer_idle:
             s.writer_idle = False
             self.at(0.0, self.writer, s)
 
-    def writer(self, s: Stream) -> None:
-        if s is not self.stream or not s.writing:
+    def writer(self, s: Link) -> None:
+        """One turn of ``_write_loop``: a due heartbeat, else the next row, else idle."""
+        if s is not self.stream or not s.writing or s.write_since_ms is not None:
+            return
+        w = self.w
+        if w.now >= s.next_beat_ms:
+            s.heartbeats_since_down += 1
+            self.write(s, (HB,), 0)
             return
         c = self.cursor
         seq = c.next_to_write()
         if seq is None:
             s.writer_idle = True
             return
-        content = self.tail.get(seq)
-        if content is None:
-            # _row_bytes: the next rows from disk, as the channel reads them.
-            row = next(self.log.unacked(after_seq=seq - 1, limit=1), None)
-            if row is None or row.seq != seq:
-                c = self.cursor
-                self.w.violation(
-                    f"row seq {seq} is not in the log (stored cursor {c.stored}, "
-                    f"high-water {c.high_water}, read {None if row is None else row.seq})"
-                )
-                self.stream_end(s, None, f"row seq {seq} is not in the log")
-                return
-            content = _content(encode_body(row.kind, row.body))
-        w = self.w
+        try:
+            data = self.rows.row_bytes(seq)
+        except RowMissingError:
+            w.note_row_missing(seq, c.stored, c.high_water)
+            self.stream_end(s, None, f"row seq {seq} is not in the log")
+            return
+        wrote, content = _decode(data)
+        if wrote != seq:
+            w.violation(f"the writer asked for seq {seq} and got the message of seq {wrote}")
         w.cp()
-        w.send_up(s, (ROW, seq, content))
-        w.wpn += 1
-        if w.cut_points and w.cut_points[0] <= w.wpn:
-            del w.cut_points[0]
-            w.at(w.now + w.rng.random() * 2.0, w.fault_cut, "cut")
-        c.on_written(seq)
-        self.policy.on_written(seq)
-        if s.first_written is None:
-            s.first_written = seq
-        if seq > self.max_written:
-            self.max_written = seq
+        self.write(s, (ROW, seq, content), seq)
+
+    def write(self, s: Link, msg: tuple[Any, ...], seq: int) -> None:
+        """``await call.write(...)``: returns when the transport takes it (flow control)."""
+        w = self.w
+        s.write_since_ms = w.now
+        returns_at = w.write(s, msg)
+        if returns_at > w.now:
+            self.at(returns_at - w.now, self.wrote, s, seq)
+        else:
+            self.wrote(s, seq)
+
+    def wrote(self, s: Link, seq: int) -> None:
+        """The write of row ``seq`` (0: a heartbeat) returned; the writer goes on."""
+        if s is not self.stream or not s.writing:
+            return  # the stream was torn down: the write was cancelled
+        w = self.w
+        s.write_since_ms = None
+        if seq:
+            self.cursor.on_written(seq)
+            self.reconnect.on_written(seq)
+            self.writes.on_written(seq)
+        else:
+            s.next_beat_ms = w.now + s.keepalive
+            self.at(s.keepalive, self.heartbeat, s)
         self.at(w.write_gap(), self.writer, s)
 
-    def heartbeat(self, s: Stream) -> None:
-        if s is self.stream and s.writing:
-            self.w.send_up(s, (HB,))
-            self.at(self.keepalive, self.heartbeat, s)
+    def heartbeat(self, s: Link) -> None:
+        """A heartbeat falls due (every ``keepalive`` whatever the traffic): wake the writer.
 
-    def on_down(self, s: Stream, msg: tuple[Any, ...]) -> None:
+        A busy writer (or one blocked in a write) sends it at its next turn.
+        """
+        if s is self.stream and s.writing and s.writer_idle:
+            s.writer_idle = False
+            self.writer(s)
+
+    def watchdog(self, s: Link) -> None:
+        """``_watchdog``: end the stream when :func:`~walchannel.session.stream_verdict` says so."""
+        if s is not self.stream or not s.writing:
+            return
+        w = self.w
+        verdict = S.stream_verdict(
+            w.now,
+            last_down_ms=s.last_down_ms,
+            heartbeats_since_down=s.heartbeats_since_down,
+            write_since_ms=s.write_since_ms,
+            next_beat_ms=s.next_beat_ms,
+            dead_stream_ms=w.dead_stream_ms,
+            keepalive_ms=self.keepalive,
+        )
+        if verdict is None:
+            self.at(S.watchdog_period_ms(w.dead_stream_ms, self.keepalive), self.watchdog, s)
+            return
+        w.stats[f"{verdict.kind.value}_streams"] += 1
+        self.stream_end(s, None, f"{verdict.kind.value} stream: silent {verdict.silent_ms:.0f} ms")
+
+    def on_down(self, s: Link, msg: tuple[Any, ...]) -> None:
+        """``_read_loop`` / ``_on_down``: the first ack answers the handshake."""
         if s is not self.stream:
             return
+        s.last_down_ms = self.w.now
+        s.heartbeats_since_down = 0
         if msg[0] == ACK:
             if not s.answered and self.w.acks_hs:
                 s.answered = True
-                self.on_answer(s, msg[1])
+                self.open_stream(s, msg[1])
                 return
-            self.on_ack(s, msg[1])
+            self.on_ack(msg[1])
         else:
             self.stream_end(s, msg[1], msg[2])
 
-    def on_ack(self, s: Stream, seq: int) -> None:
+    def on_ack(self, seq: int) -> None:
         """``_on_ack``."""
-        w = self.w
-        kind = self.cursor.on_ack(seq, w.now)
+        kind = self.cursor.on_ack(seq, self.w.now)
         if kind is P.AckKind.ABOVE_HIGH_WATER:
-            w.violation(f"protocol error: Ack({seq}) above the high-water {self.cursor.high_water}")
+            self.protocol_error(f"Ack({seq}) above the high-water {self.cursor.high_water}")
             return
-        self.policy.on_ack(seq)
-        if s.first_written is not None and seq >= s.first_written:
-            s.productive = True
+        self.reconnect.on_ack(seq)
         if kind is P.AckKind.ADVANCE:
             self.after_ack()
 
     def after_ack(self) -> None:
-        w = self.w
-        if self.cursor.acked > len(w.applied):
-            w.violation(f"received cursor {self.cursor.acked} beyond the engine's {len(w.applied)}")
+        """``_after_ack``."""
+        self.w.note_received(self.cursor.acked)
+        self.rows.drop_acked(self.cursor.acked)
         self.store_ack()
         self.notify()
 
     def store_ack(self, *, force: bool = False) -> None:
-        """``_store_ack``: store the cursor when the core says so (coalescing)."""
+        """``_store_ack``: store the cursor when ``Cursor.ack_to_store`` says so."""
         c = self.cursor
         seq = c.ack_to_store(self.w.now, force=force)
         if seq is None:
-            if c.pending_since_ms is not None and not self.ack_timer and not self.closed:
+            delay = S.ack_timer_ms(c, timer_armed=self.ack_timer)
+            if delay is not None:
                 self.ack_timer = True
-                self.at(P.ACK_STORE_AFTER_MS, self.ack_timer_fired)
+                self.at(delay, self.ack_timer_fired)
             return
-        if self.log.closed:
+        if not self.log.writable:
             return
         try:
             self.log.ack(seq)
@@ -661,17 +818,16 @@ class Chan:
         self.w.tr("log stores ack %d%s", seq, " (tombstone)" if c.completed else "")
         c.on_stored(seq)
         if c.completed:
-            self.w.tr("Done acked at %d: tombstone", seq)
             self.notify()
 
     def ack_timer_fired(self) -> None:
         self.ack_timer = False
-        if not self.closed:
-            self.store_ack()
+        self.store_ack()
 
     # -- public operations used by the harness and flush -----------------------------
 
     def replay_unacked(self) -> None:
+        self.rows.clear_readahead()
         self.cursor.rewind()
         self.wakeup()
 
@@ -694,7 +850,7 @@ class Chan:
         def waited(acked: bool) -> None:
             acked = self.cursor.completed
             if not acked and self.failure is not None:
-                # Failed while waiting (e.g. "run completed" after the Done ack was lost).
+                # Failed while waiting (engine behind).
                 cont(self.failure)
                 return
             cont(acked)
@@ -724,7 +880,7 @@ class Chan:
             return
         self.close_finish()
 
-    def _close_timeout(self, s: Stream) -> None:
+    def _close_timeout(self, s: Link) -> None:
         if self.close_cont is not None:
             self.close_finish()
 
@@ -792,6 +948,11 @@ class World:
                 "dup_by_seq",
                 "done_ack_lost",
                 "dials",
+                "dead_streams",
+                "stalled_streams",
+                "engine_losses",
+                "engine_behind",
+                "forgot_answers",
             ),
             0,
         )
@@ -815,6 +976,20 @@ class World:
         self.p_sync = rng.choice((0.02, 0.1, 0.3))
         self.p_flush = 0.3
         self.backoff = Backoff()
+        # The channel's keepalive_ms and dead_stream_ms (None: off): the default
+        # heartbeat, or a short one (the run's virtual time is mostly below a
+        # second) with the dead-stream rule at three heartbeats.
+        self.keepalive_ms = KEEPALIVE_MS
+        self.dead_stream_ms: float | None = None
+        if rng.random() < 0.3:
+            self.keepalive_ms = 200
+            self.dead_stream_ms = rng.choice((None, 600.0))
+        # An engine that loses acked rows (restored from an older backup): only
+        # with handshake answers, which is how the channel learns of it (SPEC "Dial").
+        self.p_engine_loss = 0.12 if self.acks_hs else 0.0
+        # Behind an L7 proxy gRPC's keepalive pings are answered by the proxy:
+        # a stalled path is then noticed by dead_stream_ms alone (docs/design.md).
+        self.proxy = rng.random() < 0.5
         self.chaos_end = 200.0 + self.nf * (self.think + 10.0) * 2 + rng.random() * 4000.0
         self.limit = self.chaos_end + SETTLE_MS
         self.chaos = True
@@ -838,9 +1013,15 @@ class World:
         self.events_logged: list[int] = []
         # -- engine (the durable store shared by its processes) ----------------------
         self.applied: list[int] = []
+        # The most the engine ever held: acks are checked against it (a loss
+        # makes the engine hold less than it once acked).
+        self.peak = 0
+        self.engine_lost = False
+        self.behind = False
+        self.complete_failed = False
         self.completed = False
         self.epoch = 0
-        self.live: Stream | None = None
+        self.live: Link | None = None
         self.insts: list[Inst] = []
         self.sid = 0
         self.first_addr = "e0"
@@ -848,7 +1029,7 @@ class World:
         self.flaky_until = -1.0
         self.flaky_from = _INF
         # -- operator ------------------------------------------------------------------
-        self.proc: Chan | None = None
+        self.proc: SimDriver | None = None
         self.finished = False
         self.recheck = rng.random() < 0.25
 
@@ -929,6 +1110,8 @@ class World:
         some((0, 0, 0, 1), self.fault_cut, "goaway")
         some((0, 0, 1, 2), self.fault_cut, "stall")
         some((0, 0, 0, 1, 2), self.fault_disk_full)
+        if rng.random() < self.p_engine_loss:
+            self.at(rng.random() * end, self.fault_engine_loss)
         if rng.random() < 0.15:
             self.flaky_from = rng.random() * end
             self.flaky_until = self.flaky_from + rng.random() * 60_000.0
@@ -1016,6 +1199,27 @@ class World:
         if zombie:
             self.at(self.now + rng.random() * 20_000.0, self.kill_engine, inst)
 
+    def fault_engine_loss(self) -> None:
+        """The engine's store goes back to an older backup: it loses its newest rows.
+
+        Every engine process restarts on it. The channel learns of it from
+        the next handshake answer: below the stored cursor -> engine behind
+        (the run fails, the rows are gone from the log too); else the rows
+        the engine lost are still in the log and are sent again.
+        """
+        applied = self.applied
+        if not self.chaos or self.completed or not applied:
+            return
+        rng = self.rng
+        k = min(len(applied), rng.choice((1, 1, 2, rng.randint(1, len(applied)))))
+        del applied[-k:]
+        self.stats["engine_losses"] += 1
+        self.engine_lost = True
+        self.tr("the engine's store loses its last %d rows (h=%d)", k, len(applied))
+        for inst in self.insts:
+            self.kill_engine(inst)
+        self.at(self.now + rng.random() * 2_000.0, self.replace_engine)
+
     def kill_engine(self, inst: Inst) -> None:
         if not inst.alive:
             return
@@ -1060,12 +1264,13 @@ class World:
             self.stats["stalls"] += 1
             d = rng.choice((200.0, 3_000.0, 15_000.0, 60_000.0))
             s.stalled_until = self.now + d
+            # gRPC's transport keepalive (the world's, not walchannel's) ends it.
             detect = KEEPALIVE_TIMEOUT_MS + rng.random() * ch.keepalive
             self.tr("#%d stalls for %.0f ms", s.sid, d)
-            if d >= detect:
+            if d >= detect and not self.proxy:
                 self.at(self.now + detect, self.stall_kill, s)
 
-    def stall_kill(self, s: Stream) -> None:
+    def stall_kill(self, s: Link) -> None:
         if s.link:
             self.stats["cuts"] += 1
             self.reset(s, "UNAVAILABLE", "keepalive watchdog timeout", keep_prefix=False)
@@ -1117,16 +1322,18 @@ class World:
         prev = d.states[-1]
         st = read_snap(conn)
         old, new = prev.rows.items(), st.rows.items()
-        touched = [c for _, c in old ^ new if c >= 0]
+        # Most commits (meta, claim) leave the rows alone: compare before diffing.
+        touched = [] if prev.rows == st.rows else [c for _, c in old ^ new if c >= 0]
         if prev.unverified is not None and st.unverified is None:
             # The verification rule declares every unverified row (re)placed.
             touched.extend(c for q, c in old if q >= prev.unverified and c >= 0)
-        st = st._replace(touched=tuple(touched))
+        if touched:
+            st = st._replace(touched=tuple(touched))
         if prev.completed and (kind == "append" or st.last_acked > prev.last_acked):
             self.violation(f"a completed run was written to ({kind})")
-        if st.last_acked > len(self.applied):
+        if st.last_acked > self.peak:
             self.violation(
-                f"stored cursor {st.last_acked} exceeds what the engine has ({len(self.applied)})"
+                f"stored cursor {st.last_acked} exceeds what the engine has ({self.peak})"
             )
         if kind == "verify":
             self.tr("db after verify: cursor %d, rows %s", st.last_acked, sorted(st.rows))
@@ -1153,14 +1360,14 @@ class World:
 
     # -- the network ----------------------------------------------------------------------
 
-    def net_dial(self, ch: Chan, addr: str) -> Stream:
+    def net_dial(self, ch: SimDriver, addr: str) -> Link:
         self.sid += 1
         inst = None
         for i in reversed(self.insts):
             if i.alive and i.addr == addr:
                 inst = i
                 break
-        s = Stream(self.sid, ch, inst)
+        s = Link(self.sid, ch, inst)
         if inst is not None:
             self.at(self.now + self.lat(), self.connected, s)
         elif self.rng.random() < 0.7:
@@ -1168,7 +1375,7 @@ class World:
         # else: a black hole; the connect timeout ends it
         return s
 
-    def connected(self, s: Stream) -> None:
+    def connected(self, s: Link) -> None:
         inst = s.inst
         assert inst is not None
         if not s.link:
@@ -1193,7 +1400,15 @@ class World:
         live = [i for i in self.insts if i.alive]
         return (live[-1] if live else self.insts[-1]).addr
 
-    def send_up(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def send_up(self, s: Link, msg: tuple[Any, ...]) -> None:
+        if msg[0] == ROW:
+            # The checker's notes: the first row written on the stream; cut points.
+            if s.first_written is None:
+                s.first_written = msg[1]
+            self.wpn += 1
+            if self.cut_points and self.cut_points[0] <= self.wpn:
+                del self.cut_points[0]
+                self.at(self.now + self.rng.random() * 2.0, self.fault_cut, "cut")
         if not s.link:
             return
         s.upq.append(msg)
@@ -1203,7 +1418,18 @@ class World:
         s.up_t = t
         self.at(t, self.deliver_up, s)
 
-    def deliver_up(self, s: Stream) -> None:
+    def write(self, s: Link, msg: tuple[Any, ...]) -> float:
+        """The client writes ``msg``: when does its write return (flow control)?
+
+        On a stalled path the windows fill and the write blocks until the
+        stall ends (or the stream does); otherwise it returns at once.
+        """
+        self.send_up(s, msg)
+        if s.link and s.stalled_until > self.now:
+            return s.stalled_until
+        return self.now
+
+    def deliver_up(self, s: Link) -> None:
         if not s.upq:
             return
         if s.stalled_until > self.now:
@@ -1213,7 +1439,7 @@ class World:
         if s.e_open:
             self.engine_up(s, msg)
 
-    def send_down(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def send_down(self, s: Link, msg: tuple[Any, ...]) -> None:
         if not s.link:
             return
         s.downq.append(msg)
@@ -1223,7 +1449,7 @@ class World:
         s.down_t = t
         self.at(t, self.deliver_down, s)
 
-    def deliver_down(self, s: Stream) -> None:
+    def deliver_down(self, s: Link) -> None:
         if not s.downq:
             return
         if s.stalled_until > self.now:
@@ -1232,15 +1458,17 @@ class World:
         msg = s.downq.popleft()
         ch = s.ch
         if ch.alive and ch.stream is s:
+            if msg[0] == ACK and s.first_written is not None and msg[1] >= s.first_written:
+                s.productive = True  # the checker's note: progress on this stream
             ch.on_down(s, msg)
 
-    def client_end(self, s: Stream, code: str | None, details: str) -> None:
+    def client_end(self, s: Link, code: str | None, details: str) -> None:
         s.link = False
         ch = s.ch
         if ch.alive and ch.stream is s:
             ch.stream_end(s, code, details)
 
-    def reset(self, s: Stream, code: str, details: str, *, keep_prefix: bool = False) -> None:
+    def reset(self, s: Link, code: str, details: str, *, keep_prefix: bool = False) -> None:
         """The transport dies: a prefix of the in-flight up-messages may still land."""
         s.link = False
         s.downq.clear()
@@ -1254,7 +1482,7 @@ class World:
             self.engine_cancel(s)
         self.at(self.now + self.lat(), self.client_end, s, code, details)
 
-    def client_close(self, s: Stream) -> None:
+    def client_close(self, s: Link) -> None:
         """The client tears the stream down; what it wrote before still lands, then RST."""
         if not s.link:
             return
@@ -1262,7 +1490,7 @@ class World:
         s.downq.clear()
         self.at(max(self.now, s.up_t) + self.lat(), self.engine_cancel, s)
 
-    def client_die(self, s: Stream) -> None:
+    def client_die(self, s: Link) -> None:
         """The harness process dies: a prefix of its in-flight writes lands."""
         if not s.link:
             return
@@ -1275,25 +1503,25 @@ class World:
 
     # -- the engine ---------------------------------------------------------------------------
 
-    def engine_cancel(self, s: Stream) -> None:
+    def engine_cancel(self, s: Link) -> None:
         s.upq.clear()
         self.engine_drop(s)
 
-    def engine_drop(self, s: Stream) -> None:
+    def engine_drop(self, s: Link) -> None:
         s.e_open = False
         if s.inst is not None:
             s.inst.streams.discard(s)
         if self.live is s:
             self.live = None
 
-    def engine_end(self, s: Stream, code: str | None, details: str) -> None:
+    def engine_end(self, s: Link, code: str | None, details: str) -> None:
         """The engine ends a stream with a status (sent after what it already sent)."""
         if not s.e_open:
             return
         self.engine_drop(s)
         self.send_down(s, (END, code, details))
 
-    def engine_up(self, s: Stream, msg: tuple[Any, ...]) -> None:
+    def engine_up(self, s: Link, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == ROW:
             self.engine_row(s, msg[1], msg[2])
@@ -1307,7 +1535,7 @@ class World:
                 self.engine_ack(s)
             self.engine_end(s, None, "")
 
-    def engine_handshake(self, s: Stream) -> None:
+    def engine_handshake(self, s: Link) -> None:
         inst = s.inst
         assert inst is not None
         if self.now < inst.reject_until:
@@ -1338,7 +1566,7 @@ class World:
                 "engine dropped the stream",
             )
 
-    def engine_row(self, s: Stream, seq: int, content: int) -> None:
+    def engine_row(self, s: Link, seq: int, content: int) -> None:
         if s.epoch != self.epoch:
             return  # fenced: a newer stream owns the run
         applied = self.applied
@@ -1360,6 +1588,8 @@ class World:
             return
         else:
             applied.append(content)
+            if seq > self.peak:
+                self.peak = seq
             self.tr("engine applies seq %d = %s", seq, _name(content))
             if content == DONE:
                 self.completed = True
@@ -1372,11 +1602,11 @@ class World:
             s.idle_gen += 1
             self.at(self.now + ENGINE_ACK_IDLE_MS, self.engine_idle, s, s.idle_gen)
 
-    def engine_idle(self, s: Stream, gen: int) -> None:
+    def engine_idle(self, s: Link, gen: int) -> None:
         if s.idle_gen == gen and s.unacked and s.e_open:
             self.engine_ack(s)
 
-    def engine_ack(self, s: Stream) -> None:
+    def engine_ack(self, s: Link) -> None:
         s.unacked = 0
         s.idle_gen += 1
         if self.ack_delay:
@@ -1386,7 +1616,7 @@ class World:
 
     # -- the checker's online notes ---------------------------------------------------------------
 
-    def note_dial(self, ch: Chan) -> None:
+    def note_dial(self, ch: SimDriver) -> None:
         self.stats["dials"] += 1
         dq = ch.dials
         dq.append(self.now)
@@ -1398,7 +1628,38 @@ class World:
         if n > 3:
             self.violation(f"tight loop: {n} dials within one virtual second")
 
-    def check_delay(self, ch: Chan, delay: float) -> None:
+    def note_stream_end(self, ch: SimDriver, s: Link) -> None:
+        """The checker's model of progress: an ack of a row written on it, or up 30 s."""
+        if s.productive or (s.up_at is not None and self.now - s.up_at >= P.STABLE_STREAM_MS):
+            ch.exp_attempt = 0
+
+    def note_received(self, acked: int) -> None:
+        """The channel's received cursor moved: the engine must have acked that much."""
+        if acked > self.peak:
+            self.violation(f"received cursor {acked} beyond the engine's {self.peak}")
+
+    def note_behind(self, h: int) -> None:
+        """The channel says "engine behind": only true when the engine lost acked rows."""
+        stored = self.disk.states[-1].last_acked
+        if not (self.engine_lost and h < stored):
+            self.violation(
+                f"engine behind declared for answer {h}, stored cursor {stored} "
+                f"(the engine lost rows: {self.engine_lost})"
+            )
+
+    def note_forgot(self, h: int, acked: int) -> None:
+        """The answer is below acks received: only an engine that lost rows does that."""
+        self.stats["forgot_answers"] += 1
+        if not self.engine_lost:
+            self.violation(f"engine forgot acks: answer {h} below the received ack {acked}")
+
+    def note_row_missing(self, seq: int, stored: int, high: int) -> None:
+        """The cursor asked for a row the log does not hold: never, with a correct core."""
+        self.violation(
+            f"row seq {seq} is not in the log (stored cursor {stored}, high-water {high})"
+        )
+
+    def check_delay(self, ch: SimDriver, delay: float) -> None:
         """The attempt counter resets only after progress (SPEC "Reconnect")."""
         b = self.backoff
         floor = min(b.max_ms, b.initial_ms * b.multiplier**ch.exp_attempt)
@@ -1426,7 +1687,7 @@ class World:
         else:
             self.start_harness()
 
-    def exit(self, ch: Chan, why: str) -> None:
+    def exit(self, ch: SimDriver, why: str) -> None:
         if self.proc is not ch:
             return
         ch.alive = False
@@ -1441,6 +1702,12 @@ class World:
             else:
                 self.finished = True
             return
+        if why == "engine behind":
+            # The run cannot complete: its acked rows are gone from both sides.
+            self.behind = True
+            self.stats["engine_behind"] += 1
+            self.finished = True
+            return
         if why == "gave up":
             self.at(self.now + self.restart_delay(), self.start_flush)
             return
@@ -1451,7 +1718,7 @@ class World:
             return
         self.stats["harness_runs"] += 1
         try:
-            ch = Chan(self, "harness")
+            ch = SimDriver(self, "harness")
         except Crash:
             self.crash(timed=False, starting="harness")
             return
@@ -1480,7 +1747,7 @@ class World:
         else:
             self.harness_handshake(ch)
 
-    def harness_handshake(self, ch: Chan) -> None:
+    def harness_handshake(self, ch: SimDriver) -> None:
         try:
             ch.handshake(lambda ok: self.harness_scan_start(ch))
         except WalWriteError:
@@ -1488,7 +1755,7 @@ class World:
         except RunCompletedError:
             ch.close(lambda: self.exit(ch, "refused"))
 
-    def harness_scan_start(self, ch: Chan) -> None:
+    def harness_scan_start(self, ch: SimDriver) -> None:
         if ch.failure is not None:
             self.harness_failed(ch, ch.failure)
             return
@@ -1504,14 +1771,14 @@ class World:
         self.next_event += 1
         return self.next_event
 
-    def harness_next(self, ch: Chan) -> None:
+    def harness_next(self, ch: SimDriver) -> None:
         rng = self.rng
         pause = rng.random() * self.think
         if rng.random() < 0.05:
             pause += 200.0 + rng.random() * 3_000.0
         ch.at(pause, self.harness_step, ch)
 
-    def harness_failed(self, ch: Chan, error: BaseException) -> None:
+    def harness_failed(self, ch: SimDriver, error: BaseException) -> None:
         if isinstance(error, RunCompletedError):
             ch.close(lambda: self.exit(ch, "refused"))
         elif isinstance(error, EngineBehindError):
@@ -1520,7 +1787,7 @@ class World:
             self.violation(f"harness got {type(error).__name__}: {error}")
             ch.close(lambda: self.exit(ch, "error"))
 
-    def harness_step(self, ch: Chan) -> None:
+    def harness_step(self, ch: SimDriver) -> None:
         rng = self.rng
         nf = self.nf
         if rng.random() < 0.03:
@@ -1569,7 +1836,7 @@ class World:
             return
         self.stats["flushes"] += 1
         try:
-            ch = Chan(self, "flush")
+            ch = SimDriver(self, "flush")
         except Crash:
             self.crash(timed=False, starting="flush")
             return
@@ -1596,7 +1863,7 @@ class World:
         except WalWriteError:
             ch.close(lambda: self.exit(ch, "error"))
 
-    def flush_wait(self, ch: Chan, t0: float) -> None:
+    def flush_wait(self, ch: SimDriver, t0: float) -> None:
         if ch.failure is not None:
             self.harness_failed(ch, ch.failure)
             return
@@ -1617,6 +1884,20 @@ class World:
     def final_checks(self) -> None:
         if not self.finished:
             return
+        self.stats["events_logged"] = len(self.events_logged)
+        if self.behind:
+            # The engine lost rows the log had deleted (checked in note_behind):
+            # nothing more can be delivered; what it applied was checked online.
+            return
+        d = self.disk
+        if (
+            self.completed
+            and d.exists
+            and not d.states[-1].completed
+            and DONE in d.states[-1].rows.values()
+            and not self.complete_failed
+        ):
+            self.violation("the engine applied Done, but the log holding it is no tombstone")
         applied = self.applied
         counts = [0] * self.nf
         ev_counts: dict[int, int] = {}
@@ -1652,10 +1933,8 @@ class World:
                 self.violation(f"the harness never logged finding {i}")
             elif n > 1 and i not in self.affected:
                 self.violation(f"the harness logged finding {i} {n} times")
-        d = self.disk
         if d.exists and not d.states[-1].completed:
             self.stats["done_ack_lost"] += 1
-        self.stats["events_logged"] = len(self.events_logged)
 
     def report(self) -> str:
         lines = [f"seed {self.seed}: {len(self.violations)} violation(s)"]

@@ -4,7 +4,8 @@ Sans-I/O in the style of h11: inputs are events and times in milliseconds
 (any monotonic origin), outputs are decisions; nothing here awaits, reads a
 clock, touches SQLite or gRPC. The channel (:mod:`walchannel.channel`) feeds
 it what happened and carries out what it returns, so each rule is tested
-directly (``tests/test_session.py``) and can be driven by a simulator.
+directly (``tests/test_session.py``) and the simulator carries out the very
+same decisions in virtual time (``tools/sim.py``'s ``SimDriver``).
 
 It builds on :mod:`walchannel.protocol` (the cursor, the handshake answer's
 meaning, the reconnect policy, how a stream ended), which it does not
@@ -24,6 +25,9 @@ change. What is here:
   stalled-write rules (SPEC "Reconnect"; docs/design.md).
 - :func:`doubled_keepalive_ms`, :func:`plan_end`: how a stream's end is
   handled (SPEC "Reconnect", "Dial": ``too_many_pings``).
+- :func:`plan_run_completed`: the engine's "run completed": a tombstone
+  when this log's ``Done`` was applied, else the rows left are
+  undeliverable (docs/design.md).
 - :func:`unproven_refusal`: why a size refusal sets nothing aside
   (docs/design.md, "A row the engine refuses for its size").
 - :class:`DownLatch`: ``Stop`` fires once; decisions are cached by request id
@@ -36,6 +40,7 @@ import enum
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from walchannel.log_state import LogState
 from walchannel.protocol import (
     ACK_STORE_AFTER_MS,
     AnswerKind,
@@ -60,6 +65,7 @@ __all__ = [
     "DownLatch",
     "EndOutcome",
     "EndPlan",
+    "RunCompletedPlan",
     "StreamVerdict",
     "VerdictKind",
     "WriteCounter",
@@ -68,6 +74,7 @@ __all__ = [
     "held_done_reached",
     "plan_answer",
     "plan_end",
+    "plan_run_completed",
     "stream_verdict",
     "unproven_refusal",
     "watchdog_period_ms",
@@ -416,6 +423,46 @@ def plan_end(code: str | None, details: str, debug: str, *, final: bool) -> EndP
     if refusal is not None:
         return EndPlan(EndOutcome.SIZE_REFUSAL, double, refusal)
     return EndPlan(EndOutcome.RECONNECT, double)
+
+
+@dataclass(frozen=True, slots=True)
+class RunCompletedPlan:
+    """What the engine's "run completed" means for this run's log.
+
+    Attributes:
+        tombstone: the log holds an unacked ``Done``: the engine applied it
+            (and, taking seqs in order, every row before it) but its ack was
+            lost, so the log becomes a tombstone on the engine's word
+            (``RunLog.complete_by_engine``) and ``send_done`` returns True.
+        mark_undeliverable: when the log is not made a tombstone (no
+            ``Done`` logged, or completing it failed), rows remain that can
+            never be delivered: mark the run failed (``failed_at`` +
+            ``FAILED_UNDELIVERABLE``) so ``inspect`` says so.
+    """
+
+    tombstone: bool
+    mark_undeliverable: bool
+
+
+def plan_run_completed(state: LogState) -> RunCompletedPlan:
+    """Decide what FAILED_PRECONDITION "run completed" does to the log. docs/design.md.
+
+    Either way the connection loop ends (``FAILED``, ``RunCompletedError``);
+    this decides only the log's side (SPEC "Completion": a run whose
+    ``Done`` the engine applied is complete, whether or not its ack came).
+
+    Args:
+        state: the log's :class:`~walchannel.log_state.LogState` when the
+            answer came.
+
+    Returns:
+        The :class:`RunCompletedPlan`: a tombstone when ``Done`` is logged;
+        the undeliverable mark when rows above the stored cursor remain.
+    """
+    return RunCompletedPlan(
+        tombstone=state.done_seq is not None,
+        mark_undeliverable=state.unacked_count > 0,
+    )
 
 
 def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake_size: int) -> str:

@@ -325,17 +325,22 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             f"(the last attempt: {self._last_error}); still dialing"
         )
 
-    def _take_answer(self, engine_high: int) -> int | None:
+    def _take_answer(self, engine_high: int | None) -> int | None:
         """Carry out the decision for the handshake answer ``Ack(h)``. SPEC "Dial".
 
         The decision is :func:`walchannel.session.plan_answer`; this does
         the I/O (the log's verification, meta, logging).
+
+        Args:
+            engine_high: ``h``; None without ``engine_acks_handshake``.
 
         Returns:
             The first seq to write on the stream, or None to end the stream.
         """
         plan = plan_answer(self._cursor, engine_high, failed_mark=self._failed_mark)
         step = plan.step
+        if engine_high is None or step is AnswerStep.NO_ANSWER:
+            return plan.replay_from
         if plan.clear_failed_mark:
             self._failed_mark = False
             try:

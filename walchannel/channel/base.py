@@ -308,7 +308,7 @@ class ChannelBase:
     def _check_held(self) -> None:  # walchannel.channel
         raise NotImplementedError
 
-    def _take_answer(self, engine_high: int) -> int | None:  # walchannel.channel
+    def _take_answer(self, engine_high: int | None) -> int | None:  # walchannel.channel
         raise NotImplementedError
 
     def _on_stop(self, reason: str) -> None:  # walchannel.channel

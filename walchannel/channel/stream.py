@@ -42,6 +42,7 @@ from walchannel.session import (
     VerdictKind,
     doubled_keepalive_ms,
     plan_end,
+    plan_run_completed,
     stream_verdict,
     watchdog_period_ms,
 )
@@ -254,18 +255,15 @@ class StreamDriver(Dialer, ReplicaGate):
             return
         if stream.ended.is_set():
             return
-        if engine_high is None:
-            replay_from = self._cursor.acked + 1
-        else:
-            replay_from_or_none = self._take_answer(engine_high)
-            if replay_from_or_none is None:
-                stream.finish(StreamEnded("handshake answer refused"))
-                return
-            replay_from = replay_from_or_none
-            if self._sm.final:
-                # The answer acked the rows before a refused Done: stopped (_check_held).
-                stream.finish(StreamEnded("the channel stopped"))
-                return
+        # None (engine_acks_handshake=False) is decided too: replay from the cursor.
+        replay_from = self._take_answer(engine_high)
+        if replay_from is None:
+            stream.finish(StreamEnded("handshake answer refused"))
+            return
+        if self._sm.final:
+            # The answer acked the rows before a refused Done: stopped (_check_held).
+            stream.finish(StreamEnded("the channel stopped"))
+            return
         self._writes.on_stream_up()
         self._move(ChannelState.STREAMING)
         self._reconnect.on_stream_up(now_ms())
@@ -316,9 +314,14 @@ class StreamDriver(Dialer, ReplicaGate):
         self._set_error(f"{stream.addr}{stream.via}: {text}")
 
     def _on_run_completed(self) -> None:
-        """The engine answered FAILED_PRECONDITION "run completed": the loop ends."""
+        """The engine answered FAILED_PRECONDITION "run completed": the loop ends.
+
+        What it does to the log is decided by
+        :func:`walchannel.session.plan_run_completed`; this carries it out.
+        """
         error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
-        if self._log.done_seq is not None and self._log.writable:
+        plan = plan_run_completed(self._log.state)
+        if plan.tombstone and self._log.writable:
             # Our Done was applied but its ack was lost: the run ended well.
             # Without this the log would hold its rows forever (found by tools/sim.py).
             try:
@@ -336,7 +339,7 @@ class StreamDriver(Dialer, ReplicaGate):
                     self._move(ChannelState.FAILED)
                 return
         self._fail(error)
-        if self._log.writable and self._log.unacked_count:
+        if self._log.writable and plan.mark_undeliverable:
             # Rows this log still holds cannot be delivered any more: flag the
             # run for an operator (inspect shows it as failed, export saves them).
             with contextlib.suppress(WalchannelError):
