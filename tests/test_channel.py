@@ -754,7 +754,9 @@ async def test_a_refused_token_is_named_as_refused_at_the_handshake(
 
 
 @pytest.mark.asyncio
-async def test_an_engine_that_is_not_there_says_no_engine_answered(tmp_path: Path) -> None:
+async def test_an_engine_that_is_not_there_says_no_engine_answered_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
@@ -766,9 +768,20 @@ async def test_an_engine_that_is_not_there_says_no_engine_answered(tmp_path: Pat
         wal_dir=tmp_path,
         connect_timeout_ms=1000,
     )
-    async with GrpcEngineChannel(config) as ch:
-        with pytest.raises(EngineUnavailableError, match="no engine answered the handshake"):
-            await ch.handshake("1", "h", "1")
+
+    def ends(level: int) -> int:
+        return sum(
+            r.levelno == level and "ended:" in r.getMessage() and r.name.startswith("walchannel")
+            for r in caplog.records
+        )
+
+    with caplog.at_level(logging.INFO, logger="walchannel"):
+        async with GrpcEngineChannel(config) as ch:
+            with pytest.raises(EngineUnavailableError, match="no engine answered the handshake"):
+                await ch.handshake("1", "h", "1")
+            # Redialing a dead address: the same end is said once loudly, then quietly.
+            await eventually(lambda: ends(logging.INFO) >= 2, timeout=30, what="repeats at INFO")
+    assert ends(logging.WARNING) == 1, caplog.text
 
 
 @pytest.mark.asyncio

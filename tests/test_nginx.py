@@ -193,7 +193,7 @@ async def _freeze_the_serving_engine(
     # ~15 MB: the writer blocks on flow control well before it is all out.
     for i in range(n_before, n):
         ch.send_finding({"n": i, "pad": pad})
-    await eventually(lambda: ch.state is not ChannelState.STREAMING, 30, "leaving the stream")
+    await eventually(lambda: ch.state is not ChannelState.STREAMING, 90, "leaving the stream")
     return time.monotonic() - t0
 
 
@@ -208,7 +208,9 @@ async def test_frozen_engine_behind_nginx_is_left_by_the_dead_stream_rule(
     config = setup.config(keepalive_ms=1000, dead_stream_ms=3000)
     async with GrpcEngineChannel(config) as ch:
         took = await _freeze_the_serving_engine(setup, ch, 10, n)
-        assert took < 8, took
+        # Which rule fired is in the error text; the time (sends included)
+        # only has to be reasonable on a loaded machine.
+        assert took < 30, took
         assert "dead stream" in (ch.stats().last_error or "")
         assert "the stream is dead" in caplog_channel.text
         assert await ch.wait_acked(timeout_ms=30_000)  # through the live engine
@@ -225,7 +227,9 @@ async def test_frozen_engine_behind_nginx_without_dead_stream_ms_is_left_by_the_
     n = 260
     async with GrpcEngineChannel(setup.config(keepalive_ms=1000)) as ch:
         took = await _freeze_the_serving_engine(setup, ch, 10, n)
-        assert 10 < took < 20, took
+        # Never before the rule's bound (keepalive 1 s + 10 s, from the
+        # block); the upper bound is generous: t0 is before 15 MB of sends.
+        assert 10 < took < 60, took
         assert "stalled stream" in (ch.stats().last_error or "")
         assert await ch.wait_acked(timeout_ms=30_000)
     setup.audit(n)

@@ -181,6 +181,8 @@ class ChannelBase:
         self._last_error: str | None = None
         # The gRPC status code of the last stream end (names the handshake failure).
         self._last_end_code: str | None = None
+        # The text of the last stream end, while no stream came up since.
+        self._repeated_end: str | None = None
         self._limits_warned: set[tuple[str, int]] = set()
         # The error to stop with once the rows before a refused Done are acked.
         self._held: PayloadError | None = None

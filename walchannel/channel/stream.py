@@ -265,6 +265,7 @@ class StreamDriver(Dialer, ReplicaGate):
             stream.finish(StreamEnded("the channel stopped"))
             return
         self._writes.on_stream_up()
+        self._repeated_end = None
         self._move(ChannelState.STREAMING)
         self._reconnect.on_stream_up(now_ms())
         self._record_up(stream.addr)
@@ -305,8 +306,12 @@ class StreamDriver(Dialer, ReplicaGate):
             return
         if plan.outcome is EndOutcome.ALREADY_OVER:
             return
-        logger.warning(
-            "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
+        # The same end again (an engine down, a token refused) while redialing:
+        # said once at WARNING, then at INFO until a stream comes up.
+        level = logging.INFO if text == self._repeated_end else logging.WARNING
+        self._repeated_end = text
+        logger.log(
+            level, "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.via, text
         )
         if plan.refusal is not None:
             self._on_size_refusal(stream, plan.refusal, text)
