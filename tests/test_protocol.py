@@ -201,6 +201,21 @@ def test_writer_position_follows_replay_rewind_and_end() -> None:
     assert c.next_to_write() is None and c.rewind() == 3
 
 
+def test_an_ack_above_a_rewound_writer_moves_it_past_the_acked_rows() -> None:
+    # Rewound to 3 while 3..4 were in flight; the engine then acks 4: the
+    # writer goes on at 5, never asking the log for rows it may have deleted.
+    c = cursor(high_water=6, acked=2, stored=2)
+    c.start_stream(3)
+    c.on_written(3)
+    c.on_written(4)
+    c.rewind()
+    assert c.next_to_write() == 3
+    c.on_ack(4, 0.0)
+    assert c.next_to_write() == 5
+    c.on_ack(3, 0.0)  # stale: nothing moves back
+    assert c.next_to_write() == 5
+
+
 # -- backoff ----------------------------------------------------------------------
 
 

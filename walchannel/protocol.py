@@ -275,6 +275,10 @@ class Cursor:
     def on_ack(self, seq: int, now_ms: float) -> AckKind:
         """Apply a received cumulative ``Ack(seq)`` (``acked = max(acked, seq)``).
 
+        A writer standing at or below ``seq`` (rewound by ``replay_unacked``
+        while those rows were in flight) moves to ``seq + 1``: acked rows are
+        not written again, and the log may already have deleted them.
+
         Returns:
             ``ADVANCE`` when it moved the cursor (see :meth:`ack_to_store`),
             ``STALE`` when it did not, ``ABOVE_HIGH_WATER`` for an ack of a
@@ -285,6 +289,10 @@ class Cursor:
         if seq <= self.acked:
             return AckKind.STALE
         self.acked = seq
+        if self.write_pos and self.write_pos <= seq:
+            # Acked rows are never written (again): after a rewind the writer
+            # may stand below an ack, and the log may delete those rows.
+            self.write_pos = seq + 1
         self.pending_count += 1
         if self.pending_since_ms is None:
             self.pending_since_ms = now_ms
