@@ -209,13 +209,8 @@ async def test_discovery_address_outside_allowed_hosts_is_never_dialled(
 async def run_against(script: Callable[[RogueStream], Any], tmp_path: Path, **kw: Any) -> Any:
     engine = RogueEngine(script)
     await engine.start()
-    config = local_channel_config(
-        engine,  # type: ignore[arg-type]
-        tmp_path / "wal",
-        "rogue-run",
-        "tok-" + secrets.token_hex(8),
-        http_addr=None,
-        **kw,
+    config = engine.channel_config(
+        tmp_path / "wal", "rogue-run", "tok-" + secrets.token_hex(8), **kw
     )
     return engine, GrpcEngineChannel(config)
 

@@ -583,14 +583,7 @@ async def test_done_applied_but_its_ack_lost_ends_as_a_tombstone(tmp_path: Path)
 
     engine = RogueEngine(script)
     await engine.start()
-    config = local_channel_config(
-        engine,  # type: ignore[arg-type]
-        tmp_path / "wal",
-        "lost-ack",
-        "tok",
-        http_addr=None,
-        done_ack_timeout_ms=10_000,
-    )
+    config = engine.channel_config(tmp_path / "wal", "lost-ack", "tok", done_ack_timeout_ms=10_000)
     try:
         async with GrpcEngineChannel(config) as ch:
             await ch.handshake("1", "h", "1")
@@ -712,13 +705,7 @@ async def test_an_engine_echoing_a_short_token_is_masked_whole_word_only(
 
     engine = RogueEngine(script)
     await engine.start()
-    config = local_channel_config(
-        engine,  # type: ignore[arg-type]
-        tmp_path / "wal",
-        "echo",
-        token,
-        http_addr=None,
-    )
+    config = engine.channel_config(tmp_path / "wal", "echo", token)
     try:
         with caplog.at_level(logging.DEBUG):
             async with GrpcEngineChannel(config) as ch:
@@ -833,14 +820,7 @@ async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path:
 
     engine = RogueEngine(script)
     await engine.start()
-    config = local_channel_config(
-        engine,  # type: ignore[arg-type]
-        tmp_path / "wal",
-        "beats",
-        "tok",
-        http_addr=None,
-        keepalive_ms=1000,
-    )
+    config = engine.channel_config(tmp_path / "wal", "beats", "tok", keepalive_ms=1000)
 
     def beats() -> int:
         return sum(m.WhichOneof("body") == "heartbeat" for s in engine.streams for m in s.received)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
+from walchannel import GrpcChannelConfig
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.testing.plugin import local_channel_config
 
 Script = Callable[["RogueStream"], Awaitable[None]]
 
@@ -58,6 +61,19 @@ class RogueEngine:
     @property
     def http_addr(self) -> None:
         return None  # no discovery
+
+    def channel_config(
+        self, wal_dir: Path, run_id: str, run_token: str = "tok", **overrides: Any
+    ) -> GrpcChannelConfig:
+        """A channel config for this engine (short test timings, no discovery)."""
+        return local_channel_config(
+            self,  # type: ignore[arg-type]
+            wal_dir,
+            run_id,
+            run_token,
+            http_addr=None,
+            **overrides,
+        )
 
     async def start(self) -> None:
         engine = self
