@@ -10,7 +10,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -834,5 +834,45 @@ async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path:
             seen = beats()
             await eventually(lambda: beats() >= seen + 2, timeout=30, what="beats after a row")
             assert ch.stats().reconnects == 0
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_ack_below_a_waiters_target_does_not_wake_it(tmp_path: Path) -> None:
+    # A cumulative ack costs O(1): wait_acked(N) is woken by the ack that
+    # reaches N (or a change of state), not once per ack below it.
+    release = asyncio.Event()
+
+    async def script(stream: RogueStream) -> None:
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.seq == 40:
+                await release.wait()
+            if msg.seq:
+                stream.ack(msg.seq)
+
+    engine = RogueEngine(script)
+    await engine.start()
+    try:
+        async with GrpcEngineChannel(engine.channel_config(tmp_path / "wal", "o1")) as ch:
+            await ch.handshake("1", "h", "1")
+            seqs = [ch.send_finding(finding(i)) for i in range(40)]
+            waits = 0
+
+            class CountingEvent(asyncio.Event):
+                async def wait(self) -> Literal[True]:
+                    nonlocal waits
+                    waits += 1
+                    return await super().wait()
+
+            ch._acked_changed = CountingEvent()
+            waiter = asyncio.create_task(ch.wait_acked(seqs[-1], timeout_ms=60_000))
+            await eventually(lambda: ch.stats().acked == 39, timeout=30, what="acks 1..39")
+            await asyncio.sleep(0)  # the waiter would run here if an ack had woken it
+            assert waits == 1, f"the waiter waited {waits} times: acks below its target woke it"
+            release.set()
+            assert await waiter
+            assert ch.stats().acked == 40
     finally:
         await engine.stop()

@@ -198,7 +198,7 @@ def _next_seq_restarts(cls: type[LogState], run_id: str, **kw: Any) -> LogState:
     # The next seq from the rows alone: after an all-acked reopen it restarts.
     state = _at_open(cls, run_id, **kw)
     top = kw["top_seq"]
-    return dataclasses.replace(state, next_seq=(top or 0) + 1)
+    return state._replace(next_seq=(top or 0) + 1)
 
 
 def _ack_deletes_one_more(self: LogState, seq: int) -> AckPlan | None:
@@ -236,7 +236,7 @@ def _tombstone_one_early(self: LogState, seq: int, shift: int, *, verify: bool) 
     done = plan.state.done_seq
     if done is None or plan.delete_through < done - 1:
         return plan
-    state = dataclasses.replace(plan.state, done_seq=None, completed=True)
+    state = plan.state._replace(done_seq=None, completed=True)
     return dataclasses.replace(plan, state=state, completed=True)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from walchannel.errors import ChannelClosedError, RunCompletedError
 
@@ -115,9 +116,12 @@ class AckPlan:
     advanced: bool
 
 
-@dataclass(frozen=True, slots=True)
-class LogState:
+class LogState(NamedTuple):
     """What a run log has decided, as a value. SPEC "The log".
+
+    An immutable ``NamedTuple``: every append builds a new one, and a tuple is
+    the cheapest value Python builds (a frozen dataclass costs ~1 µs more
+    per append on the send path).
 
     Attributes:
         run_id: the run (for error messages).

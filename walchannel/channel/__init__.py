@@ -373,6 +373,8 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                     shift,
                 )
                 self._rows.clear_tail()
+                # Seqs handed out before now live higher: waiters re-read their targets.
+                self._acked_changed.set()
             self._cursor.on_verified(engine_high, shift)
             self._maybe_checkpoint()  # the verifying ack deleted rows too
             self._after_ack()

@@ -31,9 +31,10 @@ CHECKPOINT_STEP_PAGES = 1024
 class AckKeeper(ChannelBase):
     """The acks part of :class:`~walchannel.channel.GrpcEngineChannel`."""
 
-    def _on_ack(self, seq: int) -> None:
-        """Apply a received cumulative ``Ack(seq)`` (SPEC "Acks")."""
-        kind = self._cursor.on_ack(seq, now_ms())
+    def _on_ack(self, seq: int, now: float | None = None) -> None:
+        """Apply a received cumulative ``Ack(seq)`` (SPEC "Acks"); ``now`` in ms (``now_ms``)."""
+        now = now_ms() if now is None else now
+        kind = self._cursor.on_ack(seq, now)
         if kind is AckKind.ABOVE_HIGH_WATER:
             self._protocol_error(
                 f"Ack({seq}) is above the high-water {self._cursor.high_water}; not applied"
@@ -42,24 +43,34 @@ class AckKeeper(ChannelBase):
         self._reconnect.on_ack(seq)
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
-            self._after_ack()
+            self._after_ack(now)
 
-    def _after_ack(self) -> None:
-        """The received ack moved: drop acked rows from the tail, store when due, wake waiters."""
-        self._rows.drop_acked(self._cursor.acked)
-        self._store_ack()
-        self._acked_changed.set()
-        self._check_held()
+    def _after_ack(self, now: float | None = None) -> None:
+        """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
 
-    def _store_ack(self, *, force: bool = False) -> None:
+        Waiters (``wait_acked``, ``send_done``) are woken only when the ack
+        reaches the lowest seq one of them waits for (``_wake_at``).
+        """
+        acked = self._cursor.acked
+        self._rows.drop_acked(acked)
+        self._store_ack(now=now)
+        if acked >= self._wake_at:
+            self._acked_changed.set()
+        if self._held is not None:
+            self._check_held()
+
+    def _store_ack(self, *, force: bool = False, now: float | None = None) -> None:
         """Store the received ack in the log now if it is due, else arm the timer.
 
         When is decided by :meth:`~walchannel.protocol.Cursor.ack_to_store`
         (every 256 acks or 100 ms, at once for ``Done``, ``force`` at close).
+        ``now``: the time in ms (``now_ms``), when the caller has it.
         """
-        seq = self._cursor.ack_to_store(now_ms(), force=force)
+        seq = self._cursor.ack_to_store(now_ms() if now is None else now, force=force)
         if seq is None:
-            delay_ms = ack_timer_ms(self._cursor, timer_armed=self._ack_timer is not None)
+            if self._ack_timer is not None:
+                return  # armed: it stores the ack in time
+            delay_ms = ack_timer_ms(self._cursor, timer_armed=False)
             if delay_ms is not None:
                 with contextlib.suppress(RuntimeError):  # no running loop: stored at close
                     self._ack_timer = asyncio.get_running_loop().call_later(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import random
 import time
@@ -147,7 +148,12 @@ class ChannelBase:
         self._wakeup = asyncio.Event()
         self._up = asyncio.Event()
         self._over = asyncio.Event()
+        # Set when an ack reaches _wake_at (the lowest seq a waiter waits for),
+        # and on any change of state: an ack below every waiter's target wakes
+        # nobody, so a cumulative ack costs O(1) however many come.
         self._acked_changed = asyncio.Event()
+        self._ack_waits: list[float] = []
+        self._wake_at = math.inf
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -298,7 +304,7 @@ class ChannelBase:
     def _store_ack(self, *, force: bool = False) -> None:  # walchannel.channel.acks
         raise NotImplementedError
 
-    def _on_ack(self, seq: int) -> None:  # walchannel.channel.acks
+    def _on_ack(self, seq: int, now: float | None = None) -> None:  # walchannel.channel.acks
         raise NotImplementedError
 
     def _after_ack(self) -> None:  # walchannel.channel.acks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -241,8 +242,9 @@ class Sender(ChannelBase):
             )
         self._done_sent = True
         _killpoints.reached("in_send_done")
+        # No ack wakes it: completion (the tombstone stored) and failures do.
         acked = await self._wait_for(
-            lambda: self._cursor.completed, self._config.done_ack_timeout_ms
+            lambda: self._cursor.completed, self._config.done_ack_timeout_ms, lambda: math.inf
         )
         if not acked and self._failure is not None:
             # Failed while waiting (engine behind). A Done the engine applied
@@ -323,10 +325,23 @@ class Sender(ChannelBase):
         self._bind_loop()
         target = self._cursor.high_water if seq is None else seq
         return await self._wait_for(
-            lambda: self._cursor.acked >= self._cursor.translate(target), timeout_ms
+            lambda: self._cursor.acked >= self._cursor.translate(target),
+            timeout_ms,
+            lambda: self._cursor.translate(target),
         )
 
-    async def _wait_for(self, condition: Callable[[], bool], timeout_ms: float | None) -> bool:
+    async def _wait_for(
+        self,
+        condition: Callable[[], bool],
+        timeout_ms: float | None,
+        wake_at: Callable[[], float],
+    ) -> bool:
+        """Wait until ``condition()`` holds; False at ``timeout_ms`` or once nothing can come.
+
+        ``wake_at()`` is the lowest received ack at which ``condition`` may
+        hold: acks below it do not wake this waiter. Changes of state
+        (completion, failure, close, a verification shift) always do.
+        """
         deadline = None if timeout_ms is None else now_ms() + timeout_ms
         if self._sm.state is ChannelState.IDLE and not condition():
             # Sends before handshake() are logged, not sent (SPEC "The
@@ -343,12 +358,18 @@ class Sender(ChannelBase):
             if remaining is not None and remaining <= 0:
                 return False
             self._acked_changed.clear()
+            at = wake_at()
+            self._ack_waits.append(at)
+            self._wake_at = min(self._ack_waits)
             try:
                 # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
                 async with asyncio.timeout(remaining):
                     await self._acked_changed.wait()
             except TimeoutError:
                 return condition()
+            finally:
+                self._ack_waits.remove(at)
+                self._wake_at = min(self._ack_waits, default=math.inf)
         return True
 
     def replay_unacked(self) -> int:

@@ -401,9 +401,10 @@ class StreamDriver(Dialer, ReplicaGate):
                     else:
                         stream.finish(StreamEnded(f"{code.name}: {details}", code.name, details))
                     return
-                stream.last_down_ms = now_ms()
+                now = now_ms()
+                stream.last_down_ms = now
                 stream.heartbeats_since_down = 0
-                self._on_down(stream, msg)
+                self._on_down(stream, msg, now)
         except asyncio.CancelledError:
             stream.finish(StreamEnded("cancelled"))
             raise
@@ -413,13 +414,13 @@ class StreamDriver(Dialer, ReplicaGate):
             logger.exception("run %s: reading the stream failed", self._run_id)
             stream.finish(exc)
 
-    def _on_down(self, stream: Stream, msg: pb.DownMessage) -> None:
+    def _on_down(self, stream: Stream, msg: pb.DownMessage, now: float) -> None:
         kind = msg.WhichOneof("body")
         if kind == "ack":
             if not stream.answer.done() and self._config.engine_acks_handshake:
-                stream.answer.set_result(int(msg.ack.seq))
+                stream.answer.set_result(msg.ack.seq)
                 return
-            self._on_ack(int(msg.ack.seq))
+            self._on_ack(msg.ack.seq, now)
         elif kind == "stop":
             self._on_stop(msg.stop.reason)
         elif kind == "approval_decision":
@@ -435,9 +436,10 @@ class StreamDriver(Dialer, ReplicaGate):
     async def _write_loop(self, stream: Stream) -> None:
         call = stream.call
         cursor = self._cursor
-        keepalive_s = self._keepalive_ms / 1000
-        next_beat = time.monotonic() + keepalive_s
-        stream.next_beat_ms = next_beat * 1000
+        row_bytes = self._rows.row_bytes
+        writes, reconnect = self._writes, self._reconnect
+        next_beat_ms = now_ms() + self._keepalive_ms
+        stream.next_beat_ms = next_beat_ms
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup
         # One timer per heartbeat period wakes the writer for the beat, not one
@@ -456,7 +458,7 @@ class StreamDriver(Dialer, ReplicaGate):
                     wakeup.clear()
                     if cursor.next_to_write() is None and not self._sm.final:
                         if beat_timer is None:
-                            delay_s = max(0.0, next_beat - time.monotonic())
+                            delay_s = max(0.0, next_beat_ms - now_ms()) / 1000
                             beat_timer = loop.call_later(delay_s, beat_due)
                         await wakeup.wait()
                     if self._sm.final:
@@ -464,19 +466,21 @@ class StreamDriver(Dialer, ReplicaGate):
                 elif self._replica_socket is not None and seq > self._replicated_through:
                     await self._replicate()
                 else:
-                    data = self._rows.row_bytes(seq)
-                    replay = self._writes.is_replay(seq)
-                    if replay:
+                    data = row_bytes(seq)
+                    if writes.is_replay(seq):
                         _killpoints.reached("in_replay")
-                    stream.write_since_ms = now_ms()
-                    stream.top_written = max(stream.top_written, seq)
+                    stream.write_since_ms = now = now_ms()
+                    if seq > stream.top_written:
+                        stream.top_written = seq
                     await call.write(data)
                     stream.write_since_ms = None
                     cursor.on_written(seq)
-                    self._reconnect.on_written(seq)
-                    self._writes.on_written(seq)
+                    reconnect.on_written(seq)
+                    writes.on_written(seq)
                     _killpoints.reached("after_write")
-                if time.monotonic() >= next_beat:
+                    if now < next_beat_ms:
+                        continue  # the common case: no heartbeat due, no clock read
+                if now_ms() >= next_beat_ms:
                     stream.heartbeats_since_down += 1
                     beat = wire.heartbeat_message(
                         self._run_id, self._config.correlation_id, messages.now_rfc3339()
@@ -484,8 +488,8 @@ class StreamDriver(Dialer, ReplicaGate):
                     stream.write_since_ms = now_ms()
                     await call.write(beat.SerializeToString())
                     stream.write_since_ms = None
-                    next_beat = time.monotonic() + keepalive_s
-                    stream.next_beat_ms = next_beat * 1000
+                    next_beat_ms = now_ms() + self._keepalive_ms
+                    stream.next_beat_ms = next_beat_ms
                     if beat_timer is not None:
                         beat_timer.cancel()
                         beat_timer = None

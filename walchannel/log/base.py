@@ -238,15 +238,18 @@ class LogBase:
     def _commit(
         self,
         label: str,
-        what: str,
+        what: str | Callable[[], str],
         work: Callable[[sqlite3.Connection], _T],
         *,
         single: bool = False,
     ) -> _T:
         """Run ``work`` in one transaction and commit it; the one way the log writes.
 
-        ``single``: ``work`` is one statement, run in autocommit mode (its
-        own transaction) when no :class:`CommitHook` watches.
+        ``what`` names the transaction in an error ("cannot <what>"); a
+        callable is only called then (the append path formats nothing when
+        it succeeds). ``single``: ``work`` is one statement, run in
+        autocommit mode (its own transaction) when no :class:`CommitHook`
+        watches.
 
         Raises:
             WalWriteError: SQLite failed; the transaction is rolled back.
@@ -262,7 +265,7 @@ class LogBase:
                 hook.before_commit(label)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise self._fail_transaction(exc, what) from None
+            raise self._fail_transaction(exc, what if isinstance(what, str) else what()) from None
         if hook is not None:
             hook.after_commit(label)
         return result

@@ -24,6 +24,8 @@ from walchannel.log_state import AckPlan
 
 __all__ = ["Transactions", "WRITABLE_META"]
 
+_INSERT: Final = "INSERT INTO rows VALUES (?, ?, ?, ?, ?)"
+
 #: Meta fields callers may set with update_meta(); the rest are the log's own.
 WRITABLE_META: Final = frozenset(
     {
@@ -76,7 +78,7 @@ class Transactions(LogBase):
             WalLockedError: this process is a forked child of the owner.
             WalWriteError: the commit failed (disk full, I/O error).
         """
-        return self.append_many(((kind, body),), progress=progress)[0]
+        return self.append_encoded(((kind, encode_body(kind, body)),), progress=progress)[0]
 
     def append_many(
         self,
@@ -125,9 +127,24 @@ class Transactions(LogBase):
         """
         self._check_writable()
         old = self._state
-        state = old.append(kind for kind, _ in items)
-        now = time.time()
         first = old.next_seq
+        now = time.time()
+        if progress is None and len(items) == 1:
+            # The common case, kept lean: one row, one autocommit statement.
+            kind, blob = items[0]
+            state = old.append((kind,))
+            row = (first, kind, blob, body_crc(blob), now)
+            self._commit(
+                "append",
+                lambda: f"append 1 row at seq {first}",
+                lambda conn: conn.execute(_INSERT, row),
+                single=True,
+            )
+            self._state = state
+            if self._unacked_bytes is not None:
+                self._unacked_bytes += len(blob)
+            return [first]
+        state = old.append([kind for kind, _ in items])
         rows = [
             (seq, kind, blob, body_crc(blob), now)
             for seq, (kind, blob) in enumerate(items, start=first)
@@ -137,18 +154,14 @@ class Transactions(LogBase):
         marker = _encode_progress(progress) if progress is not None else None
 
         def work(conn: sqlite3.Connection) -> None:
-            if marker is None and len(rows) == 1:
-                conn.execute("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows[0])
-                return
-            conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", rows)
+            conn.executemany(_INSERT, rows)
             if marker is not None:
                 conn.execute(
                     "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1", (marker, now)
                 )
 
         what = f"append {len(rows)} row(s) at seq {first}" if rows else "store progress"
-        # A lone statement in autocommit mode is its own transaction.
-        self._commit("append", what, work, single=marker is None and len(rows) == 1)
+        self._commit("append", what, work)
         self._state = state
         if marker is not None:
             # A copy the caller cannot mutate afterwards.
