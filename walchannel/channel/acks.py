@@ -68,9 +68,7 @@ class AckKeeper(ChannelBase):
         """
         seq = self._cursor.ack_to_store(now_ms() if now is None else now, force=force)
         if seq is None:
-            if self._ack_timer is not None:
-                return  # armed: it stores the ack in time
-            delay_ms = ack_timer_ms(self._cursor, timer_armed=False)
+            delay_ms = ack_timer_ms(self._cursor, timer_armed=self._ack_timer is not None)
             if delay_ms is not None:
                 with contextlib.suppress(RuntimeError):  # no running loop: stored at close
                     self._ack_timer = asyncio.get_running_loop().call_later(

@@ -301,13 +301,15 @@ class ChannelBase:
     def _abandon(self) -> None:  # walchannel.channel
         raise NotImplementedError
 
-    def _store_ack(self, *, force: bool = False) -> None:  # walchannel.channel.acks
+    def _store_ack(  # walchannel.channel.acks
+        self, *, force: bool = False, now: float | None = None
+    ) -> None:
         raise NotImplementedError
 
     def _on_ack(self, seq: int, now: float | None = None) -> None:  # walchannel.channel.acks
         raise NotImplementedError
 
-    def _after_ack(self) -> None:  # walchannel.channel.acks
+    def _after_ack(self, now: float | None = None) -> None:  # walchannel.channel.acks
         raise NotImplementedError
 
     def _maybe_checkpoint(self) -> None:  # walchannel.channel.acks
