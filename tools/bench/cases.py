@@ -354,6 +354,7 @@ def _e2e_sample(n: int, timer: Timer, engine_cpu: float) -> dict[str, float]:
         "cpu_us": timer.cpu / n * 1e6,
         "busy": timer.cpu / timer.wall,
         "engine_busy": engine_cpu / timer.wall,
+        "switches": timer.switches / n,
     }
 
 
@@ -479,9 +480,16 @@ async def _fast_rows(ctx: Context, n: int) -> list[Result]:
                 "bare grpc.aio",
                 target,
             )
-            extra = median(samples["wal"]["cpu_us"]) - median(samples["bare"]["cpu_us"])
+            wal, bare = samples["wal"], samples["bare"]
+            extra = median(wal["cpu_us"]) - median(bare["cpu_us"])
+            # Rep by rep (the arms alternate): this box's noise is tens of µs.
+            paired = [w - b for w, b in zip(wal["cpu_us"], bare["cpu_us"], strict=True)]
             budget = 30 if batch == 1 else 10
-            row.detail += f"; client +{extra:.0f} µs/msg (target <= +{budget})"
+            row.detail += (
+                f"; client +{extra:.0f} µs/msg (target <= +{budget}; "
+                f"per rep {min(paired):+.0f} to {max(paired):+.0f}); context switches/msg "
+                f"{median(wal['switches']):.1f} vs {median(bare['switches']):.1f}"
+            )
             out.append(row)
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import resource
 import socket
 import statistics
 import time
@@ -149,21 +150,34 @@ class Sizes:
 
 
 class Timer:
-    """Wall time (``perf_counter``) and process CPU time of a block."""
+    """Wall time (``perf_counter``), process CPU time and context switches of a block.
+
+    ``switches``: the process's voluntary plus involuntary context switches
+    (``getrusage``, every thread's, grpc's own included).
+    """
 
     def __init__(self) -> None:
         self.wall = 0.0
         self.cpu = 0.0
+        self.switches = 0
         self._t0 = 0.0
         self._c0 = 0.0
+        self._s0 = 0
+
+    @staticmethod
+    def _switches() -> int:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_nvcsw + usage.ru_nivcsw
 
     def start(self) -> None:
+        self._s0 = self._switches()
         self._t0 = time.perf_counter()
         self._c0 = time.process_time()
 
     def stop(self) -> None:
         self.wall = time.perf_counter() - self._t0
         self.cpu = time.process_time() - self._c0
+        self.switches = self._switches() - self._s0
 
 
 def _orders(names: Sequence[str], reps: int) -> list[list[str]]:
