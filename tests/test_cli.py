@@ -415,6 +415,10 @@ async def test_a_sigkilled_harness_is_orphaned_and_flush_delivers_it_once(
     )
     assert flushed.rc == 0, flushed.err
     assert f"flushed run {run_id}" in flushed.out
+    # Plain http:// discovery without --allowed-host: warned in the CLI's terms,
+    # not as the config's Python warning pointing into walchannel/flush.py.
+    assert "plaintext" in flushed.err and "--allowed-host" in flushed.err, flushed.err
+    assert "InsecureDiscoveryWarning" not in flushed.err and "flush.py" not in flushed.err
     assert local_engine.accepted(run_id) == list(range(1, n + 1))
     assert local_engine.duplicates(run_id) == 0
     bodies = local_engine.bodies(run_id)

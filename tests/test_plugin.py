@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from walchannel import ChannelClosedError, EngineChannel, GrpcEngineChannel, PayloadError
+from walchannel import (
+    ChannelClosedError,
+    ChannelState,
+    EngineChannel,
+    GrpcEngineChannel,
+    PayloadError,
+)
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.memory import InMemoryEngineChannel
 
@@ -86,3 +92,30 @@ async def test_in_memory_channel_refuses_what_the_real_one_refuses() -> None:
     await ch.close()
     with pytest.raises(ChannelClosedError):
         ch.send_finding({"ok": 1})
+
+
+@pytest.mark.asyncio
+async def test_in_memory_channel_has_the_real_channels_read_outs() -> None:
+    # A harness written against GrpcEngineChannel's calls (README "The calls,
+    # in short") runs on the double: stats(), wait_acked(), on_budget_update().
+    ch = InMemoryEngineChannel()
+    assert ch.state is ChannelState.IDLE
+    assert ch.stats().state is ChannelState.IDLE
+    await ch.handshake("1.0", "my-harness", "0.1")
+    seqs = ch.send_findings([{"test_id": "B101"}, {"test_id": "B102"}])
+    assert await ch.wait_acked(seqs[0])
+    assert await ch.wait_acked(timeout_ms=10)
+    assert not await ch.wait_acked(seqs[-1] + 1, timeout_ms=10)  # never logged
+    stats = ch.stats()
+    assert (stats.state, stats.sent, stats.acked, stats.unacked_count) == (
+        ChannelState.STREAMING,
+        2,
+        2,
+        0,
+    )
+    budgets: list[tuple[str, dict[str, object]]] = []
+    ch.on_budget_update(lambda message, details: budgets.append((message, details)))
+    ch.budget_update("half the budget used", {"used": 0.5})
+    assert budgets == [("half the budget used", {"used": 0.5})]
+    await ch.close()
+    assert ch.stats().state is ChannelState.CLOSED

@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Final
 from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts
 from walchannel.cli_logs import err
-from walchannel.errors import WalCorruptError, WalLockedError
+from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -123,6 +124,15 @@ def flush_command(args: argparse.Namespace) -> int:
             allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None
         except ValueError as exc:
             raise _Refused(f"--allowed-host: {exc}") from None
+        if allowed is None and (args.http_addr or "").startswith("http://"):
+            # The config's InsecureDiscoveryWarning, in the CLI's terms (it is
+            # silenced in _flush): its file and line would point into walchannel.
+            err(
+                "flush",
+                f"warning: --http-addr {args.http_addr} is plaintext and no --allowed-host "
+                f"was given: a forged discovery answer could send run {run_id} anywhere; "
+                "pass --allowed-host HOST (or use https://)",
+            )
         token = _read_token(args.token_env)
         ca: bytes | None = None
         if args.ca_file is not None:
@@ -267,19 +277,23 @@ async def _flush(
                         return 1
                 remaining_ms = max(1.0, (deadline - loop.time()) * 1000)
                 try:
-                    config = GrpcChannelConfig(
-                        grpc_addr=grpc_addr,
-                        http_addr=args.http_addr,
-                        http_client=http if args.http_addr else None,
-                        run_id=run_id,
-                        correlation_id=meta.correlation_id,
-                        run_token=token,
-                        wal_dir=path.parent,
-                        credentials=credentials,
-                        tls_server_name=args.tls_server_name,
-                        allowed_hosts=allowed,
-                        connect_timeout_ms=int(min(_FLUSH_CONNECT_TIMEOUT_MS, remaining_ms)) or 1,
-                    )
+                    with warnings.catch_warnings():
+                        # Said above as a CLI warning naming --allowed-host.
+                        warnings.simplefilter("ignore", InsecureDiscoveryWarning)
+                        config = GrpcChannelConfig(
+                            grpc_addr=grpc_addr,
+                            http_addr=args.http_addr,
+                            http_client=http if args.http_addr else None,
+                            run_id=run_id,
+                            correlation_id=meta.correlation_id,
+                            run_token=token,
+                            wal_dir=path.parent,
+                            credentials=credentials,
+                            tls_server_name=args.tls_server_name,
+                            allowed_hosts=allowed,
+                            connect_timeout_ms=int(min(_FLUSH_CONNECT_TIMEOUT_MS, remaining_ms))
+                            or 1,
+                        )
                 except ValueError as exc:
                     raise _Refused(str(exc)) from None
                 channel = GrpcEngineChannel(config, log=wal)

@@ -22,9 +22,10 @@ import msgpack
 
 from walchannel import messages
 from walchannel.errors import ChannelClosedError
-from walchannel.interface import ApprovalDecision, StopCallback
+from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
 from walchannel.payload import check_text
+from walchannel.protocol import ChannelState
 
 __all__ = ["InMemoryEngineChannel"]
 
@@ -58,6 +59,7 @@ class InMemoryEngineChannel:
         self._progress = messages.progress_marker(progress)
         self._seq = 0
         self._stop_callbacks: list[StopCallback] = []
+        self._budget_callbacks: list[BudgetCallback] = []
         self._stopped = False
 
     def _check_open(self) -> None:
@@ -155,6 +157,41 @@ class InMemoryEngineChannel:
         self._commit(1, None)
         return ApprovalDecision(rid, self._approve, "in-memory policy")
 
+    async def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool:
+        """Every recorded message counts as acked at once (there is no engine to wait for).
+
+        Args:
+            seq: the seq to wait for (default: the newest recorded).
+            timeout_ms: accepted for the real channel's signature; never waited.
+
+        Returns:
+            True when ``seq`` was recorded; False at once for a seq not
+            recorded yet (the real channel would wait up to ``timeout_ms``).
+        """
+        return seq is None or seq <= self._seq
+
+    @property
+    def state(self) -> ChannelState:
+        """``IDLE`` before the handshake, ``STREAMING`` after it, ``CLOSED`` after ``close()``."""
+        if self.closed:
+            return ChannelState.CLOSED
+        return ChannelState.STREAMING if self.handshakes else ChannelState.IDLE
+
+    def stats(self) -> ChannelStats:
+        """A :class:`~walchannel.ChannelStats` as a channel with every message acked reports."""
+        return ChannelStats(
+            state=self.state,
+            sent=self._seq,
+            acked=self._seq,
+            replayed=0,
+            reconnects=0,
+            unacked_count=0,
+            unacked_bytes=0,
+            oldest_unacked_age_s=None,
+            protocol_errors=0,
+            last_error=None,
+        )
+
     def progress(self) -> Mapping[str, Any] | None:
         """The last marker passed with ``progress=`` (or given at construction)."""
         return self._progress
@@ -173,6 +210,18 @@ class InMemoryEngineChannel:
                 callback(reason)
             except Exception:
                 logger.exception("on_stop callback %r raised; ignored", callback)
+
+    def on_budget_update(self, callback: BudgetCallback) -> None:
+        """Register a ``BudgetUpdate`` callback; :meth:`budget_update` fires them."""
+        self._budget_callbacks.append(callback)
+
+    def budget_update(self, message: str, details: Mapping[str, Any]) -> None:
+        """Act as the engine sending ``BudgetUpdate(message, details)``: call each callback."""
+        for callback in list(self._budget_callbacks):
+            try:
+                callback(message, dict(details))
+            except Exception:
+                logger.exception("on_budget_update callback %r raised; ignored", callback)
 
     async def close(self) -> None:
         """Mark the channel closed (idempotent)."""

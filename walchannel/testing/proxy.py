@@ -481,7 +481,8 @@ def _parser() -> argparse.ArgumentParser:
             "A loopback TCP fault proxy. Prints one JSON line {addr, pid}, then reads"
             " commands from stdin (pass, reset, freeze, blackhole, latency MS,"
             " idle_timeout S, target HOST:PORT, reset_all, stats, quit), answering each"
-            " with a JSON line of stats."
+            " with a JSON line of stats. reset and freeze act on live connections too;"
+            " blackhole only on new ones (reset_all cuts the live ones)."
         ),
         epilog=(
             "example: python -m walchannel.testing.proxy --target 127.0.0.1:50051"
