@@ -772,6 +772,29 @@ async def test_a_completed_run_shows_completed_and_prune_removes_it(
 # -- the rest of the surface -------------------------------------------------------------
 
 
+def test_export_refuses_to_write_over_the_log_it_reads(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    run_id, _ = new_run()
+    log = make_log(wal_dir, run_id, 5)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    for target in (
+        log,
+        Path(f"{log}-wal"),
+        Path(f"{log}-shm"),
+        log.with_name(log.name + ".lock"),
+        link,
+    ):
+        refused = cli("export", log, "-o", target)
+        assert refused.rc == 2, (target, refused.err)
+        assert str(log) in refused.err and "refusing" in refused.err, refused.err
+    # Nothing was truncated or created: the five rows are all still there.
+    assert not Path(f"{log}-wal").exists() or Path(f"{log}-wal").stat().st_size > 0
+    [item] = cli("inspect", log, "--json").json()
+    assert item["state"] == "orphaned" and item["unacked_count"] == 5
+    assert len(cli("export", log).out.splitlines()) == 5
+
+
 def test_json_keys_show_and_export(tmp_path: Path) -> None:
     wal_dir = tmp_path / "wal"
     run_id, _ = new_run()

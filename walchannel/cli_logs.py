@@ -204,9 +204,28 @@ def _output(name: str | None) -> Iterator[TextIO]:
         yield out
 
 
+def _is_the_logs_file(output: Path, log: Path) -> bool:
+    """Whether writing ``output`` would write the log or one of its files (a link included)."""
+    for own in (log, Path(f"{log}-journal"), *_sidecars(log)):
+        if output.resolve() == own.resolve():
+            return True
+        with contextlib.suppress(OSError):
+            if os.path.samefile(output, own):
+                return True
+    return False
+
+
 def export_command(args: argparse.Namespace) -> int:
     """Run ``walchannel export`` with the parsed ``args``; return the exit code."""
     path = Path(args.log).expanduser()
+    if args.output not in (None, "-") and _is_the_logs_file(Path(args.output).expanduser(), path):
+        # Opening the output truncates it: that would destroy the rows to export.
+        err(
+            "export",
+            f"{args.output}: is the log {path} or one of its files; refusing to "
+            "write over it (choose another -o)",
+        )
+        return 2
     try:
         with LogReader(path, run_id_from_name(path)) as reader:
             after = reader.meta().last_acked_seq
