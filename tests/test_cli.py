@@ -795,6 +795,24 @@ def test_export_refuses_to_write_over_the_log_it_reads(tmp_path: Path) -> None:
     assert len(cli("export", log).out.splitlines()) == 5
 
 
+def test_a_meta_value_walchannel_never_writes_reads_as_corrupt(tmp_path: Path) -> None:
+    wal_dir = tmp_path / "wal"
+    run_id, _ = new_run()
+    log = make_log(wal_dir, run_id, 5)
+    conn = sqlite3.connect(log)
+    conn.execute("UPDATE meta SET last_acked_seq = 'abc'")
+    conn.commit()
+    conn.close()
+    result = cli("inspect", wal_dir, "--json")
+    assert result.rc == 1 and "Traceback" not in result.err, result.err
+    [item] = result.json()
+    assert item["state"] == "corrupt" and "last_acked_seq is 'abc'" in item["reason"], item
+    # export must not answer "nothing to deliver" (it used to print nothing, exit 0).
+    exported = cli("export", log)
+    assert exported.rc == 2 and str(log) in exported.err and "last_acked_seq" in exported.err
+    assert exported.out == ""
+
+
 def test_json_keys_show_and_export(tmp_path: Path) -> None:
     wal_dir = tmp_path / "wal"
     run_id, _ = new_run()

@@ -463,6 +463,17 @@ def good_log(wal_dir: Path) -> Path:
         return wal.path
 
 
+#: Meta values no walchannel writes (an editor's or a bug's), as SQL assignments.
+BAD_META = {
+    "bad-progress": "progress = 'not json'",
+    "text-acked": "last_acked_seq = 'abc'",
+    "float-acked": "last_acked_seq = 2.5",
+    "negative-high": "high_water = -1",
+    "text-time": "created_at = 'yesterday'",
+    "list-progress": "progress = '[1, 2]'",
+}
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
@@ -474,6 +485,11 @@ def good_log(wal_dir: Path) -> Path:
         ("truncated", ""),
         ("no-meta", "broken meta: 0 meta rows"),
         ("bad-progress", "broken meta: Expecting value"),
+        ("text-acked", "broken meta: last_acked_seq is 'abc'"),
+        ("float-acked", "broken meta: last_acked_seq is 2.5"),
+        ("negative-high", "broken meta: high_water is -1"),
+        ("text-time", "broken meta: created_at is 'yesterday'"),
+        ("list-progress", "broken meta: progress is [1, 2]"),
     ],
 )
 def test_bad_files_raise_wal_corrupt_and_are_left_untouched(
@@ -505,10 +521,10 @@ def test_bad_files_raise_wal_corrupt_and_are_left_untouched(
         conn.execute("DELETE FROM meta")
         conn.commit()
         conn.close()
-    elif damage == "bad-progress":
+    elif damage in BAD_META:
         good_log(wal_dir)
         conn = sqlite3.connect(path)
-        conn.execute("UPDATE meta SET progress = 'not json'")
+        conn.execute(f"UPDATE meta SET {BAD_META[damage]}")
         conn.commit()
         conn.close()
     before = digest(path)

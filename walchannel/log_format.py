@@ -25,6 +25,7 @@ imports neither grpc nor httpx.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import zlib
 from collections.abc import Mapping
@@ -340,9 +341,62 @@ def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:
         values = dict(zip(names, cur.fetchone(), strict=True))
         raw = values["progress"]
         values["progress"] = json.loads(raw) if raw is not None else None
+        _check_meta_values(values)
         return RunMeta(**values)
     except (ValueError, TypeError) as exc:
         raise WalCorruptError(str(path), f"broken meta: {exc}") from None
+
+
+#: Meta columns by the values walchannel writes there ("?": None allowed too).
+_META_COUNTS: Final = ("schema_version", "last_acked_seq", "high_water", "reconnects")
+_META_COUNTS_OR_NONE: Final = ("unverified_from", "owner_pid")
+_META_TIMES: Final = ("created_at", "updated_at")
+_META_TIMES_OR_NONE: Final = ("last_ack_at", "last_error_at", "failed_at", "completed_at")
+_META_TEXTS: Final = ("run_id", "correlation_id")
+_META_TEXTS_OR_NONE: Final = (
+    "connector_version",
+    "harness_name",
+    "harness_version",
+    "token_sha256",
+    "owner_host",
+    "last_engine_addr",
+    "last_error",
+    "failed_reason",
+)
+
+
+def _check_meta_values(values: dict[str, Any]) -> None:
+    """Refuse meta values walchannel never writes (an edited or damaged row).
+
+    Without this a wrong type surfaces later as a ``TypeError`` far from
+    the file (comparing a seq with a str), or as a wrong count.
+
+    Raises:
+        ValueError: naming the column and its value.
+    """
+
+    def bad(name: str, expected: str) -> ValueError:
+        return ValueError(f"{name} is {values[name]!r}, expected {expected}")
+
+    for name in (*_META_COUNTS, *_META_COUNTS_OR_NONE):
+        value = values[name]
+        if value is None and name in _META_COUNTS_OR_NONE:
+            continue
+        if type(value) is not int or value < 0:
+            raise bad(name, "an integer >= 0")
+    for name in (*_META_TIMES, *_META_TIMES_OR_NONE):
+        value = values[name]
+        if value is None and name in _META_TIMES_OR_NONE:
+            continue
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise bad(name, "unix seconds")
+    for name in (*_META_TEXTS, *_META_TEXTS_OR_NONE):
+        value = values.get(name)  # failed_reason: absent from older logs
+        if type(value) is not str and (value is not None or name in _META_TEXTS):
+            raise bad(name, "text")
+    progress = values["progress"]
+    if progress is not None and not isinstance(progress, dict):
+        raise bad("progress", "a JSON object")
 
 
 def quick_check(conn: sqlite3.Connection) -> list[str]:
