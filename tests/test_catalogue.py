@@ -43,6 +43,7 @@ from walchannel import (
     WalCorruptError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.channel.base import token_tracers
 from walchannel.cli import main
 from walchannel.config import GrpcChannelConfig
 from walchannel.log_format import ROW_LOST_TYPE
@@ -743,7 +744,30 @@ def test_secrets_api_tracer_is_warned_about_once() -> None:
         [PYTHON, "-c", code],
         capture_output=True,
         text=True,
-        env=child_env(GRPC_TRACE="api"),
+        env=child_env(GRPC_TRACE="*,-http"),
         check=True,
     )
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize(
+    ("grpc_trace", "leaky"),
+    [
+        ("api", ["api"]),
+        ("all", ["api", "chttp2_hpack_parser"]),
+        ("*", ["api", "chttp2_hpack_parser"]),
+        ("chttp2_*", ["chttp2_hpack_parser"]),
+        ("ap?,http", ["api"]),
+        ("all,-api", ["chttp2_hpack_parser"]),
+        ("-api,all", ["api", "chttp2_hpack_parser"]),
+        ("ALL,API", []),  # gRPC's names are case-sensitive: these enable nothing
+        ("http,keepalive,connectivity_state", []),
+        ("", []),
+    ],
+)
+def test_secrets_the_tracers_that_print_the_token_are_recognised(
+    grpc_trace: str, leaky: list[str]
+) -> None:
+    # Each case was checked against grpcio 1.85: the token appears in the
+    # output exactly when this list is not empty (docs/operations.md).
+    assert token_tracers(grpc_trace) == leaky

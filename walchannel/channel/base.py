@@ -14,13 +14,14 @@ A part that calls a method another part defines finds it declared here.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
 import logging
 import math
 import os
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.errors import (
@@ -58,25 +59,48 @@ def now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+#: gRPC tracers that print call metadata, the bearer token included: found by
+#: running a channel and a local engine under each tracer grpcio 1.85 lists
+#: (``GRPC_TRACE=list_tracers``) and searching the output for the token.
+TOKEN_TRACERS: Final = ("api", "chttp2_hpack_parser")
+
+
+def token_tracers(grpc_trace: str) -> list[str]:
+    """Return which of :data:`TOKEN_TRACERS` a ``GRPC_TRACE`` value enables.
+
+    As gRPC reads it: comma-separated names, case-sensitive, ``all``, glob
+    patterns (``*``, ``?``), and ``-name`` disabling, applied in order.
+    """
+    enabled: set[str] = set()
+    for item in (part.strip() for part in grpc_trace.split(",")):
+        pattern = item.removeprefix("-")
+        named = {t for t in TOKEN_TRACERS if pattern == "all" or fnmatch.fnmatchcase(t, pattern)}
+        if item.startswith("-"):
+            enabled -= named
+        else:
+            enabled |= named
+    return sorted(enabled)
+
+
 def warn_grpc_trace() -> None:
     """Warn once per process when ``GRPC_TRACE`` enables tracers that print the token.
 
-    SPEC "Secrets": gRPC's own ``api``/``all`` tracers print call metadata
-    from C code.
+    SPEC "Secrets": gRPC's :data:`TOKEN_TRACERS` print call metadata from C
+    code, outside this library's reach, so it is said once.
     """
-    # gRPC's C core prints call metadata, the bearer token included, under
-    # these tracers; it is outside this library's reach, so say it once.
     global _trace_warned
     if _trace_warned:
         return
-    tracers = {t.strip().lower() for t in os.environ.get("GRPC_TRACE", "").split(",")}
-    if tracers & {"api", "all"}:
+    spec = os.environ.get("GRPC_TRACE", "")
+    leaky = token_tracers(spec)
+    if leaky:
         _trace_warned = True
         logger.warning(
-            "GRPC_TRACE=%s: gRPC's own tracers print call metadata, including the run "
-            "token, from C code that walchannel cannot filter; do not enable them in "
-            "production",
-            os.environ.get("GRPC_TRACE"),
+            "GRPC_TRACE=%s enables gRPC's %s tracer(s), which print call metadata, "
+            "including the run token, from C code that walchannel cannot filter; do not "
+            "enable them in production",
+            spec,
+            "/".join(leaky),
         )
 
 
