@@ -810,6 +810,37 @@ def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_bad_arguments_are_named_and_log_nothing(tmp_path: Path) -> None:
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:1",
+        run_id="run-args",
+        correlation_id="c",
+        run_token="tok-args-1",
+        wal_dir=tmp_path,
+    )
+
+    async def main() -> None:
+        async with GrpcEngineChannel(config) as ch:
+            first = ch.send_finding({"ok": 1})
+            for bad in (None, 5):
+                with pytest.raises(PayloadError, match=r"^findings: expected a list"):
+                    ch.send_findings(bad)  # type: ignore[arg-type]
+            for ts in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+                with pytest.raises(PayloadError, match=r"^event\.ts: .* out of range"):
+                    ch.send_event("t", "info", {}, ts=ts)
+            with pytest.raises(TypeError, match=r"wait_acked: seq must be an int, got str"):
+                await ch.wait_acked("5", timeout_ms=10)  # type: ignore[arg-type]
+            for timeout in (float("nan"), -1.0):
+                with pytest.raises(ValueError, match=r"wait_acked: timeout_ms must be"):
+                    await ch.wait_acked(timeout_ms=timeout)
+                with pytest.raises(ValueError, match=r"request_approval: timeout_ms must be"):
+                    await ch.request_approval("act", {}, timeout_ms=timeout)
+            # Only the first row was logged; it is still there.
+            assert ch.stats().unacked_count == 1 and ch.log.state.next_seq == first + 1
+
+    asyncio.run(main())
+
+
 @pytest.mark.asyncio
 async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path: Path) -> None:
     async def script(stream: RogueStream) -> None:

@@ -88,6 +88,7 @@ def test_token_never_in_repr_or_str() -> None:
         ("backoff", {"initial_ms": 1}),
         ("wal_dir", 123),
         ("wal_dir", ""),
+        ("wal_dir", "a\x00b"),
         ("http_client", "client"),
         ("credentials", "tls"),
     ],
@@ -95,6 +96,16 @@ def test_token_never_in_repr_or_str() -> None:
 def test_each_rule_raises_value_error_naming_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
         build(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://user:s3cr3t-pw@engine", "https://engine/?token=s3cr3t-pw", "ftp://u:s3cr3t-pw@h"],
+)
+def test_http_addr_errors_never_echo_a_credential_in_the_url(url: str) -> None:
+    with pytest.raises(ValueError, match="http_addr") as info:
+        build(http_addr=url)
+    assert "s3cr3t-pw" not in str(info.value), info.value
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,7 @@ def test_a_failed_commit_uses_no_seq_and_keeps_what_was_committed(wal_dir: Path)
         with pytest.raises(WalWriteError, match="disk says no") as info:
             wal.append_many([("finding", finding(2)), ("finding", finding(3))], progress={"p": 3})
         assert info.value.path == str(wal.path)
+        assert str(wal.path) in str(info.value)  # the message names the file too
         assert wal.next_seq == 2 and wal.progress is None
         assert wal.append("finding", finding(2)) == 2
         with pytest.raises(WalWriteError):

@@ -311,10 +311,13 @@ class GrpcChannelConfig:
         ):
             raise ValueError("tls_server_name must be a non-empty str or None")
         if self.wal_dir is not None and (
-            not isinstance(self.wal_dir, str | os.PathLike) or not os.fspath(self.wal_dir)
+            not isinstance(self.wal_dir, str | os.PathLike)
+            or not os.fspath(self.wal_dir)
+            or "\x00" in str(os.fspath(self.wal_dir))
         ):
             raise ValueError(
-                f"wal_dir must be a non-empty path (str or PathLike), got {self.wal_dir!r}"
+                f"wal_dir must be a non-empty path (str or PathLike) without NUL bytes, "
+                f"got {self.wal_dir!r}"
             )
         self._check_clients()
         if self.allowed_hosts is not None:
@@ -371,16 +374,21 @@ class GrpcChannelConfig:
         if not isinstance(url, str) or not url:
             raise ValueError("http_addr must be a non-empty str URL")
         parts = urlsplit(url)
+        # A user, password, query or fragment may hold a credential: never echoed.
+        netloc = parts.netloc.rpartition("@")[2]
+        shown = repr(parts._replace(netloc=netloc, query="", fragment="").geturl())
         if parts.scheme not in ("http", "https"):
-            raise ValueError(f"http_addr {url!r} must start with http:// or https://")
+            raise ValueError(f"http_addr {shown} must start with http:// or https://")
         if not parts.hostname:
-            raise ValueError(f"http_addr {url!r} has no host")
+            raise ValueError(f"http_addr {shown} has no host")
         if parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError(f"http_addr {url!r} must be a base URL (no query, fragment or user)")
+            raise ValueError(
+                f"http_addr {shown} must be a base URL (no query, fragment or user; not shown here)"
+            )
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
-            raise ValueError(f"http_addr {url!r}: {exc}") from None
+            raise ValueError(f"http_addr {shown}: {exc}") from None
 
     @property
     def allowed(self) -> tuple[AllowedHost, ...] | None:

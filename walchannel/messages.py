@@ -48,7 +48,7 @@ def _timestamp(ts: object, path: str) -> str:
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             raise PayloadError(path, "naive datetime; pass an aware one (e.g. tzinfo=UTC)")
-        return rfc3339(ts)
+        return _in_utc(ts, path)
     if isinstance(ts, str):
         try:
             parsed = datetime.fromisoformat(ts)
@@ -56,8 +56,18 @@ def _timestamp(ts: object, path: str) -> str:
             raise PayloadError(path, f"{ts[:40]!r} is not an RFC 3339 timestamp") from None
         if parsed.tzinfo is None:
             raise PayloadError(path, f"{ts[:40]!r} has no UTC offset")
-        return rfc3339(parsed)
+        return _in_utc(parsed, path)
     raise PayloadError(path, f"expected an aware datetime, an RFC 3339 str or None, got {ts!r}")
+
+
+def _in_utc(moment: datetime, path: str) -> str:
+    try:
+        return rfc3339(moment)
+    except OverflowError:
+        # Year 1 at +01:00, or 9999-12-31 at -01:00: no such moment in UTC.
+        raise PayloadError(
+            path, f"{moment.isoformat()!r} is out of range once converted to UTC"
+        ) from None
 
 
 def event_body(type: str, severity: str, payload: Mapping[str, Any], ts: object) -> dict[str, Any]:

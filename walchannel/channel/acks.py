@@ -81,7 +81,8 @@ class AckKeeper(ChannelBase):
             self._log.ack(seq)
         except WalchannelError as exc:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
-            logger.error("run %s: cannot store ack %d: %s", self._run_id, seq, exc)
+            # The error names the run, the ack and the file already.
+            logger.error("%s; the acked rows stay until the next ack is stored", exc)
             self._last_error = str(exc)
             return
         self._cursor.on_stored(seq)

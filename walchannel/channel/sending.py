@@ -30,9 +30,28 @@ from walchannel.errors import (
 from walchannel.interface import ApprovalDecision
 from walchannel.protocol import ChannelState
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "check_timeout_ms"]
 
 logger = logging.getLogger(__name__)
+
+
+def check_timeout_ms(call: str, timeout_ms: object) -> None:
+    """Refuse a ``timeout_ms`` that is not None or a number >= 0 (NaN would never time out).
+
+    Raises:
+        ValueError: naming ``call`` and the value.
+    """
+    if timeout_ms is None:
+        return
+    if (
+        isinstance(timeout_ms, bool)
+        or not isinstance(timeout_ms, (int, float))
+        or not math.isfinite(timeout_ms)
+        or timeout_ms < 0
+    ):
+        raise ValueError(
+            f"{call}: timeout_ms must be None or a finite number >= 0, got {timeout_ms!r}"
+        )
 
 
 class Sender(ChannelBase):
@@ -173,7 +192,7 @@ class Sender(ChannelBase):
         started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
         items = []
-        if isinstance(findings, (Mapping, str, bytes)):
+        if isinstance(findings, (Mapping, str, bytes)) or not isinstance(findings, Iterable):
             raise PayloadError(
                 "findings",
                 f"expected a list of findings (mappings), got {type(findings).__name__}; "
@@ -282,9 +301,12 @@ class Sender(ChannelBase):
             ChannelClosedError: the channel closed while waiting.
             PayloadError: as ``send_event``; or the engine refused the request
                 for its size (it was set aside: it will never be decided).
+            ValueError: ``timeout_ms`` is not None or a finite number >= 0
+                (nothing logged).
             The other errors of ``send_event``.
         """
         self._bind_loop()
+        check_timeout_ms("request_approval", timeout_ms)
         rid = request_id if request_id is not None else str(uuid.uuid4())
         decided = self._down.decision(rid)
         if decided is not None:
@@ -321,8 +343,15 @@ class Sender(ChannelBase):
 
         Returns:
             True when acked, False on timeout or close.
+
+        Raises:
+            TypeError: ``seq`` is not an int.
+            ValueError: ``timeout_ms`` is not None or a finite number >= 0.
         """
         self._bind_loop()
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
+            raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")
+        check_timeout_ms("wait_acked", timeout_ms)
         target = self._cursor.high_water if seq is None else seq
         return await self._wait_for(
             lambda: self._cursor.acked >= self._cursor.translate(target),

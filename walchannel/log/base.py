@@ -275,7 +275,9 @@ class LogBase:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("ROLLBACK")
         self._resync_next_seq()
-        return WalWriteError(f"run {self._run_id}: cannot {what}: {exc}", path=str(self._path))
+        return WalWriteError(
+            f"run {self._run_id}: cannot {what} in {self._path}: {exc}", path=str(self._path)
+        )
 
     def _resync_next_seq(self) -> None:
         # A failed commit may, on an I/O error after the commit frame reached
