@@ -841,6 +841,38 @@ def test_bad_arguments_are_named_and_log_nothing(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_payload_of_shared_references_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    # 31 list objects, 2**30 values once expanded: walking or encoding all of
+    # them would take hours and tens of GB. Each value costs >= 2 bytes as a
+    # Struct, so past max_message_bytes / 2 values it can never travel.
+    shared: list[Any] = [1]
+    for _ in range(30):
+        shared = [shared, shared]
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:1",
+        run_id="run-dag",
+        correlation_id="c",
+        run_token="tok-dag-1",
+        wal_dir=tmp_path,
+        max_message_bytes=64 * 1024,
+    )
+
+    async def main() -> None:
+        async with GrpcEngineChannel(config) as ch:
+            with pytest.raises(PayloadError, match=r"^finding: more than 32768 values"):
+                ch.send_finding({"tree": shared})
+            with pytest.raises(PayloadError, match=r"^event\.payload: more than 32768 values"):
+                ch.send_event("t", "info", {"tree": shared})
+            with pytest.raises(PayloadError, match=r"^findings\[1\]: more than 32768 values"):
+                ch.send_findings([{"ok": 1}, {"tree": shared}])
+            with pytest.raises(PayloadError, match=r"^progress: more than 65536 values"):
+                ch.send_finding({"ok": 1}, progress={"tree": shared})
+            assert ch.send_finding({"flat": list(range(2_000))}) == 1  # a flat payload goes
+            assert ch.stats().unacked_count == 1
+
+    asyncio.run(main())
+
+
 @pytest.mark.asyncio
 async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path: Path) -> None:
     async def script(stream: RogueStream) -> None:

@@ -70,10 +70,18 @@ def _in_utc(moment: datetime, path: str) -> str:
         ) from None
 
 
-def event_body(type: str, severity: str, payload: Mapping[str, Any], ts: object) -> dict[str, Any]:
+def event_body(
+    type: str,
+    severity: str,
+    payload: Mapping[str, Any],
+    ts: object,
+    *,
+    max_values: int | None = None,
+) -> dict[str, Any]:
     """Return the ``event`` body ``{"type", "severity", "payload", "ts"}``.
 
-    ``ts`` is an aware datetime, an RFC 3339 str (stored in UTC) or None (now).
+    ``ts`` is an aware datetime, an RFC 3339 str (stored in UTC) or None (now);
+    ``max_values`` bounds the payload (:func:`~walchannel.payload.check_payload`).
 
     Raises:
         PayloadError: a bad field, naming it (``event.type``, ``event.payload.x``).
@@ -83,26 +91,37 @@ def event_body(type: str, severity: str, payload: Mapping[str, Any], ts: object)
     return {
         "type": type,
         "severity": severity,
-        "payload": plain_payload(payload, "event.payload"),
+        "payload": plain_payload(payload, "event.payload", max_values=max_values),
         "ts": _timestamp(ts, "event.ts"),
     }
 
 
-def finding_body(finding: Mapping[str, Any], path: str = "finding") -> dict[str, Any]:
+def finding_body(
+    finding: Mapping[str, Any], path: str = "finding", *, max_values: int | None = None
+) -> dict[str, Any]:
     """Return the ``finding`` body ``{"fields": {...}}``.
 
     Args:
         finding: the finding's fields.
         path: how errors name it (``findings[3]`` in a batch).
+        max_values: the bound on values (:func:`~walchannel.payload.check_payload`).
 
     Raises:
         PayloadError: naming the bad value's path under ``path``.
     """
-    return {"fields": plain_payload(finding, path)}
+    return {"fields": plain_payload(finding, path, max_values=max_values)}
 
 
-def approval_body(request_id: str, action: str, details: Mapping[str, Any]) -> dict[str, Any]:
+def approval_body(
+    request_id: str,
+    action: str,
+    details: Mapping[str, Any],
+    *,
+    max_values: int | None = None,
+) -> dict[str, Any]:
     """Return the ``approval_request`` body ``{"request_id", "action", "details"}``.
+
+    ``max_values`` bounds ``details`` (:func:`~walchannel.payload.check_payload`).
 
     Raises:
         PayloadError: a bad field, naming it.
@@ -114,7 +133,7 @@ def approval_body(request_id: str, action: str, details: Mapping[str, Any]) -> d
     return {
         "request_id": request_id,
         "action": action,
-        "details": plain_payload(details, "approval_request.details"),
+        "details": plain_payload(details, "approval_request.details", max_values=max_values),
     }
 
 
@@ -152,7 +171,9 @@ def progress_marker(progress: Mapping[str, Any] | None) -> dict[str, Any] | None
     """
     if progress is None:
         return None
-    marker = plain_payload(progress, "progress")
+    # Each value takes at least a byte of JSON: the bound keeps a marker of
+    # shared containers from expanding in json.dumps.
+    marker = plain_payload(progress, "progress", max_values=MAX_PROGRESS_BYTES)
     size = len(json.dumps(marker, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
     if size > MAX_PROGRESS_BYTES:
         raise PayloadError(

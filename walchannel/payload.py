@@ -73,7 +73,7 @@ def check_text(value: object, path: str) -> None:
         ) from None
 
 
-def plain_payload(value: object, path: str) -> dict[str, Any]:
+def plain_payload(value: object, path: str, *, max_values: int | None = None) -> dict[str, Any]:
     """Check a payload and return it as plain ``dict``/``list`` values.
 
     The checked value itself is returned when it is already made of
@@ -84,6 +84,7 @@ def plain_payload(value: object, path: str) -> dict[str, Any]:
     Args:
         value: the payload; must be a mapping with ``str`` keys.
         path: the name of the payload in errors, e.g. ``"finding"``.
+        max_values: as in :func:`check_payload`.
 
     Returns:
         The payload as a ``dict``.
@@ -91,7 +92,7 @@ def plain_payload(value: object, path: str) -> dict[str, Any]:
     Raises:
         PayloadError: as :func:`check_payload`.
     """
-    if check_payload(value, path):
+    if check_payload(value, path, max_values=max_values):
         return _plain(value)  # type: ignore[no-any-return]
     return value  # type: ignore[return-value]
 
@@ -121,12 +122,17 @@ def _check_utf8(text: str, root: str, trail: tuple[object, ...]) -> None:
         ) from None
 
 
-def check_payload(value: object, path: str) -> bool:
+def check_payload(value: object, path: str, *, max_values: int | None = None) -> bool:
     """Check that ``value`` is a JSON-like mapping that can travel as a Struct.
 
     Args:
         value: the payload; must be a mapping with ``str`` keys.
         path: the name of the payload in errors, e.g. ``"finding"``.
+        max_values: refuse a payload holding more values than this (None: no
+            bound), counting a container as often as it is referenced: a
+            few lists sharing each other can stand for billions of values,
+            which the walk would never finish. The channel passes
+            ``max_message_bytes // 2``: a Struct value takes at least 2 bytes.
 
     Returns:
         True when the payload holds a mapping that is not a ``dict`` (so
@@ -139,6 +145,7 @@ def check_payload(value: object, path: str) -> bool:
     if not isinstance(value, Mapping):
         raise PayloadError(path, f"expected a mapping, got {type(value).__name__}")
     foreign = False
+    budget = max_values
     # (container, the keys leading to it, its depth); depth-first without
     # recursion. Paths are spelled out only for an error: this runs on every send.
     stack: list[tuple[Any, tuple[object, ...], int]] = [(value, (), 1)]
@@ -148,6 +155,14 @@ def check_payload(value: object, path: str) -> bool:
             raise PayloadError(
                 _path(path, trail), f"containers nested deeper than {MAX_DEPTH} levels"
             )
+        if budget is not None:
+            budget -= len(container)
+            if budget < 0:
+                raise PayloadError(
+                    path,
+                    f"more than {max_values} values (a shared container counts each "
+                    "time it appears): it could never travel within the size bound",
+                )
         is_map = isinstance(container, Mapping)
         if is_map:
             foreign = foreign or not isinstance(container, dict)

@@ -165,6 +165,8 @@ class ChannelBase:
         self._addr = config.grpc_addr
         self._keepalive_ms = config.keepalive_ms
         self._pings_warned = False
+        # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
+        self._max_values = config.max_message_bytes // 2
         # Where the writer's rows come from: the tail of committed rows, then disk.
         self._rows = RowSource(
             self._log, config.run_id, config.correlation_id, config.max_message_bytes

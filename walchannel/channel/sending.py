@@ -139,7 +139,7 @@ class Sender(ChannelBase):
         """
         started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
-        body = messages.event_body(type, severity, payload, ts)
+        body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
         seq = self._log_rows([self._rows.prepare("event", body)], progress)[0]
         if self._metrics is not None:
             self._metrics.on_send(started)
@@ -162,7 +162,7 @@ class Sender(ChannelBase):
         """
         started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
-        body = messages.finding_body(finding)
+        body = messages.finding_body(finding, max_values=self._max_values)
         seq = self._log_rows([self._rows.prepare("finding", body)], progress)[0]
         if self._metrics is not None:
             self._metrics.on_send(started)
@@ -199,7 +199,7 @@ class Sender(ChannelBase):
                 "for one finding use send_finding",
             )
         for index, finding in enumerate(findings):
-            body = messages.finding_body(finding, f"findings[{index}]")
+            body = messages.finding_body(finding, f"findings[{index}]", max_values=self._max_values)
             items.append(self._rows.prepare("finding", body))
         if not items:
             marker = messages.progress_marker(progress)
@@ -314,7 +314,7 @@ class Sender(ChannelBase):
         future = self._approvals.get(rid)
         if future is None or future.done():
             self._check_sendable()
-            body = messages.approval_body(rid, action, details)
+            body = messages.approval_body(rid, action, details, max_values=self._max_values)
             self._log_rows(
                 [self._rows.prepare("approval_request", body)],
                 None,
