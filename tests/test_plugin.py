@@ -119,3 +119,13 @@ async def test_in_memory_channel_has_the_real_channels_read_outs() -> None:
     assert budgets == [("half the budget used", {"used": 0.5})]
     await ch.close()
     assert ch.stats().state is ChannelState.CLOSED
+
+
+@pytest.mark.asyncio
+async def test_in_memory_channel_names_a_batchs_bad_finding_as_the_real_one_does() -> None:
+    ch = InMemoryEngineChannel()
+    with pytest.raises(PayloadError, match=r"^findings: expected a list"):
+        ch.send_findings(None)  # type: ignore[arg-type]
+    with pytest.raises(PayloadError, match=r"^findings\[1\]\.when: "):
+        ch.send_findings([{"ok": 1}, {"when": object()}])
+    assert ch.findings == []

@@ -112,6 +112,28 @@ def finding_body(
     return {"fields": plain_payload(finding, path, max_values=max_values)}
 
 
+def finding_bodies(
+    findings: Iterable[Mapping[str, Any]], *, max_values: int | None = None
+) -> list[dict[str, Any]]:
+    """Return the ``finding`` bodies of a batch (``send_findings``).
+
+    Raises:
+        PayloadError: ``findings`` is not a list-like of findings (a mapping,
+            a str or a non-iterable: ``findings``), or a bad finding, naming
+            its index (``findings[3].x``).
+    """
+    if isinstance(findings, (Mapping, str, bytes)) or not isinstance(findings, Iterable):
+        raise PayloadError(
+            "findings",
+            f"expected a list of findings (mappings), got {type(findings).__name__}; "
+            "for one finding use send_finding",
+        )
+    return [
+        finding_body(finding, f"findings[{index}]", max_values=max_values)
+        for index, finding in enumerate(findings)
+    ]
+
+
 def approval_body(
     request_id: str,
     action: str,

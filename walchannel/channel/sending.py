@@ -24,7 +24,6 @@ from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
     ChannelClosedError,
-    PayloadError,
     RunExpiredError,
 )
 from walchannel.interface import ApprovalDecision
@@ -191,16 +190,8 @@ class Sender(ChannelBase):
         """
         started = time.perf_counter_ns() if self._metrics is not None else 0
         self._check_sendable()
-        items = []
-        if isinstance(findings, (Mapping, str, bytes)) or not isinstance(findings, Iterable):
-            raise PayloadError(
-                "findings",
-                f"expected a list of findings (mappings), got {type(findings).__name__}; "
-                "for one finding use send_finding",
-            )
-        for index, finding in enumerate(findings):
-            body = messages.finding_body(finding, f"findings[{index}]", max_values=self._max_values)
-            items.append(self._rows.prepare("finding", body))
+        bodies = messages.finding_bodies(findings, max_values=self._max_values)
+        items = [self._rows.prepare("finding", body) for body in bodies]
         if not items:
             marker = messages.progress_marker(progress)
             if marker is not None:

@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 
 from walchannel import messages
+from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
@@ -28,6 +29,9 @@ from walchannel.payload import check_text
 from walchannel.protocol import ChannelState
 
 __all__ = ["InMemoryEngineChannel"]
+
+#: The real channel's bound on payload values at its default max_message_bytes.
+_MAX_VALUES = DEFAULT_MAX_MESSAGE_BYTES // 2
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ class InMemoryEngineChannel:
     ) -> int:
         """Record an event and return its seq (checks as the real channel)."""
         self._check_open()
-        body = messages.event_body(type, severity, payload, ts)
+        body = messages.event_body(type, severity, payload, ts, max_values=_MAX_VALUES)
         messages.progress_marker(progress)
         self.events.append(_as_committed("event", body))
         return self._commit(1, progress)[0]
@@ -111,7 +115,7 @@ class InMemoryEngineChannel:
     ) -> int:
         """Record a finding and return its seq."""
         self._check_open()
-        body = messages.finding_body(finding)
+        body = messages.finding_body(finding, max_values=_MAX_VALUES)
         messages.progress_marker(progress)
         self.findings.append(_as_committed("finding", body))
         return self._commit(1, progress)[0]
@@ -124,7 +128,10 @@ class InMemoryEngineChannel:
     ) -> list[int]:
         """Record several findings (all, or none on a bad one) and return their seqs."""
         self._check_open()
-        bodies = [_as_committed("finding", messages.finding_body(f)) for f in findings]
+        bodies = [
+            _as_committed("finding", body)
+            for body in messages.finding_bodies(findings, max_values=_MAX_VALUES)
+        ]
         messages.progress_marker(progress)
         self.findings.extend(bodies)
         return self._commit(len(bodies), progress)
@@ -152,7 +159,10 @@ class InMemoryEngineChannel:
         self._check_open()
         rid = request_id if request_id is not None else str(uuid.uuid4())
         self.approvals.append(
-            _as_committed("approval_request", messages.approval_body(rid, action, details))
+            _as_committed(
+                "approval_request",
+                messages.approval_body(rid, action, details, max_values=_MAX_VALUES),
+            )
         )
         self._commit(1, None)
         return ApprovalDecision(rid, self._approve, "in-memory policy")
