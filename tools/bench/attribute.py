@@ -35,7 +35,7 @@ from walchannel.log import RunLog
 @contextmanager
 def _without_check() -> Iterator[None]:
     original = messages.plain_payload
-    messages.plain_payload = lambda value, path: value  # type: ignore[assignment]
+    messages.plain_payload = lambda value, path, **_: value  # type: ignore[assignment]
     try:
         yield
     finally:
