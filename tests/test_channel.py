@@ -790,14 +790,20 @@ async def test_waiting_for_acks_without_a_handshake_says_so(
     assert local_engine.accepted(run_id) == [1]
 
 
-def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -> None:
-    config = GrpcChannelConfig(
+def offline_config(wal_dir: Path, run_id: str, **settings: Any) -> GrpcChannelConfig:
+    """A config whose engine address refuses: for checks that never reach the network."""
+    return GrpcChannelConfig(
         grpc_addr="127.0.0.1:1",
-        run_id="run-batch",
+        run_id=run_id,
         correlation_id="c",
-        run_token="tok-batch-1",
-        wal_dir=tmp_path,
+        run_token=f"tok-{run_id}",
+        wal_dir=wal_dir,
+        **settings,
     )
+
+
+def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -> None:
+    config = offline_config(tmp_path, "run-batch")
 
     async def main() -> None:
         async with GrpcEngineChannel(config) as ch:
@@ -811,13 +817,7 @@ def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -
 
 
 def test_bad_arguments_are_named_and_log_nothing(tmp_path: Path) -> None:
-    config = GrpcChannelConfig(
-        grpc_addr="127.0.0.1:1",
-        run_id="run-args",
-        correlation_id="c",
-        run_token="tok-args-1",
-        wal_dir=tmp_path,
-    )
+    config = offline_config(tmp_path, "run-args")
 
     async def main() -> None:
         async with GrpcEngineChannel(config) as ch:
@@ -848,14 +848,7 @@ def test_a_payload_of_shared_references_is_refused_before_it_is_expanded(tmp_pat
     shared: list[Any] = [1]
     for _ in range(30):
         shared = [shared, shared]
-    config = GrpcChannelConfig(
-        grpc_addr="127.0.0.1:1",
-        run_id="run-dag",
-        correlation_id="c",
-        run_token="tok-dag-1",
-        wal_dir=tmp_path,
-        max_message_bytes=64 * 1024,
-    )
+    config = offline_config(tmp_path, "run-dag", max_message_bytes=64 * 1024)
 
     async def main() -> None:
         async with GrpcEngineChannel(config) as ch:
