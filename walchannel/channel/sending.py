@@ -29,12 +29,12 @@ from walchannel.errors import (
 from walchannel.interface import ApprovalDecision
 from walchannel.protocol import ChannelState
 
-__all__ = ["Sender", "check_timeout_ms"]
+__all__ = ["Sender"]
 
 logger = logging.getLogger(__name__)
 
 
-def check_timeout_ms(call: str, timeout_ms: object) -> None:
+def _check_timeout_ms(call: str, timeout_ms: object) -> None:
     """Refuse a ``timeout_ms`` that is not None or a number >= 0 (NaN would never time out).
 
     Raises:
@@ -297,7 +297,7 @@ class Sender(ChannelBase):
             The other errors of ``send_event``.
         """
         self._bind_loop()
-        check_timeout_ms("request_approval", timeout_ms)
+        _check_timeout_ms("request_approval", timeout_ms)
         rid = request_id if request_id is not None else str(uuid.uuid4())
         decided = self._down.decision(rid)
         if decided is not None:
@@ -342,7 +342,7 @@ class Sender(ChannelBase):
         self._bind_loop()
         if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
             raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")
-        check_timeout_ms("wait_acked", timeout_ms)
+        _check_timeout_ms("wait_acked", timeout_ms)
         target = self._cursor.high_water if seq is None else seq
         return await self._wait_for(
             lambda: self._cursor.acked >= self._cursor.translate(target),
