@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import PayloadError
-from walchannel.payload import MAX_DEPTH, MAX_SAFE_INT, check_payload, plain_payload
+from walchannel.payload import MAX_DEPTH, MAX_SAFE_INT, MAX_VALUES, check_payload, plain_payload
 from walchannel.wire import body_of, up_message
 
 
@@ -158,3 +159,17 @@ def test_struct_size_bound_holds_for_the_worst_shape() -> None:
         body = {"fields": fields}
         ratio = up_message("r", "c", 1, "finding", body).ByteSize() / len(encode_body("f", body))
         assert ratio < STRUCT_GROWTH
+
+
+def test_the_default_value_bound_matches_the_default_message_bound() -> None:
+    # A Struct value takes at least 2 bytes: more values could never travel.
+    assert MAX_VALUES == DEFAULT_MAX_MESSAGE_BYTES // 2
+
+
+def test_shared_containers_count_each_time_they_appear() -> None:
+    shared: list[Any] = [1]
+    for _ in range(30):  # 31 lists, 2**30 values once expanded (within MAX_DEPTH)
+        shared = [shared, shared]
+    with pytest.raises(PayloadError, match=r"^finding: more than 1000 values"):
+        check_payload({"tree": shared}, "finding", max_values=1000)
+    check_payload({"flat": list(range(999))}, "finding", max_values=1000)

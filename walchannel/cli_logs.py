@@ -206,8 +206,9 @@ def _output(name: str | None) -> Iterator[TextIO]:
 
 def _is_the_logs_file(output: Path, log: Path) -> bool:
     """Whether writing ``output`` would write the log or one of its files (a link included)."""
+    target = output.resolve()
     for own in (log, Path(f"{log}-journal"), *_sidecars(log)):
-        if output.resolve() == own.resolve():
+        if target == own.resolve():
             return True
         with contextlib.suppress(OSError):
             if os.path.samefile(output, own):

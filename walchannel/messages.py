@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from walchannel.errors import PayloadError
-from walchannel.payload import check_text, plain_payload
+from walchannel.payload import MAX_VALUES, check_text, plain_payload
 
 __all__ = [
     "MAX_PROGRESS_BYTES",
@@ -76,7 +76,7 @@ def event_body(
     payload: Mapping[str, Any],
     ts: object,
     *,
-    max_values: int | None = None,
+    max_values: int = MAX_VALUES,
 ) -> dict[str, Any]:
     """Return the ``event`` body ``{"type", "severity", "payload", "ts"}``.
 
@@ -97,7 +97,7 @@ def event_body(
 
 
 def finding_body(
-    finding: Mapping[str, Any], path: str = "finding", *, max_values: int | None = None
+    finding: Mapping[str, Any], path: str = "finding", *, max_values: int = MAX_VALUES
 ) -> dict[str, Any]:
     """Return the ``finding`` body ``{"fields": {...}}``.
 
@@ -113,7 +113,7 @@ def finding_body(
 
 
 def finding_bodies(
-    findings: Iterable[Mapping[str, Any]], *, max_values: int | None = None
+    findings: Iterable[Mapping[str, Any]], *, max_values: int = MAX_VALUES
 ) -> list[dict[str, Any]]:
     """Return the ``finding`` bodies of a batch (``send_findings``).
 
@@ -139,7 +139,7 @@ def approval_body(
     action: str,
     details: Mapping[str, Any],
     *,
-    max_values: int | None = None,
+    max_values: int = MAX_VALUES,
 ) -> dict[str, Any]:
     """Return the ``approval_request`` body ``{"request_id", "action", "details"}``.
 

@@ -29,6 +29,7 @@ from walchannel.errors import PayloadError
 __all__ = [
     "MAX_DEPTH",
     "MAX_SAFE_INT",
+    "MAX_VALUES",
     "check_payload",
     "check_text",
     "child_path",
@@ -42,6 +43,10 @@ MAX_DEPTH = 32
 
 #: Largest integer magnitude a double holds exactly (2^53).
 MAX_SAFE_INT = 2**53
+#: Values a payload may hold unless the caller says otherwise: a Struct value
+#: takes at least 2 bytes, so more than half of the default 4 MiB
+#: ``max_message_bytes`` (``walchannel.config``) could never travel.
+MAX_VALUES = 2 * 1024 * 1024
 
 
 def child_path(path: str, key: object) -> str:
@@ -73,7 +78,7 @@ def check_text(value: object, path: str) -> None:
         ) from None
 
 
-def plain_payload(value: object, path: str, *, max_values: int | None = None) -> dict[str, Any]:
+def plain_payload(value: object, path: str, *, max_values: int = MAX_VALUES) -> dict[str, Any]:
     """Check a payload and return it as plain ``dict``/``list`` values.
 
     The checked value itself is returned when it is already made of
@@ -122,17 +127,17 @@ def _check_utf8(text: str, root: str, trail: tuple[object, ...]) -> None:
         ) from None
 
 
-def check_payload(value: object, path: str, *, max_values: int | None = None) -> bool:
+def check_payload(value: object, path: str, *, max_values: int = MAX_VALUES) -> bool:
     """Check that ``value`` is a JSON-like mapping that can travel as a Struct.
 
     Args:
         value: the payload; must be a mapping with ``str`` keys.
         path: the name of the payload in errors, e.g. ``"finding"``.
-        max_values: refuse a payload holding more values than this (None: no
-            bound), counting a container as often as it is referenced: a
-            few lists sharing each other can stand for billions of values,
-            which the walk would never finish. The channel passes
-            ``max_message_bytes // 2``: a Struct value takes at least 2 bytes.
+        max_values: refuse a payload holding more values than this,
+            counting a container as often as it is referenced: a few lists
+            sharing each other can stand for billions of values, which the
+            walk would never finish. The channel passes its
+            ``max_message_bytes // 2`` (a Struct value takes at least 2 bytes).
 
     Returns:
         True when the payload holds a mapping that is not a ``dict`` (so
@@ -155,14 +160,13 @@ def check_payload(value: object, path: str, *, max_values: int | None = None) ->
             raise PayloadError(
                 _path(path, trail), f"containers nested deeper than {MAX_DEPTH} levels"
             )
-        if budget is not None:
-            budget -= len(container)
-            if budget < 0:
-                raise PayloadError(
-                    path,
-                    f"more than {max_values} values (a shared container counts each "
-                    "time it appears): it could never travel within the size bound",
-                )
+        budget -= len(container)
+        if budget < 0:
+            raise PayloadError(
+                path,
+                f"more than {max_values} values (a shared container counts each "
+                "time it appears): it could never travel within the size bound",
+            )
         is_map = isinstance(container, Mapping)
         if is_map:
             foreign = foreign or not isinstance(container, dict)

@@ -21,7 +21,6 @@ from typing import Any
 import msgpack
 
 from walchannel import messages
-from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
@@ -29,9 +28,6 @@ from walchannel.payload import check_text
 from walchannel.protocol import ChannelState
 
 __all__ = ["InMemoryEngineChannel"]
-
-#: The real channel's bound on payload values at its default max_message_bytes.
-_MAX_VALUES = DEFAULT_MAX_MESSAGE_BYTES // 2
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +101,7 @@ class InMemoryEngineChannel:
     ) -> int:
         """Record an event and return its seq (checks as the real channel)."""
         self._check_open()
-        body = messages.event_body(type, severity, payload, ts, max_values=_MAX_VALUES)
+        body = messages.event_body(type, severity, payload, ts)
         messages.progress_marker(progress)
         self.events.append(_as_committed("event", body))
         return self._commit(1, progress)[0]
@@ -115,7 +111,7 @@ class InMemoryEngineChannel:
     ) -> int:
         """Record a finding and return its seq."""
         self._check_open()
-        body = messages.finding_body(finding, max_values=_MAX_VALUES)
+        body = messages.finding_body(finding)
         messages.progress_marker(progress)
         self.findings.append(_as_committed("finding", body))
         return self._commit(1, progress)[0]
@@ -128,10 +124,7 @@ class InMemoryEngineChannel:
     ) -> list[int]:
         """Record several findings (all, or none on a bad one) and return their seqs."""
         self._check_open()
-        bodies = [
-            _as_committed("finding", body)
-            for body in messages.finding_bodies(findings, max_values=_MAX_VALUES)
-        ]
+        bodies = [_as_committed("finding", body) for body in messages.finding_bodies(findings)]
         messages.progress_marker(progress)
         self.findings.extend(bodies)
         return self._commit(len(bodies), progress)
@@ -161,7 +154,7 @@ class InMemoryEngineChannel:
         self.approvals.append(
             _as_committed(
                 "approval_request",
-                messages.approval_body(rid, action, details, max_values=_MAX_VALUES),
+                messages.approval_body(rid, action, details),
             )
         )
         self._commit(1, None)
