@@ -43,7 +43,7 @@ from walchannel import (
     WalCorruptError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
-from walchannel.channel.base import token_tracers
+from walchannel.channel.grpc_transport import token_tracers
 from walchannel.cli import main
 from walchannel.config import GrpcChannelConfig
 from walchannel.log_format import ROW_LOST_TYPE
@@ -736,8 +736,12 @@ def test_secrets_api_tracer_is_warned_about_once() -> None:
         "import logging, io\n"
         "stream = io.StringIO()\n"
         "logging.basicConfig(stream=stream, level=logging.WARNING)\n"
-        "from walchannel.channel import _warn_grpc_trace\n"
-        "_warn_grpc_trace(); _warn_grpc_trace()\n"
+        "import tempfile\n"
+        "from walchannel import GrpcChannelConfig, GrpcEngineChannel\n"
+        "folder = tempfile.mkdtemp()\n"
+        "for run in ('r1', 'r2'):\n"
+        "    GrpcEngineChannel(GrpcChannelConfig(grpc_addr='127.0.0.1:9', run_id=run,\n"
+        "        correlation_id='c', run_token='t', wal_dir=folder)).log.close()\n"
         "print(stream.getvalue().count('GRPC_TRACE'))\n"
     )
     out = subprocess.run(

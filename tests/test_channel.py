@@ -129,13 +129,13 @@ async def test_tiny_rows_cannot_grow_the_tail_past_its_byte_bound(
 ) -> None:
     # Each tail row counts its Python overhead: 30,000 empty findings (9 bytes
     # of msgpack each) would otherwise all stay in memory.
-    from walchannel.channel import TAIL_BYTES, TAIL_ROW_OVERHEAD
+    from walchannel.row_source import TAIL_BYTES, TAIL_ROW_OVERHEAD
 
     ch = engine_channel
     n = 30_000
     for _ in range(n // 5_000):
         ch.send_findings([{}] * 5_000)
-    tail = ch._tail
+    tail = ch._rows.tail
     assert len(tail) <= TAIL_BYTES // TAIL_ROW_OVERHEAD < n
     assert tail[-1][0] == n and tail[0][0] > 1
     await ch.handshake("1", "h", "1")  # the evicted rows come from disk
@@ -219,8 +219,7 @@ async def test_stats_only_reads_an_ack_received_is_counted_not_stored(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Acks are stored a while after they arrive (coalesced): make the while long.
-    monkeypatch.setattr("walchannel.protocol.ACK_STORE_AFTER_MS", 3_600_000.0)
-    monkeypatch.setattr("walchannel.channel.ACK_STORE_AFTER_MS", 3_600_000.0)
+    monkeypatch.setattr("walchannel.driver.ACK_STORE_AFTER_MS", 3_600_000.0)
     run_id, token = new_run(local_engine)
     async with channel_for(local_engine, tmp_path / "wal", run_id, token) as ch:
         await ch.handshake("1", "h", "1")
@@ -932,3 +931,33 @@ async def test_an_ack_below_a_waiters_target_does_not_wake_it(tmp_path: Path) ->
             assert ch.stats().acked == 40
     finally:
         await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_log_with_rows_sent_before_its_handshake_follows_the_engine(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # The log is lost after 10 acked rows (a wiped folder, a new host); the
+    # restarted harness logs 20 rows before its handshake. The engine's answer
+    # Ack(10) moves them to 11..30 (SPEC "Dial": verification), and what goes
+    # out must be those rows, read again: the in-memory tail holds them under
+    # their old seqs (found by the simulator running the channel itself).
+    run_id, token = new_run(local_engine)
+    wal = tmp_path / "wal"
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        await ch.handshake("1", "h", "1")
+        for i in range(10):
+            ch.send_finding({"n": f"old-{i}"})
+        assert await ch.wait_acked(timeout_ms=10_000)
+    for leftover in wal.glob(f"{run_id}.wal.sqlite3*"):
+        leftover.unlink()
+    async with channel_for(local_engine, wal, run_id, token) as ch:
+        seqs = [ch.send_finding({"n": f"new-{i}"}) for i in range(20)]
+        assert seqs == list(range(1, 21))  # provisional: the log starts afresh
+        await ch.handshake("1", "h", "1")
+        assert await ch.wait_acked(seqs[-1], timeout_ms=10_000)
+        assert ch.last_acked_seq == 30
+    names = [b["body"]["fields"]["n"] for b in local_engine.bodies(run_id)]
+    assert names == [f"old-{i}" for i in range(10)] + [f"new-{i}" for i in range(20)]
+    assert local_engine.accepted(run_id) == list(range(1, 31))
+    assert local_engine.duplicates(run_id) == 0 and local_engine.gaps(run_id) == []

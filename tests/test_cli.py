@@ -31,7 +31,8 @@ import pytest
 
 from conftest import PYTHON, ROOT, child_env, eventually
 from walchannel import EngineBehindError, EngineUnavailableError, GrpcEngineChannel, RunLog
-from walchannel.inspection import JSON_KEYS, format_age, format_size
+from walchannel.formatting import format_age, format_size
+from walchannel.inspection import JSON_KEYS
 from walchannel.log_format import check_header
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config

@@ -232,12 +232,6 @@ def test_the_error_gives_the_position_of_the_bad_character() -> None:
         build(run_token="ab\u00e9cd")
 
 
-@pytest.mark.parametrize("run_id", [".hidden", ".", "..", ".wal"])
-def test_a_run_id_naming_a_hidden_file_is_refused(run_id: str) -> None:
-    with pytest.raises(ValueError, match="run_id"):
-        build(run_id=run_id)
-
-
 @pytest.mark.asyncio
 async def test_every_printable_ascii_token_the_config_accepts_authenticates(
     local_engine: LocalEngine, tmp_path: Path

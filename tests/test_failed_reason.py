@@ -17,7 +17,7 @@ import pytest
 from conftest import new_run
 from walchannel import EngineBehindError, GrpcEngineChannel, RunCompletedError, RunLog
 from walchannel.inspection import inspect_log
-from walchannel.log_format import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE
+from walchannel.log_state import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -1,14 +1,27 @@
-"""The architecture: lower layers never import upper ones (checked with ast)."""
+"""The architecture, checked with ast: layers, no cycles, composition, the simulator.
+
+- Each module imports only modules below it in :data:`ORDER`; imports under
+  ``if TYPE_CHECKING:`` and inside functions count too, so there is no
+  import cycle of any kind.
+- No class inherits from a walchannel class of another module (exceptions
+  and ``typing.Protocol`` interfaces aside): objects are composed.
+- The driver and the log's decisions do no I/O; the read-only tools never
+  load grpc or httpx; the channel loads grpc only through its transport.
+- ``tools/sim.py`` drives the product through its public names and seams:
+  it imports no decision module and no private name of walchannel.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import ROOT
 
 # Each module may import only modules earlier in this list (or the stdlib and
-# third-party packages). testing, demo and the command's modules come last.
+# third-party packages). A package's modules come before the package itself.
 ORDER = [
     "walchannel._proto",
     "walchannel._killpoints",
@@ -16,41 +29,40 @@ ORDER = [
     "walchannel.payload",
     "walchannel.files",
     "walchannel.lock",
+    "walchannel.clock",
     "walchannel.log_state",
-    "walchannel.protocol",
-    "walchannel.session",
     "walchannel.log_format",
-    # RunLog's parts, then the class (walchannel/log/__init__.py).
-    "walchannel.log.base",
-    "walchannel.log.disk",
-    "walchannel.log.transactions",
-    "walchannel.log.quarantine",
-    "walchannel.log.opening",
     "walchannel.log",
-    # Reading a log without writing (inspect, export, flush).
     "walchannel.log_reader",
     "walchannel.replication",
     "walchannel.wire",
     "walchannel.contract",
     "walchannel.address",
     "walchannel.config",
+    "walchannel.driver",
     "walchannel.messages",
     "walchannel.row_source",
+    "walchannel.transport",
     "walchannel.interface",
     "walchannel.metrics",
     "walchannel.discovery",
-    # GrpcEngineChannel's parts, then the class (walchannel/channel/__init__.py).
-    "walchannel.channel.base",
-    "walchannel.channel.dial",
     "walchannel.channel.replica",
-    "walchannel.channel.acks",
-    "walchannel.channel.sending",
     "walchannel.channel.stream",
+    "walchannel.channel.grpc_transport",
     "walchannel.channel",
     "walchannel.blocking",
     "walchannel.formatting",
     "walchannel.inspection",
     "walchannel.watch",
+    "walchannel.testing.store",
+    "walchannel.testing._http",
+    "walchannel.testing.servicer",
+    "walchannel.testing.engine.__main__",
+    "walchannel.testing.engine",
+    "walchannel.testing.discovery",
+    "walchannel.testing.memory",
+    "walchannel.testing.proxy",
+    "walchannel.testing.plugin",
     "walchannel.testing",
     "walchannel.demo",
     "walchannel.demo_hostloss",
@@ -59,27 +71,26 @@ ORDER = [
     "walchannel.cli",
     "walchannel.__main__",
 ]
+# A package's __main__ runs the package: it sits above the package's __init__.
+_ABOVE_THEIR_PACKAGE = {"walchannel.testing.engine.__main__": "walchannel.testing.engine"}
+
 # Modules that must never import grpc, httpx or the channel (light and sans-I/O).
 NO_NETWORK = {
     "walchannel.errors",
     "walchannel.payload",
     "walchannel.files",
     "walchannel.lock",
+    "walchannel.clock",
     "walchannel.log_state",
-    "walchannel.protocol",
-    "walchannel.session",
+    "walchannel.driver",
     "walchannel.log_format",
     "walchannel.log",
-    "walchannel.log.base",
-    "walchannel.log.disk",
-    "walchannel.log.transactions",
-    "walchannel.log.quarantine",
-    "walchannel.log.opening",
     "walchannel.wire",
     "walchannel.address",
     "walchannel.config",
     "walchannel.messages",
     "walchannel.row_source",
+    "walchannel.transport",
     "walchannel.interface",
     "walchannel.metrics",
     "walchannel.log_reader",
@@ -89,12 +100,15 @@ NO_NETWORK = {
     "walchannel.cli_logs",
     "walchannel.replication",
 }
-NO_IO = {"walchannel.protocol", "walchannel.log_state", "walchannel.session"}
+# The run's decisions: values in, decisions out; no I/O, no clock.
+NO_IO = {"walchannel.driver", "walchannel.log_state"}
 
 
 def rank(module: str) -> int:
     for i, prefix in enumerate(ORDER):
         if module == prefix or module.startswith(prefix + "."):
+            if prefix in _ABOVE_THEIR_PACKAGE.values() and module != prefix:
+                continue
             return i
     raise AssertionError(f"{module} is not placed in ORDER")
 
@@ -110,14 +124,19 @@ def modules() -> dict[str, ast.Module]:
     return found
 
 
-def imports(tree: ast.Module, module: str) -> list[str]:
-    """Imports done at run time (those under ``if TYPE_CHECKING:`` are for mypy only)."""
+def imports(tree: ast.Module, module: str, *, typing: bool = True) -> list[str]:
+    """The modules (and ``module.Name``) ``tree`` imports, anywhere in it.
+
+    ``typing=False`` leaves out imports under ``if TYPE_CHECKING:`` (they
+    never load at run time).
+    """
     typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    if not typing:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     out = []
-    package = module.rsplit(".", 1)[0]
+    package = module if module in PACKAGES else module.rsplit(".", 1)[0]
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -131,25 +150,121 @@ def imports(tree: ast.Module, module: str) -> list[str]:
     return out
 
 
-def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
-    for name, tree in modules().items():
-        own = rank(name)
+PACKAGES = {
+    ".".join(p.relative_to(ROOT).parent.parts)
+    for p in (ROOT / "walchannel").rglob("__init__.py")
+    if "_proto" not in p.parts
+}
+
+
+def graph() -> dict[str, set[str]]:
+    """``module -> the walchannel modules it imports`` (type-only and lazy imports included)."""
+    trees = modules()
+    edges: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        edges[name] = set()
         for target in imports(tree, name):
-            if not target.startswith("walchannel.") or target.startswith(name):
+            while target and target not in trees and "." in target:
+                target = target.rsplit(".", 1)[0]  # an attribute: from walchannel.x import Name
+            if target in trees and target != name:
+                edges[name].add(target)
+    return edges
+
+
+def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
+    for name, targets in graph().items():
+        own = rank(name)
+        for target in targets:
+            assert rank(target) < own or target == _ABOVE_THEIR_PACKAGE.get(name), (
+                f"{name} imports {target}, a higher layer"
+            )
+
+
+def test_there_is_no_import_cycle_not_even_a_type_only_one() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycle = [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_order_lists_only_real_modules() -> None:
+    names = set(modules()) | {"walchannel._proto"}
+    for prefix in ORDER:
+        assert any(n == prefix or n.startswith(prefix + ".") for n in names), prefix
+
+
+def _classes() -> dict[str, dict[str, ast.ClassDef]]:
+    return {
+        name: {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        for name, tree in modules().items()
+    }
+
+
+def test_objects_are_composed_not_assembled_from_bases_in_other_modules() -> None:
+    # A walchannel class may subclass a walchannel class of another module only
+    # when that base is an exception or a typing.Protocol (an interface).
+    trees = modules()
+    classes = _classes()
+    allowed_roots = {"Exception", "Protocol", "Warning", "UserWarning", "ValueError"}
+
+    def is_interface_or_error(module: str, cls: ast.ClassDef) -> bool:
+        for base in cls.bases:
+            text = ast.unparse(base).split("[")[0].split(".")[-1]
+            if text in allowed_roots or text.endswith(("Error", "Warning")):
+                return True
+            if text in classes[module] and is_interface_or_error(module, classes[module][text]):
+                return True
+        return False
+
+    for name, tree in trees.items():
+        imported: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("walchannel"):
+                for alias in node.names:
+                    imported[alias.asname or alias.name] = node.module or ""
+        for cls in classes[name].values():
+            for base in cls.bases:
+                text = ast.unparse(base).split("[")[0]
+                source = imported.get(text)
+                if source is None or source.startswith("walchannel._proto"):
+                    continue
+                base_def = classes.get(source, {}).get(text)
+                assert base_def is not None and is_interface_or_error(source, base_def), (
+                    f"{name}.{cls.name} inherits {source}.{text}: compose it instead"
+                )
+
+
+def test_no_class_declares_methods_for_others_to_fill() -> None:
+    # No base of stubs: a method whose whole body raises NotImplementedError.
+    for name, classes in _classes().items():
+        for cls in classes.values():
+            if any(ast.unparse(b).endswith("Protocol") for b in cls.bases):
                 continue
-            try:
-                theirs = rank(target)
-            except AssertionError:
-                continue  # an attribute import (from walchannel.x import Name)
-            assert theirs <= own or (
-                target.startswith("walchannel.testing") and own >= rank("walchannel.testing")
-            ), f"{name} imports {target}, a higher layer"
+            for item in cls.body:
+                if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                body = [s for s in item.body if not isinstance(s, ast.Expr)]
+                stub = len(body) == 1 and isinstance(body[0], ast.Raise)
+                stub = stub and "NotImplementedError" in ast.unparse(body[0])
+                assert not stub, f"{name}.{cls.name}.{item.name} is a stub for others to fill"
 
 
 def test_light_modules_never_import_the_network() -> None:
     trees = modules()
-    for name in NO_NETWORK & set(trees):
-        for target in imports(trees[name], name):
+    for name in NO_NETWORK:
+        for target in imports(trees[name], name, typing=False):
             root = target.split(".")[0]
             assert root not in {"grpc", "httpx"}, f"{name} imports {target}"
             assert not target.startswith(("walchannel.channel", "walchannel.discovery")), (
@@ -171,7 +286,7 @@ def closure(module: str, trees: dict[str, ast.Module]) -> dict[str, list[str]]:
         name = todo.pop()
         if name in seen or name not in trees:
             continue
-        seen[name] = imports(trees[name], name)
+        seen[name] = imports(trees[name], name, typing=False)
         todo += [t for t in seen[name] if t in trees]
     return seen
 
@@ -205,24 +320,23 @@ def test_the_read_only_tools_never_load_grpc() -> None:
 def test_flush_is_the_command_that_loads_grpc_and_only_when_it_runs() -> None:
     trees = modules()
     flush = trees["walchannel.flush"]
-    assert "grpc" in imports(flush, "walchannel.flush")
+    assert "grpc" in imports(flush, "walchannel.flush", typing=False)
     # Not at import time: the CLI imports walchannel.flush for every command.
     top = ast.Module(
         body=[n for n in flush.body if isinstance(n, ast.Import | ast.ImportFrom)],
         type_ignores=[],
     )
-    for target in imports(top, "walchannel.flush"):
+    for target in imports(top, "walchannel.flush", typing=False):
         assert target.split(".")[0] not in {"grpc", "httpx"}, target
         assert not target.startswith(("walchannel.channel", "walchannel.discovery")), target
     # The CLI wiring itself imports neither.
-    for target in imports(trees["walchannel.cli"], "walchannel.cli"):
+    for target in imports(trees["walchannel.cli"], "walchannel.cli", typing=False):
         assert target.split(".")[0] not in {"grpc", "httpx"}, target
 
 
-def test_the_core_does_no_io() -> None:
-    # protocol (the cursor, answers, backoff), log_state (the log's
-    # decisions) and session (the channel's decision layer) take values and
-    # return decisions: no I/O, no clock.
+def test_the_decisions_do_no_io() -> None:
+    # The driver (the run's protocol) and log_state (the log's decisions)
+    # take values and return decisions: no I/O, no clock, no awaiting.
     trees = modules()
     for module in NO_IO:
         for name, targets in closure(module, trees).items():
@@ -239,44 +353,31 @@ def test_the_core_does_no_io() -> None:
                     "msgpack",
                 }, (module, name, target)
                 if target.startswith("walchannel."):
-                    assert target.split(".")[1] in {
-                        "errors",
-                        "log_state",
-                        "protocol",
-                        "session",
-                    }, (name, target)
+                    assert target.split(".")[1] in {"errors", "log_state", "driver"}, (
+                        name,
+                        target,
+                    )
         tree = trees[module]
-        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Await, ast.AsyncFunctionDef))]
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Await | ast.AsyncFunctionDef)]
 
 
-def test_order_lists_only_real_modules() -> None:
-    names = set(modules()) | {"walchannel._proto"}
-    for prefix in ORDER:
-        assert any(n == prefix or n.startswith(prefix + ".") for n in names) or prefix in (
-            "walchannel.inspection",
-            "walchannel.watch",
-            "walchannel.cli",
-            "walchannel.__main__",
-        ), prefix
-    assert Path(ROOT / "walchannel" / "protocol.py").is_file()
-
-
-def test_the_format_split_out_of_log_stays_importable_from_it() -> None:
-    # walchannel.log_format holds the on-disk format; what walchannel.log
-    # exported before the split is still there, the very same objects.
-    import walchannel.log
-    import walchannel.log_format
-
-    moved = {"APPLICATION_ID", "ROW_LOST_TYPE", "Row", "RunMeta", "SCHEMA_VERSION"}
-    moved |= {"decode_row", "encode_body"}
-    assert moved | {"CommitHook", "Durability", "RunLog"} == set(walchannel.log.__all__)
-    for name in moved | {"check_header", "read_meta", "row_lost_body"}:
-        assert getattr(walchannel.log, name) is getattr(walchannel.log_format, name), name
+def test_the_channel_loads_grpc_and_httpx_only_through_its_transport() -> None:
+    # The channel, its streams and the seams import neither: the simulator runs
+    # them without grpc; GrpcTransport (and the replica gate) load them.
+    code = (
+        "import sys\n"
+        "import walchannel.channel, walchannel.transport, walchannel.clock\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'httpx'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_row_source_loads_neither_grpc_nor_the_channel() -> None:
     # Rows become UpMessage bytes with protobuf alone (walchannel.wire); the
-    # stream driver is the one that writes them.
+    # stream's writer is the one that writes them.
     trees = modules()
     for name, targets in closure("walchannel.row_source", trees).items():
         for target in targets:
@@ -284,100 +385,71 @@ def test_the_row_source_loads_neither_grpc_nor_the_channel() -> None:
             assert not target.startswith("walchannel.channel"), (name, target)
 
 
-def test_the_channel_split_keeps_its_names_importable() -> None:
-    # GrpcEngineChannel was one module; its parts moved, its names did not.
-    import walchannel
-    import walchannel.channel
-    import walchannel.row_source
+# -- the simulator runs the product, not a copy of it ------------------------------------
 
-    assert walchannel.channel.GrpcEngineChannel is walchannel.GrpcEngineChannel
-    for name in ("STRUCT_GROWTH", "TAIL_BYTES", "TAIL_ROW_OVERHEAD"):
-        assert getattr(walchannel.channel, name) is getattr(walchannel.row_source, name)
-    assert callable(walchannel.channel._warn_grpc_trace)
-
-
-def test_no_module_is_a_big_room() -> None:
-    # Issue 15: no module over ~600 lines, anywhere under walchannel/ (the
-    # generated walchannel/_proto aside).
-    big = {}
-    for path in (ROOT / "walchannel").rglob("*.py"):
-        if "_proto" in path.relative_to(ROOT).parts:
-            continue
-        lines = len(path.read_text().splitlines())
-        if lines > 650:
-            big[str(path.relative_to(ROOT))] = lines
-    assert not big, f"big rooms again (over 650 lines): {big}"
+#: What tools/sim.py may import from walchannel: the public API, the storage
+#: seam (RunLog.on_connection), the network and clock seams, the wire contract.
+SIM_MAY_IMPORT = {
+    "walchannel",
+    "walchannel.clock",
+    "walchannel.config",
+    "walchannel.contract",
+    "walchannel.errors",
+    "walchannel.log",
+    "walchannel.log_format",
+    "walchannel.log_state",
+    "walchannel.transport",
+    "walchannel.wire",
+}
 
 
-def test_the_log_split_keeps_its_names_importable() -> None:
-    # RunLog was one module; its parts moved into the package walchannel.log,
-    # its names did not.
-    import walchannel
-    import walchannel.log
-    from walchannel.log import disk, opening, quarantine, transactions
+def _private_names_of_walchannel() -> set[str]:
+    names: set[str] = set()
+    for tree in modules().values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
-    assert walchannel.log.RunLog is walchannel.RunLog
-    for part in (opening.Opening, transactions.Transactions, quarantine.Quarantine, disk.Disk):
-        assert issubclass(walchannel.log.RunLog, part)
-    assert walchannel.log.WRITABLE_META is transactions.WRITABLE_META
-    assert walchannel.log.CommitHook is walchannel.log.base.CommitHook
 
-
-def test_the_inspection_split_keeps_its_names_importable() -> None:
-    # walchannel.inspection held the reader, the report and the formatting;
-    # the reader and the formatting moved, every name is still there.
-    import walchannel.formatting
-    import walchannel.inspection
-    import walchannel.log_reader
-
-    moved = {
-        walchannel.log_reader: ("LogReader", "LogUnreadableError", "QuarantinedRow"),
-        walchannel.formatting: ("align_table", "format_age", "format_size"),
+def test_the_simulator_imports_only_the_world_and_public_names() -> None:
+    sim_path = ROOT / "tools" / "sim.py"
+    tree = ast.parse(sim_path.read_text(), str(sim_path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("walchannel"):
+                    assert alias.name in SIM_MAY_IMPORT, alias.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("walchannel"):
+            assert node.module in SIM_MAY_IMPORT, node.module
+            for alias in node.names:
+                assert not alias.name.startswith("_"), f"{node.module}.{alias.name}"
+    # No private name of walchannel is touched: the sim defines its own world
+    # and calls the product through public names and the seams.
+    own = {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    } | {
+        n.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     }
-    for module, names in moved.items():
-        for name in names:
-            assert getattr(walchannel.inspection, name) is getattr(module, name), name
-            assert name in walchannel.inspection.__all__, name
-    assert walchannel.inspection.run_id_from_name is walchannel.log_reader.run_id_from_name
-    # The formatting helpers import nothing of walchannel; the reader knows no report.
-    trees = modules()
-    assert not [
-        t
-        for t in imports(trees["walchannel.formatting"], "walchannel.formatting")
-        if t.startswith("walchannel")
-    ]
-    assert not [
-        t
-        for t in imports(trees["walchannel.log_reader"], "walchannel.log_reader")
-        if t.startswith("walchannel.inspection")
-    ]
+    product_private = _private_names_of_walchannel() - own
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not used & product_private, sorted(used & product_private)
+    assert "class SimDriver" not in sim_path.read_text()
 
 
-def test_the_local_engine_split_keeps_its_layers_and_names() -> None:
-    # LocalEngine was one module; the stream handling moved into
-    # testing/servicer.py and the process form into testing/engine_cli.py.
-    # servicer knows nothing of the engine's facade or its command line; the
-    # engine imports its command line only when main() runs (for
-    # ``python -m walchannel.testing.engine``); the command line sits on top.
-    import walchannel.testing
-    import walchannel.testing.engine
-    import walchannel.testing.engine_cli
-    import walchannel.testing.servicer
-
-    trees = modules()
-    for target in imports(trees["walchannel.testing.servicer"], "walchannel.testing.servicer"):
-        assert not target.startswith(
-            ("walchannel.testing.engine", "walchannel.testing.engine_cli")
-        ), target
-    engine = trees["walchannel.testing.engine"]
-    top = ast.Module(
-        body=[n for n in engine.body if isinstance(n, ast.Import | ast.ImportFrom)],
-        type_ignores=[],
-    )
-    assert not [t for t in imports(top, "walchannel.testing.engine") if "engine_cli" in t]
-    engine_mod = walchannel.testing.engine
-    assert engine_mod.RUN_COMPLETED is walchannel.testing.servicer.RUN_COMPLETED
-    assert issubclass(engine_mod.LocalEngine, walchannel.testing.servicer.StreamHandling)
-    assert walchannel.testing.LocalEngine is engine_mod.LocalEngine
-    assert callable(engine_mod.main)
-    assert walchannel.testing.engine_cli.LocalEngine is engine_mod.LocalEngine
+def test_modules_hold_one_class_each_at_most_or_small_values() -> None:
+    # The writer and the channel are one class each, read top to bottom.
+    classes = _classes()
+    assert set(classes["walchannel.log"]) == {"CommitHook", "RunLog"}
+    assert "GrpcEngineChannel" in classes["walchannel.channel"]
+    assert Path(ROOT / "walchannel" / "driver.py").is_file()

@@ -27,7 +27,8 @@ from grpc import aio
 from conftest import PYTHON, child_env
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
-from walchannel.testing.engine import RUN_COMPLETED, LocalEngine, main
+from walchannel.testing.engine import RUN_COMPLETED, LocalEngine
+from walchannel.testing.engine.__main__ import main
 from walchannel.testing.store import EngineStore
 from walchannel.wire import (
     body_of,

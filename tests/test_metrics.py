@@ -309,9 +309,9 @@ async def test_send_duration_records_one_call_per_sample_interval(tmp_path: Path
         base = time.perf_counter_ns() - 10**9
         for i in range(100):
             started = base + i * 1_000_000
-            hooks._clock_ns = lambda started=started: started + 40_000
+            hooks.clock_ns = lambda started=started: started + 40_000
             hooks.on_send(started)
-        hooks._clock_ns = time.perf_counter_ns
+        hooks.clock_ns = time.perf_counter_ns
         hist = readout.send_duration()
         assert hist.count == 100 // (wm.SEND_SAMPLE_NS // 1_000_000)
         assert hist.min == hist.max == 40.0

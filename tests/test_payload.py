@@ -142,8 +142,8 @@ def _as_struct_numbers(value: Any) -> Any:
 @given(st.dictionaries(st.text(), json_values, max_size=6))
 def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> None:
     # GrpcEngineChannel skips the exact size check below this bound.
-    from walchannel.channel import STRUCT_GROWTH
     from walchannel.log_format import encode_body
+    from walchannel.row_source import STRUCT_GROWTH
 
     body = {"fields": payload}
     blob = encode_body("finding", body)
@@ -152,8 +152,8 @@ def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> 
 
 
 def test_struct_size_bound_holds_for_the_worst_shape() -> None:
-    from walchannel.channel import STRUCT_GROWTH
     from walchannel.log_format import encode_body
+    from walchannel.row_source import STRUCT_GROWTH
 
     for fields in ({"l": [1] * 10_000}, {"l": [[]] * 10_000}, {"l": [None] * 10_000}):
         body = {"fields": fields}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from walchannel import (
     ChannelClosedError,
     ChannelState,
     EngineChannel,
+    GrpcChannelConfig,
     GrpcEngineChannel,
     PayloadError,
 )
@@ -79,19 +82,27 @@ async def test_in_memory_channel_keeps_what_was_sent_not_later_changes() -> None
     assert ch.findings == [{"fields": {"test_id": "B101", "lines": [1, 2]}}] * 2
 
 
+def _real_channel(wal: Path, run_id: str) -> GrpcEngineChannel:
+    # Offline: the calls below refuse before anything touches the network.
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:1", run_id=run_id, correlation_id="c", run_token="t", wal_dir=wal
+    )
+    return GrpcEngineChannel(config)
+
+
 @pytest.mark.asyncio
-async def test_in_memory_channel_refuses_what_the_real_one_refuses() -> None:
-    ch = InMemoryEngineChannel()
-    with pytest.raises(PayloadError, match=r"finding\.x"):
-        ch.send_finding({"x": float("inf")})
-    with pytest.raises(PayloadError, match=r"done\.findings"):
-        await ch.send_done("completed", -1, [], "")
-    with pytest.raises(PayloadError, match="progress"):
-        ch.send_finding({"ok": 1}, progress={"seq": b"x"})
-    assert ch.findings == []
-    await ch.close()
-    with pytest.raises(ChannelClosedError):
-        ch.send_finding({"ok": 1})
+async def test_in_memory_channel_refuses_what_the_real_one_refuses(tmp_path: Path) -> None:
+    for ch in (InMemoryEngineChannel(), _real_channel(tmp_path, "refuses")):
+        with pytest.raises(PayloadError, match=r"finding\.x"):
+            ch.send_finding({"x": float("inf")})
+        with pytest.raises(PayloadError, match=r"done\.findings"):
+            await ch.send_done("completed", -1, [], "")
+        with pytest.raises(PayloadError, match="progress"):
+            ch.send_finding({"ok": 1}, progress={"seq": b"x"})
+        assert ch.stats().unacked_count == 0  # nothing of it was logged
+        await ch.close()
+        with pytest.raises(ChannelClosedError):
+            ch.send_finding({"ok": 1})
 
 
 @pytest.mark.asyncio
@@ -122,10 +133,16 @@ async def test_in_memory_channel_has_the_real_channels_read_outs() -> None:
 
 
 @pytest.mark.asyncio
-async def test_in_memory_channel_names_a_batchs_bad_finding_as_the_real_one_does() -> None:
-    ch = InMemoryEngineChannel()
-    with pytest.raises(PayloadError, match=r"^findings: expected a list"):
-        ch.send_findings(None)  # type: ignore[arg-type]
-    with pytest.raises(PayloadError, match=r"^findings\[1\]\.when: "):
-        ch.send_findings([{"ok": 1}, {"when": object()}])
-    assert ch.findings == []
+async def test_in_memory_channel_names_a_batchs_bad_finding_as_the_real_one_does(
+    tmp_path: Path,
+) -> None:
+    said = []
+    for ch in (InMemoryEngineChannel(), _real_channel(tmp_path, "batch")):
+        with pytest.raises(PayloadError, match=r"^findings: expected a list") as none:
+            ch.send_findings(None)  # type: ignore[arg-type]
+        with pytest.raises(PayloadError, match=r"^findings\[1\]\.when: ") as bad:
+            ch.send_findings([{"ok": 1}, {"when": object()}])
+        assert ch.stats().unacked_count == 0
+        said.append((str(none.value), str(bad.value).split(" at 0x")[0]))
+        await ch.close()
+    assert said[0] == said[1]

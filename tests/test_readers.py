@@ -37,7 +37,8 @@ from conftest import PYTHON, child_env
 from helpers.users import as_user
 from walchannel import RunLog
 from walchannel.cli import main
-from walchannel.inspection import LogReader, inspect_log
+from walchannel.inspection import inspect_log
+from walchannel.log_reader import LogReader
 
 HARNESS = 4242
 NOBODY = 65534

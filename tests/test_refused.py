@@ -33,17 +33,20 @@ from walchannel import (
     messages,
     wire,
 )
-from walchannel.inspection import LogReader, inspect_log
-from walchannel.log_format import ROW_LOST_TYPE
-from walchannel.log_state import LogState
-from walchannel.protocol import (
-    Cursor,
+from walchannel.config import GrpcChannelConfig
+from walchannel.driver import (
+    AckKind,
+    Driver,
     RefusalVerdict,
     SizeRefusal,
     parse_size_refusal,
     pick_refused_row,
     refusal_sets_aside,
 )
+from walchannel.inspection import inspect_log
+from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.log_reader import LogReader
+from walchannel.log_state import LogState
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -384,14 +387,22 @@ def test_only_done_stops_the_channel() -> None:
 
 def test_a_held_seq_is_never_written() -> None:
     log = SimpleNamespace(state=LogState("r", 6, 0, None, None, False))
-    cursor = Cursor(log=log, acked=0)
-    cursor.start_stream(1)
-    cursor.hold_at = 3
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:1", run_id="r", correlation_id="c", run_token="t"
+    )
+    driver = Driver(config, log, failed_mark=False, now_ms=0.0)
+    driver.move(ChannelState.CONNECTING)
+    driver.on_stream_up(1, 0.0)
+    driver.hold(3, PayloadError("done", "refused"))
     written = []
-    while (seq := cursor.next_to_write()) is not None:
+    while (seq := driver.next_to_write()) is not None:
         written.append(seq)
-        cursor.on_written(seq)
+        driver.on_written(seq)
     assert written == [1, 2]
+    assert driver.held_due() is None  # rows 1 and 2 are not acked yet
+    assert driver.on_ack(2, 1.0) is AckKind.ADVANCE
+    error = driver.held_due()
+    assert isinstance(error, PayloadError) and driver.held_due() is None
 
 
 # -- the log ----------------------------------------------------------------------

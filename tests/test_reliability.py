@@ -266,14 +266,14 @@ async def test_goaway_too_many_pings_doubles_the_keepalive_and_loses_nothing(
             for i in range(20):
                 ch.send_finding({"n": i})
             handshake = asyncio.create_task(ch.handshake("1", "h", "1"))
-            await eventually(lambda: ch._keepalive_ms == 2000, timeout=12, what="the GOAWAY")
+            await eventually(lambda: ch.driver.keepalive_ms == 2000, timeout=12, what="the GOAWAY")
             goaway_at = time.monotonic()
             proxy.target = other.grpc_addr
             await handshake
             for i in range(20, 30):
                 ch.send_finding({"n": i})
             assert await ch.wait_acked(timeout_ms=10_000)
-            assert ch._keepalive_ms == 2000
+            assert ch.driver.keepalive_ms == 2000
         text = caplog.text
         assert text.count("GOAWAY too_many_pings; keepalive 1000 -> 2000 ms") == 1
         assert "UNAVAILABLE: Too many pings" in text
@@ -506,7 +506,13 @@ async def test_a_cancel_landing_as_a_row_arrives_still_stops_the_writer(
     stream = ch._stream
     assert stream is not None
     writer = next(t for t in stream.tasks if "_write_loop" in t.get_coro().__qualname__)
-    await asyncio.sleep(0.05)  # idle: parked on the wake-up event
+
+    def parked() -> bool:
+        # The writer awaits Event.wait() on the wake-up event: it is idle.
+        awaited = writer.get_coro().cr_await  # type: ignore[union-attr]
+        return getattr(awaited, "__qualname__", "") == "Event.wait"
+
+    await eventually(parked, timeout=10, what="the writer parked on its wake-up event")
     ch._wakeup.set()  # a row arrives ...
     writer.cancel()  # ... in the same tick as the cancel
     done, _ = await asyncio.wait([writer], timeout=2)

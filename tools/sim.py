@@ -1,46 +1,37 @@
 #!/usr/bin/env python3
-"""Deterministic simulation of walchannel's protocol (FoundationDB / TigerBeetle VOPR style).
+"""Deterministic simulation of walchannel: the real channel in a simulated world.
 
 One *schedule* is a whole scan run played in virtual time: a harness that
-scans a fixed list of findings and sends ``Done``, its log on a simulated
-disk, an engine that can die and be replaced, a network that cuts, stalls
-and says GOAWAY, and an operator that restarts crashed harnesses and runs
-``flush`` on orphaned logs. Every choice (latencies, which fault, where the
-process is killed, how many commits a power loss rolls back) comes from one
-``random.Random(seed)``, so a schedule is a pure function of its seed and
-``--replay SEED`` plays it again, verbosely.
+scans a fixed list of findings (asking for an approval on the way) and sends
+``Done``, its log on a simulated disk, an engine that can die, be replaced,
+refuse a row for its size, send ``Stop``, decisions and budget updates, a
+network that cuts, stalls and says GOAWAY, a discovery that lies, hangs or
+fails, and an operator that restarts crashed harnesses, runs ``flush`` on
+orphaned logs and raises an engine's limit. Every choice (latencies, which
+fault, where the process is killed, how many commits a power loss rolls back)
+comes from one ``random.Random(seed)``, so a schedule is a pure function of
+its seed and ``--replay SEED`` plays it again, printing every event.
 
-The product is not re-implemented here. The log *is* walchannel's
-``RunLog`` — its transactions and its decisions (:mod:`walchannel.log_state`)
-— run on an in-memory SQLite database through ``RunLog.on_connection``; the
-simulated disk is that database serialized after every commit
-(``Connection.serialize()``): a process crash keeps the last committed
-image, a power loss only the last synced one (durability ``"process"``), a
-restore an older one, and the next process opens the image with
-``Connection.deserialize()``. The checker reads rows and meta from the real
-database. Every decision of the channel is the product's too:
-:class:`SimDriver` carries out, in simulated time, what
-:mod:`walchannel.session` (``plan_answer``, ``plan_end``,
-``plan_run_completed``, ``ack_timer_ms``, ``WriteCounter``,
-``stream_verdict``) and :mod:`walchannel.protocol` (``Cursor``,
-``ReconnectPolicy``, ``StateMachine``) decide, with the rows and their
-``UpMessage`` bytes from the real :class:`walchannel.row_source.RowSource`
-and ``Backoff.delay_ms`` on a seeded rng — always through the module
-(``S.plan_answer``, ``P.Cursor``), so a test can plant a bug in the product
-by monkeypatching it (tests/test_simulation.py). ``SimDriver`` is to the
-scheduler what ``walchannel/channel/`` is to asyncio and gRPC: the carrying
-out, with no rule of its own.
+The product is not re-implemented here (FoundationDB and TigerBeetle run their
+production code in their simulators; this does the same): the harness and
+``flush`` drive :class:`walchannel.GrpcEngineChannel` itself, through its
+public API, on a virtual-time asyncio event loop (``looptime``). Only the
+world is fake, plugged into the channel's seams:
 
-What is simulated is the world: the disk (images, syncs, crashes, power
-loss, a full disk, a lost or restored log), the network (latency, cuts,
-stalls, GOAWAY, gRPC's transport keepalive, proxies), the engine (it
-fulfils the SPEC's duties: seqs in order, cumulative acks, one live stream
-per run, "run completed"; it dies, is replaced, and may lose its newest
-rows to an older backup), the harness and the operator (restarts,
-``flush``), and the checker.
+- the network: a :class:`walchannel.transport.Transport` whose calls are
+  links to the simulated engines (latency, cuts, stalls, flow control);
+- the clock: a :class:`walchannel.clock.Clock` that reads the loop's virtual
+  time (monotonic and wall);
+- the disk: the real :class:`walchannel.log.RunLog` on an in-memory SQLite
+  database (``RunLog.on_connection``) whose commits are snapshotted
+  (``Connection.serialize()``): a process crash keeps the last committed
+  image, a power loss only the last synced one, a restore an older one.
 
-After every schedule the invariants of docs/reliability.md are checked;
-a violation prints the seed and the last events.
+A crash (SIGKILL) marks the process dead, cuts its links (a prefix of its
+in-flight writes still lands) and cancels its tasks in the order they were
+made; nothing it does afterwards reaches the world. After every schedule the
+invariants of docs/reliability.md are checked; a violation prints the seed
+and the last events.
 
 Usage::
 
@@ -51,8 +42,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
-import heapq
+import contextvars
+import logging
 import multiprocessing
 import os
 import random
@@ -60,111 +53,164 @@ import sqlite3
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
+
+import looptime
+import msgpack
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from walchannel import protocol as P
-from walchannel import session as S
-from walchannel._proto import engine_channel_pb2 as pb
-from walchannel.config import Backoff
+from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel
+from walchannel.contract import load_engine_messages
 from walchannel.errors import (
+    ApprovalTimeoutError,
+    BacklogFullError,
     ChannelClosedError,
+    DiscoveryError,
     EngineBehindError,
+    EngineUnavailableError,
+    PayloadError,
     RunCompletedError,
+    RunExpiredError,
     WalWriteError,
 )
 from walchannel.log import RunLog
-from walchannel.log_format import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE, encode_body
-from walchannel.row_source import RowMissingError, RowSource
+from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.transport import StreamEnded
 
-#: Content of the ``done`` row (findings are 0 .. N-1).
+pb = load_engine_messages()
+
+#: Content of the ``done`` row (findings are 0 .. N-1); a ``walchannel.row_lost`` event.
 DONE = -1
-#: Events get unique contents from here on (one per ``send_event``).
+ROW_LOST = -2
+#: Events and approval requests get unique contents from here on.
 EVENT_BASE = 1_000_000
+APPROVAL_BASE = 2_000_000
 
-# Up-message kinds (client -> engine) and down-message kinds.
-ROW, HS, HB, HALF = 0, 1, 2, 3
-ACK, END = 0, 1
-
-CONNECT_TIMEOUT_MS = 10_000.0
-DONE_ACK_TIMEOUT_MS = 5_000.0
-CLOSE_TIMEOUT_MS = 2_000.0
+CONNECT_TIMEOUT_MS = 10_000
+DONE_ACK_TIMEOUT_MS = 5_000
+CLOSE_TIMEOUT_MS = 2_000
 KEEPALIVE_MS = 25_000
 #: gRPC's transport keepalive timeout (the world's: it ends a stalled transport).
 KEEPALIVE_TIMEOUT_MS = 10_000.0
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 FLUSH_TIMEOUT_MS = 300_000.0
 ENGINE_ACK_IDLE_MS = 50.0
+#: A stream up this long resets the backoff attempt (the checker's model of SPEC "Reconnect").
+STABLE_STREAM_MS = 30_000.0
 #: After the chaos window the world must settle within this (virtual ms).
 SETTLE_MS = 3_600_000.0
 #: The trace kept for a violation report.
-TRACE_LEN = 40
+TRACE_LEN = 60
+#: The wall clock's value at virtual time 0 (unix seconds).
+EPOCH_S = 1_767_225_600.0  # 2026-01-01
 
-_INF = float("inf")
-
-
-class Crash(Exception):
-    """The simulated harness process is killed (SIGKILL) at this point."""
-
+#: A schedule whose loop turns this often at one instant, or this often in
+#: all, is stopped as a livelock (a normal one turns a few thousand times).
+MAX_TURNS_AT_ONE_INSTANT = 100_000
+MAX_TURNS = 3_000_000
 
 RUN_ID = "sim"
 CORRELATION_ID = "sim-c"
+TOKEN = "sim-token"
+HARNESS = ("sim", "sim-harness", "1")
 
-# The row of each content (findings 0 .. N-1, DONE, events), encoded once.
-_ROWS: dict[int, tuple[str, bytes]] = {}
-_CONTENTS: dict[bytes, int] = {}
+_INF = float("inf")
 
-
-def _row(content: int) -> tuple[str, bytes]:
-    """The ``(kind, msgpack body)`` the harness logs for ``content``."""
-    row = _ROWS.get(content)
-    if row is None:
-        if content == DONE:
-            kind = "done"
-            body: dict[str, Any] = {
-                "status": "completed",
-                "findings": 0,
-                "coverage": [],
-                "exit_reason": "",
-            }
-        elif content >= EVENT_BASE:
-            kind = "event"
-            body = {"type": "sim", "severity": "info", "payload": {"c": content}, "ts": ""}
-        else:
-            kind = "finding"
-            body = {"fields": {"i": content}}
-        row = (kind, encode_body(kind, body))
-        _ROWS[content] = row
-        _CONTENTS[row[1]] = content
-    return row
+# The process whose code runs now: every task a process makes is its own.
+PROC: contextvars.ContextVar[Proc | None] = contextvars.ContextVar("sim_proc", default=None)
 
 
-def _content(blob: bytes) -> int:
-    """The content of a stored row body (every body the simulation logs is in ``_ROWS``)."""
-    return _CONTENTS[blob]
+class Livelock(Exception):
+    """The event loop spins without virtual time moving on: the schedule cannot end."""
 
 
-# UpMessage bytes -> (seq, content): the engine reads what RowSource encoded.
-_WIRE: dict[bytes, tuple[int, int]] = {}
+# -- contents: what the checker follows through the log and the engine ------------------
 
 
-def _decode(data: bytes) -> tuple[int, int]:
-    """The ``(seq, content)`` of an ``UpMessage`` the writer wrote (decoded once per bytes)."""
-    found = _WIRE.get(data)
+def _content_of(kind: str, body: dict[str, Any]) -> int:
+    """The content of a logged or delivered row, from its body."""
+    if kind == "done":
+        return DONE
+    if kind == "finding":
+        return int(body["fields"]["i"])
+    if kind == "approval_request":
+        return int(body["details"]["c"])
+    if body.get("type") == ROW_LOST_TYPE:
+        return ROW_LOST
+    return int(body["payload"]["c"])
+
+
+_BLOBS: dict[bytes, int] = {}
+
+
+def _blob_content(kind: str, blob: bytes) -> int:
+    """The content of a stored row (its msgpack body), decoded once per distinct body."""
+    found = _BLOBS.get(blob)
     if found is None:
-        msg = pb.UpMessage.FromString(data)
-        kind = msg.WhichOneof("body")
-        if kind == "done":
-            content = DONE
-        elif kind == "event":
-            content = int(msg.event.payload["c"])
-        else:
-            content = int(msg.finding.fields["i"])
-        found = _WIRE[data] = (msg.seq, content)
+        if len(_BLOBS) > 200_000:
+            _BLOBS.clear()
+        found = _BLOBS[blob] = _content_of(kind, msgpack.unpackb(blob, raw=False))
     return found
+
+
+class Up(NamedTuple):
+    """An up-message as the engine reads it."""
+
+    kind: str  # handshake | heartbeat | data
+    seq: int
+    content: int
+    size: int  # encoded bytes
+    body: Any  # the row_lost payload, or the approval's request id
+
+
+_WIRE: dict[bytes, Up] = {}
+
+
+def _decode(data: bytes) -> Up:
+    """Read an ``UpMessage`` the channel wrote (data messages decoded once per bytes)."""
+    found = _WIRE.get(data)
+    if found is not None:
+        return found
+    msg = pb.UpMessage.FromString(data)
+    kind = msg.WhichOneof("body")
+    if kind in ("handshake", "heartbeat"):
+        return Up(kind, 0, 0, len(data), None)
+    extra: Any = None
+    if kind == "done":
+        content = DONE
+    elif kind == "finding":
+        content = int(msg.finding.fields["i"])
+    elif kind == "approval_request":
+        content = int(msg.approval_request.details["c"])
+        extra = msg.approval_request.request_id
+    elif msg.event.type == ROW_LOST_TYPE:
+        content = ROW_LOST
+        extra = {k: msg.event.payload[k] for k in msg.event.payload}
+    else:
+        content = int(msg.event.payload["c"])
+    found = Up("data", msg.seq, content, len(data), extra)
+    if len(_WIRE) > 200_000:
+        _WIRE.clear()
+    _WIRE[data] = found
+    return found
+
+
+def _name(content: int) -> str:
+    if content == DONE:
+        return "Done"
+    if content == ROW_LOST:
+        return "row_lost"
+    if content >= APPROVAL_BASE:
+        return f"approval {content - APPROVAL_BASE}"
+    if content >= EVENT_BASE:
+        return f"event {content - EVENT_BASE}"
+    return f"finding {content}"
+
+
+# -- the disk --------------------------------------------------------------------------
 
 
 class Snap(NamedTuple):
@@ -172,6 +218,7 @@ class Snap(NamedTuple):
 
     image: bytes  # Connection.serialize() after the commit
     rows: dict[int, int]  # seq -> content, read from the database
+    quarantined: tuple[int, ...]  # contents of the quarantine table
     last_acked: int
     unverified: int | None
     completed: bool
@@ -179,16 +226,25 @@ class Snap(NamedTuple):
     touched: tuple[int, ...]  # contents whose rows this commit inserted, moved or deleted
 
 
-def read_snap(conn: sqlite3.Connection, touched: tuple[int, ...] = ()) -> Snap:
+def read_snap(conn: sqlite3.Connection) -> Snap:
     """Read the log's rows and meta from the real database and take its image."""
-    contents = _CONTENTS
-    rows = {q: contents[b] for q, b in conn.execute("SELECT seq, body FROM rows")}
+    rows = {q: _blob_content(k, b) for q, k, b in conn.execute("SELECT seq, kind, body FROM rows")}
+    quarantined = tuple(
+        _blob_content(k, b) for k, b in conn.execute("SELECT kind, body FROM quarantine")
+    )
     acked, unverified, completed, handshake = conn.execute(
         "SELECT last_acked_seq, unverified_from, completed_at IS NOT NULL,"
         " harness_name IS NOT NULL FROM meta WHERE id = 1"
     ).fetchone()
     return Snap(
-        conn.serialize(), rows, acked, unverified, bool(completed), bool(handshake), touched
+        conn.serialize(),
+        rows,
+        quarantined,
+        acked,
+        unverified,
+        bool(completed),
+        bool(handshake),
+        (),
     )
 
 
@@ -223,90 +279,91 @@ class DiskHook:
 
     Before each commit: a full disk fails it (SQLite's own error, so the
     product's rollback path runs) and the process may be killed (nothing
-    committed). After it: the database image is kept, checked, maybe
-    synced, and the process may be killed (committed).
+    committed). After it: the database image is kept, checked, maybe synced,
+    and the process may be killed (committed). A dead process's commits
+    never reach the disk.
     """
 
-    __slots__ = ("conn", "w")
+    __slots__ = ("conn", "proc", "w")
 
-    def __init__(self, w: World, conn: sqlite3.Connection) -> None:
+    def __init__(self, w: World, conn: sqlite3.Connection, proc: Proc) -> None:
         self.w = w
         self.conn = conn
+        self.proc = proc
 
     def before_commit(self, what: str) -> None:
+        if not self.proc.alive:
+            return
         if self.w.disk.full:
+            if what == "complete":
+                self.w.complete_failed = True  # the checker's note: no tombstone then
             raise sqlite3.OperationalError("database or disk is full")
         self.w.cp()
 
     def after_commit(self, what: str) -> None:
-        self.w.committed(self.conn, what)
+        if self.proc.alive:
+            self.w.committed(self.conn, what)
+        if self.proc.alive:
+            self.w.cp()
 
 
-class Link:
-    """The simulated transport of one dial, with what each end reads of it.
+# -- the processes ------------------------------------------------------------------------
 
-    The world's: the queues, latency and stall of the link, the engine's side
-    (open, epoch, unacked count), the checker's notes (first row written,
-    progress). The channel's side holds the times and counters its real
-    ``channel.stream.Stream`` holds for ``session.stream_verdict`` (last down
-    message, heartbeats since, the write in progress, the next heartbeat).
-    """
 
-    __slots__ = (
-        "answered",
-        "ch",
-        "connected",
-        "down_t",
-        "downq",
-        "e_open",
-        "epoch",
-        "first_written",
-        "heartbeats_since_down",
-        "idle_gen",
-        "inst",
-        "keepalive",
-        "last_down_ms",
-        "link",
-        "next_beat_ms",
-        "productive",
-        "sid",
-        "stalled_until",
-        "unacked",
-        "up_at",
-        "up_t",
-        "upq",
-        "write_since_ms",
-        "writer_idle",
-        "writing",
-    )
+class Proc:
+    """One harness (or flush) process: its tasks, links, channel and what it saw."""
 
-    def __init__(self, sid: int, ch: SimDriver, inst: Inst | None) -> None:
-        self.sid = sid
-        self.ch = ch
-        self.inst = inst
-        self.link = True  # the transport carries messages
-        self.e_open = False  # the engine handles this stream
-        self.connected = False
-        self.answered = False
-        self.writing = False
-        self.writer_idle = False
-        self.epoch = -1
-        self.upq: deque[tuple[Any, ...]] = deque()
-        self.downq: deque[tuple[Any, ...]] = deque()
-        self.up_t = 0.0
-        self.down_t = 0.0
-        self.stalled_until = 0.0
-        self.unacked = 0
-        self.idle_gen = 0
-        self.first_written: int | None = None
-        self.productive = False
-        self.up_at: float | None = None
-        # The channel's view of the stream, as channel.stream.Stream keeps it.
-        self.last_down_ms = 0.0
-        self.heartbeats_since_down = 0
-        self.write_since_ms: float | None = None
-        self.next_beat_ms = _INF
-        self.keepalive = KEEPALIVE_MS
+    def __init__(self, w: World, role: str) -> None:
+        self.w = w
+        self.role = role
+        self.alive = True
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.links: list[Link] = []
+        self.channel: GrpcEngineChannel | None = None
+        self.stops = 0  # on_stop callbacks fired
+        self.stops_delivered = 0  # Stop messages delivered to its streams
+        self.decisions_seen: dict[str, float] = {}  # request id -> when it was delivered
+        self.done_acked_at: float | None = None  # an ack covering Done reached it
+        self.padded = False  # it asked for an approval too big for the engine
+        self.budgets = 0
+        # The checker's model of the backoff (SPEC "Reconnect").
+        self.exp_attempt = 0
+        self.last_end_ms: float | None = None
+        self.dials: deque[float] = deque()
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        tasks = self.tasks
+        tasks.append(task)
+        if len(tasks) > 64:
+            self.tasks = [t for t in tasks if not t.done()]
+
+
+def _task_factory(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, Any],
+    context: contextvars.Context | None = None,
+) -> asyncio.Task[Any]:
+    task = asyncio.Task(coro, loop=loop, context=context)
+    proc = PROC.get() if context is None else context.get(PROC)
+    if proc is not None:
+        proc.track(task)
+    return task
+
+
+class VirtualClock:
+    """The channel's clocks, read from the event loop's virtual time (a ``Clock``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def monotonic_ms(self) -> float:
+        return self._loop.time() * 1000.0
+
+    def wall_s(self) -> float:
+        return EPOCH_S + self._loop.time()
+
+
+# -- the network ----------------------------------------------------------------------------
 
 
 class Inst:
@@ -319,587 +376,149 @@ class Inst:
         self.addr = addr
         self.alive = True
         self.reject_until = reject_until
-        self.streams: set[Link] = set()
+        self.streams: list[Link] = []
 
 
-class SimDriver:
-    """The channel's tasks in simulated time: it carries out the product's decisions.
+class Link:
+    """The simulated transport of one dial, with what each end reads of it."""
 
-    ``GrpcEngineChannel`` runs its dial, reader, writer, heartbeat, watchdog
-    and timers as grpc.aio tasks; here each is an event of the scheduler,
-    and the harness's calls (``send_*``, ``send_done``, ``wait_acked``,
-    ``close``) are continuations. It decides nothing: every decision is the
-    product's, called through its module so a test can plant a bug in it —
+    __slots__ = (
+        "connect_wait",
+        "connected",
+        "down_t",
+        "downq",
+        "e_open",
+        "end",
+        "end_t",
+        "epoch",
+        "first_written",
+        "idle_gen",
+        "inbox",
+        "inst",
+        "keepalive",
+        "link",
+        "proc",
+        "productive",
+        "reader",
+        "sid",
+        "size_refused",
+        "stalled_until",
+        "status",
+        "unacked",
+        "up_at",
+        "up_t",
+        "upq",
+        "write_wait",
+    )
 
-    - the handshake answer: :func:`walchannel.session.plan_answer` (over
-      :meth:`walchannel.protocol.Cursor.on_answer`), carried out with
-      ``RunLog.verify``, ``Cursor.on_verified`` / ``on_forgot``;
-    - acks: ``Cursor.on_ack``, ``Cursor.ack_to_store`` (coalescing),
-      :func:`walchannel.session.ack_timer_ms`, ``RunLog.ack``,
-      ``Cursor.on_stored``;
-    - the writer: ``Cursor.start_stream`` / ``next_to_write`` /
-      ``on_written`` / ``rewind`` / ``translate``, the rows and their bytes
-      from the real :class:`walchannel.row_source.RowSource` (tail,
-      readahead, ``UpMessage`` encoding), :class:`walchannel.session.WriteCounter`;
-    - ends of stream: :func:`walchannel.session.plan_end`,
-      :func:`walchannel.session.plan_run_completed` (``RunLog.complete_by_engine``),
-      :func:`walchannel.session.doubled_keepalive_ms`;
-    - reconnecting: :class:`walchannel.protocol.ReconnectPolicy` (the
-      backoff reset rule), ``Backoff.delay_ms``, :class:`~walchannel.protocol.StateMachine`;
-    - the watchdog: :func:`walchannel.session.stream_verdict` (dead streams,
-      and writes blocked by flow control on a stalled path: the world's
-      :meth:`World.write` says when a write returns),
-      :func:`walchannel.session.watchdog_period_ms`;
-    - the log: ``RunLog`` and its :class:`~walchannel.log_state.LogState`.
+    def __init__(self, sid: int, proc: Proc, inst: Inst | None, keepalive: float) -> None:
+        self.sid = sid
+        self.proc = proc
+        self.inst = inst
+        self.keepalive = keepalive
+        self.link = True  # the transport carries messages
+        self.e_open = False  # the engine handles this stream
+        self.connected = False
+        self.size_refused = False  # the engine refused a row on it for its size
+        self.epoch = -1
+        self.upq: deque[Up] = deque()
+        self.downq: deque[tuple[Any, ...]] = deque()
+        self.up_t = 0.0
+        self.down_t = 0.0
+        self.stalled_until = 0.0
+        self.unacked = 0
+        self.idle_gen = 0
+        self.first_written: int | None = None
+        self.productive = False
+        self.up_at: float | None = None
+        self.end_t: float | None = None
+        # The client's side: what its reads and writes wait on.
+        self.inbox: deque[Any] = deque()
+        self.end: StreamEnded | None = None
+        self.status: tuple[str, str] | None = None
+        self.reader: asyncio.Future[Any] | None = None
+        self.connect_wait: asyncio.Future[None] | None = None
+        self.write_wait: asyncio.Future[None] | None = None
 
-    Not driven, because the simulated world never produces their input:
-    size refusals (``pick_refused_row``, ``held_done_reached``), ``Stop``
-    and approvals (``DownLatch``), checkpoints (``CheckpointPolicy``: the
-    in-memory log has no file to give back). Method names follow the channel's
-    (``_take_answer`` -> :meth:`take_answer`, ``_record_end`` ->
-    :meth:`record_end`, ...). The checker's notes (``exp_attempt``,
-    ``dials``) are written by the world, never read here.
-    """
 
-    def __init__(self, w: World, role: str) -> None:
+class SimCall:
+    """The client's end of a link: a :class:`walchannel.transport.StreamCall`."""
+
+    def __init__(self, w: World, link: Link) -> None:
         self.w = w
-        self.role = role
-        self.alive = True
-        self.log = w.open_log()  # WalWriteError: the open fails
-        if self.log.completed:
-            self.close_log()
-            raise RunCompletedError("the log is a tombstone")
-        self.handshake_stored = w.disk.states[-1].handshake
-        log = self.log
-        # ChannelBase.__init__: the cursor reads the log's facts from the log.
-        self.cursor = P.Cursor(log=log, acked=log.last_acked_seq)
-        self.sm = P.StateMachine()
-        self.reconnect = P.ReconnectPolicy()
-        self.writes = S.WriteCounter()
-        self.rows = RowSource(log, RUN_ID, CORRELATION_ID, MAX_MESSAGE_BYTES)
-        self.rng = random.Random(w.rng.getrandbits(32))
-        self.addr = w.first_addr
-        self.keepalive = w.keepalive_ms
-        self.stream: Link | None = None
-        self.running = False
-        self.closed = False
-        self.closing = False
-        self.close_cont: Callable[[], None] | None = None
-        self.done_sent = False
-        self.failure: Exception | None = None
-        self.ack_timer = False
-        self.protocol_errors = 0
-        self.waiter: tuple[Callable[[], bool], Callable[[bool], None]] | None = None
-        # harness
-        self.next = 0
-        self.early = False
-        # the checker's notes (backoff), kept by the world
-        self.exp_attempt = 0
-        self.dials: deque[float] = deque()
+        self.link = link
+        self.route = " via proxy sim-proxy" if w.proxy else ""
 
-    # -- small helpers ---------------------------------------------------------
+    async def write(self, message: bytes) -> None:
+        w, s = self.w, self.link
+        if s.end is not None or not s.link:
+            raise StreamEnded("the call is over")
+        if not s.connected:
+            s.connect_wait = w.loop.create_future()
+            await s.connect_wait
+        up = _decode(message)
+        if up.kind == "data" and s.proc is w.proc:
+            w.cp()  # the process may die before the row goes out
+            if not s.proc.alive:
+                await w.loop.create_future()  # dead: its cancel comes next
+        elif up.kind == "handshake" and not w.acks_hs:
+            s.up_at = w.now  # no answer awaited: the stream is up once this is written
+        # The transport takes the bytes a moment later (longer on a stalled path).
+        returns_at = max(w.write(s, up), w.now + w.rng.random() * w.write_ms)
+        s.write_wait = w.loop.create_future()
+        w.at(returns_at, w.wake_writer, s)
+        await s.write_wait
 
-    def at(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
-        self.w.at(self.w.now + delay, self._guard, fn, args)
+    async def read(self) -> Any:
+        s = self.link
+        if s.inbox:
+            return s.inbox.popleft()
+        if s.end is not None:
+            raise s.end
+        s.reader = self.w.loop.create_future()
+        return await s.reader
 
-    def _guard(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        if self.alive:
-            fn(*args)
+    async def done_writing(self) -> None:
+        w, s = self.w, self.link
+        if s.link and s.connected and s.end is None:
+            w.send_up(s, Up("half", 0, 0, 0, None))
 
-    def move(self, state: P.ChannelState) -> None:
-        """``_move``: the state machine refuses an illegal move (StateError)."""
-        if self.sm.state is state:
-            return
-        self.sm.move(state)
-        if state is P.ChannelState.STREAMING or self.sm.final:
-            self.notify()
-            if self.sm.final:
-                self.wakeup()
-
-    def notify(self) -> None:
-        """``_acked_changed.set()``: the waiter looks at its condition again."""
-        waiter = self.waiter
-        if waiter is not None and waiter[0]():
-            self.waiter = None
-            self.at(0.0, waiter[1], True)
-
-    def wait(self, cond: Callable[[], bool], timeout: float, cont: Callable[[bool], None]) -> None:
-        if cond():
-            self.at(0.0, cont, True)
-            return
-        waiter = (cond, cont)
-        self.waiter = waiter
-        self.at(timeout, self._wait_timeout, waiter)
-
-    def _wait_timeout(self, waiter: tuple[Callable[[], bool], Callable[[bool], None]]) -> None:
-        if self.waiter is waiter:
-            self.waiter = None
-            waiter[1](waiter[0]())
-
-    def set_error(self, failed: str | None = None) -> None:
-        fields: dict[str, Any] = {"last_error": "sim", "last_error_at": self.w.now}
-        if failed is not None:
-            fields["failed_at"] = self.w.now
-            fields["failed_reason"] = failed
-        with contextlib.suppress(WalWriteError):
-            self.log.update_meta(**fields)
-
-    def close_log(self) -> None:
-        if not self.log.closed:
-            self.log.close()
-            self.w.sync()  # closing the last connection checkpoints the WAL
-
-    def fail(self, error: Exception) -> None:
-        """``_fail``."""
-        self.failure = error
-        self.set_error(FAILED_ENGINE_BEHIND if isinstance(error, EngineBehindError) else None)
-        if not self.sm.final:
-            self.move(P.ChannelState.FAILED)
-
-    def protocol_error(self, message: str) -> None:
-        """``_protocol_error``: counted, never applied (the world's engine never earns one)."""
-        self.protocol_errors += 1
-        self.w.violation(f"protocol error: {message}")
-
-    # -- sending (buffer first) --------------------------------------------------
-
-    def check_sendable(self) -> None:
-        if self.closed:
-            raise ChannelClosedError("the channel is closed")
-        if self.done_sent:
-            raise ChannelClosedError("send_done() was called")
-        if self.failure is not None:
-            raise self.failure
-
-    def log_rows(
-        self, items: list[int], progress: int | None, cont: Callable[[BaseException | None], None]
-    ) -> None:
-        """``_log_rows``: commit, then hand to the writer; ``cont(error)`` when it returns."""
-        rows = [_row(c) for c in items]
-        try:
-            seqs = self.log.append_encoded(
-                rows, progress=None if progress is None else {"n": progress}
-            )
-        except (WalWriteError, ChannelClosedError, RunCompletedError) as exc:
-            cont(exc)
-            return
-        self.w.tr(
-            "log commits seq %d..%d = %s (progress=%s)",
-            seqs[0],
-            seqs[-1],
-            ", ".join(_name(c) for c in items),
-            progress,
-        )
-        self.rows.on_commit(seqs, rows)
-        self.wakeup()
-        cont(None)
-
-    # -- handshake and the connection loop ---------------------------------------
-
-    def handshake(self, cont: Callable[[bool], None]) -> None:
-        """``handshake()``: store the fields, start the loop, wait for STREAMING (or not)."""
-        if self.failure is not None:
-            raise self.failure
-        self.log.update_meta(
-            connector_version="sim", harness_name="sim-harness", harness_version="1"
-        )
-        self.handshake_stored = True
-        if not self.running:
-            self.running = True
-            self.at(0.0, self.loop_dial, True)
-        self.wait(
-            lambda: self.sm.state is P.ChannelState.STREAMING or self.sm.final,
-            CONNECT_TIMEOUT_MS,
-            cont,
-        )
-
-    def loop_dial(self, first: bool) -> None:
-        """``_run``'s loop head: rediscover (not before the first dial), then dial."""
-        if self.sm.final or self.closing:
-            return
-        if not first and self.w.discovery:
-            self.at(self.w.lat() * 2, self.after_discovery, self.w.discover(self.addr))
-            return
-        self.dial()
-
-    def after_discovery(self, addr: str) -> None:
-        if self.closing or self.sm.final:
-            return
-        self.addr = addr
-        self.dial()
-
-    def dial(self) -> None:
-        """``_stream_once``: dial, then the handshake once connected, under the connect timeout."""
-        w = self.w
-        self.move(P.ChannelState.CONNECTING)
-        w.note_dial(self)
-        s = w.net_dial(self, self.addr)
-        s.last_down_ms = w.now
-        self.stream = s
-        w.tr("dial #%d to %s", s.sid, self.addr)
-        self.at(CONNECT_TIMEOUT_MS, self.answer_timeout, s)
-
-    def on_connected(self, s: Link) -> None:
-        """``_open``: the handshake is written; without answers the stream is up at once."""
-        if s is not self.stream:
-            return
-        self.w.send_up(s, (HS,))
-        if not self.w.acks_hs:
-            self.open_stream(s, None)
-
-    def answer_timeout(self, s: Link) -> None:
-        if s is self.stream and s.up_at is None:
-            self.stream_end(s, None, "no handshake answer")
-
-    def open_stream(self, s: Link, h: int | None) -> None:
-        """``_open`` after the answer (None: no answer awaited): decide, then start writing."""
-        if h is not None:
-            self.w.tr("answer Ack(%d) on #%d", h, s.sid)
-        replay_from = self.take_answer(h)
-        if s is not self.stream:
-            return
-        if replay_from is None:
-            self.stream_end(s, None, "handshake answer refused")
-            return
-        if self.sm.final:
-            self.stream_end(s, None, "the channel stopped")
-            return
-        w = self.w
-        self.writes.on_stream_up()
-        self.move(P.ChannelState.STREAMING)
-        self.reconnect.on_stream_up(w.now)
-        s.up_at = w.now
-        with contextlib.suppress(WalWriteError):
-            # _record_up
-            self.log.update_meta(last_engine_addr=self.addr, reconnects=self.writes.reconnects)
-        self.cursor.start_stream(replay_from)
-        s.writing = True
-        s.keepalive = self.keepalive
-        s.next_beat_ms = w.now + s.keepalive
-        w.tr("streaming on #%d from seq %d", s.sid, self.cursor.write_pos)
-        self.at(0.0, self.writer, s)
-        self.at(s.keepalive, self.heartbeat, s)
-        self.at(S.watchdog_period_ms(w.dead_stream_ms, self.keepalive), self.watchdog, s)
-
-    def take_answer(self, h: int | None) -> int | None:
-        """``_take_answer``: carry out :func:`walchannel.session.plan_answer` for ``Ack(h)``."""
-        c = self.cursor
-        w = self.w
-        plan = S.plan_answer(c, h, failed_mark=False)
-        step = plan.step
-        if h is None or step is S.AnswerStep.NO_ANSWER:
-            return plan.replay_from
-        if step is S.AnswerStep.FAIL_BEHIND:
-            w.note_behind(h)
-            self.fail(EngineBehindError("engine behind"))
-            return None
-        if step is S.AnswerStep.VERIFY:
-            try:
-                shift = self.log.verify(h)
-            except WalWriteError:
-                self.set_error()
-                return None
-            w.tr("verify h=%d: shift %d", h, shift)
-            if shift:
-                w.stats["shifts"] += 1
-                self.rows.clear_tail()
-            c.on_verified(h, shift)
-            self.after_ack()
-            return plan.replay_from
-        if step is S.AnswerStep.PROTOCOL_ERROR:
-            self.protocol_error(f"answer {h} above the high-water {c.high_water}")
-            return plan.replay_from
-        if step is S.AnswerStep.RESEND_FORGOTTEN:
-            w.note_forgot(h, c.acked)
-            c.on_forgot(h)
-            return plan.replay_from
-        self.on_ack(h)
-        return plan.replay_from
-
-    def stream_end(self, s: Link, code: str | None, details: str) -> None:
-        """The stream is over: ``_stream_once``'s finally, ``_record_end``, then ``_run``."""
-        if s is not self.stream:
-            return
-        w = self.w
-        self.stream = None
-        s.writing = False
-        self.cursor.end_stream()
-        self.rows.clear_readahead()
+    def cancel(self) -> None:
+        w, s = self.w, self.link
+        if s.end_t is None:
+            s.end_t = w.now
+            w.note_stream_end(s)
         w.client_close(s)
-        w.tr("#%d ended: %s %s", s.sid, code, details)
-        w.note_stream_end(self, s)
-        if self.closing:
-            if self.close_cont is not None:
-                self.close_finish()
-            return
-        self.record_end(code, details)
-        if self.closing or self.sm.final:
-            return
-        # _run: back off, then dial again
-        self.move(P.ChannelState.BACKOFF)
-        delay = self.reconnect.next_delay_ms(
-            w.now, lambda attempt: w.backoff.delay_ms(attempt, self.rng)
-        )
-        w.check_delay(self, delay)
-        self.at(delay, self.loop_dial, False)
+        w.end_client(s, StreamEnded("cancelled"))
 
-    def record_end(self, code: str | None, details: str) -> None:
-        """``_record_end``: carry out :func:`walchannel.session.plan_end`."""
-        plan = S.plan_end(code, details, "", final=self.sm.final)
-        if plan.double_keepalive:
-            self.keepalive = S.doubled_keepalive_ms(int(self.keepalive))
-        if plan.outcome is S.EndOutcome.RUN_COMPLETED:
-            self.on_run_completed()
-            return
-        if plan.outcome is S.EndOutcome.ALREADY_OVER:
-            return
-        if plan.outcome is S.EndOutcome.SIZE_REFUSAL:
-            self.w.violation(f"a size refusal the simulated engine never sends: {details}")
-        self.set_error()
+    async def final_status(self) -> tuple[str, str] | None:
+        return self.link.status
 
-    def on_run_completed(self) -> None:
-        """``_on_run_completed``: carry out :func:`walchannel.session.plan_run_completed`."""
-        error = RunCompletedError("the engine says the run is completed")
-        plan = S.plan_run_completed(self.log.state)
-        if plan.tombstone and self.log.writable:
-            try:
-                self.log.complete_by_engine()
-            except WalWriteError:
-                self.w.complete_failed = True  # the checker's note (disk full)
-            else:
-                self.w.tr("the engine applied our Done: the log is a tombstone")
-                self.notify()
-                self.failure = error
-                if not self.sm.final:
-                    self.move(P.ChannelState.FAILED)
-                return
-        self.fail(error)
-        if self.log.writable and plan.mark_undeliverable:
-            with contextlib.suppress(WalWriteError):
-                self.log.update_meta(failed_at=self.w.now, failed_reason=FAILED_UNDELIVERABLE)
+    async def close(self) -> None:
+        return None
 
-    # -- the writer, heartbeats, the watchdog and the reader ----------------------------
 
-    def wakeup(self) -> None:
-        """``_wakeup.set()``: an idle writer looks again."""
-        s = self.stream
-        if s is not None and s.writing and s.writer_idle:
-            s.writer_idle = False
-            self.at(0.0, self.writer, s)
+class SimTransport:
+    """The world's network as seen by one process (a :class:`walchannel.transport.Transport`)."""
 
-    def writer(self, s: Link) -> None:
-        """One turn of ``_write_loop``: a due heartbeat, else the next row, else idle."""
-        if s is not self.stream or not s.writing or s.write_since_ms is not None:
-            return
+    def __init__(self, w: World, proc: Proc) -> None:
+        self.w = w
+        self.proc = proc
+        self.discovery_route = ""
+
+    def dial(self, addr: str, *, keepalive_ms: int) -> SimCall:
+        return SimCall(self.w, self.w.net_dial(self.proc, addr, keepalive_ms))
+
+    async def discover(self, timeout_s: float) -> str:
         w = self.w
-        if w.now >= s.next_beat_ms:
-            s.heartbeats_since_down += 1
-            self.write(s, (HB,), 0)
-            return
-        c = self.cursor
-        seq = c.next_to_write()
-        if seq is None:
-            s.writer_idle = True
-            return
-        try:
-            data = self.rows.row_bytes(seq)
-        except RowMissingError:
-            w.note_row_missing(seq, c.stored, c.high_water)
-            self.stream_end(s, None, f"row seq {seq} is not in the log")
-            return
-        wrote, content = _decode(data)
-        if wrote != seq:
-            w.violation(f"the writer asked for seq {seq} and got the message of seq {wrote}")
-        w.cp()
-        self.write(s, (ROW, seq, content), seq)
+        await asyncio.sleep(w.lat() * 2 / 1000)
+        return await w.discover(timeout_s)
 
-    def write(self, s: Link, msg: tuple[Any, ...], seq: int) -> None:
-        """``await call.write(...)``: returns when the transport takes it (flow control)."""
-        w = self.w
-        s.write_since_ms = w.now
-        returns_at = w.write(s, msg)
-        if returns_at > w.now:
-            self.at(returns_at - w.now, self.wrote, s, seq)
-        else:
-            self.wrote(s, seq)
+    async def aclose(self) -> None:
+        return None
 
-    def wrote(self, s: Link, seq: int) -> None:
-        """The write of row ``seq`` (0: a heartbeat) returned; the writer goes on."""
-        if s is not self.stream or not s.writing:
-            return  # the stream was torn down: the write was cancelled
-        w = self.w
-        s.write_since_ms = None
-        if seq:
-            self.cursor.on_written(seq)
-            self.reconnect.on_written(seq)
-            self.writes.on_written(seq)
-        else:
-            s.next_beat_ms = w.now + s.keepalive
-            self.at(s.keepalive, self.heartbeat, s)
-        self.at(w.write_gap(), self.writer, s)
 
-    def heartbeat(self, s: Link) -> None:
-        """A heartbeat falls due (every ``keepalive`` whatever the traffic): wake the writer.
-
-        A busy writer (or one blocked in a write) sends it at its next turn.
-        """
-        if s is self.stream and s.writing and s.writer_idle:
-            s.writer_idle = False
-            self.writer(s)
-
-    def watchdog(self, s: Link) -> None:
-        """``_watchdog``: end the stream when :func:`~walchannel.session.stream_verdict` says so."""
-        if s is not self.stream or not s.writing:
-            return
-        w = self.w
-        verdict = S.stream_verdict(
-            w.now,
-            last_down_ms=s.last_down_ms,
-            heartbeats_since_down=s.heartbeats_since_down,
-            write_since_ms=s.write_since_ms,
-            next_beat_ms=s.next_beat_ms,
-            dead_stream_ms=w.dead_stream_ms,
-            keepalive_ms=self.keepalive,
-        )
-        if verdict is None:
-            self.at(S.watchdog_period_ms(w.dead_stream_ms, self.keepalive), self.watchdog, s)
-            return
-        w.stats[f"{verdict.kind.value}_streams"] += 1
-        self.stream_end(s, None, f"{verdict.kind.value} stream: silent {verdict.silent_ms:.0f} ms")
-
-    def on_down(self, s: Link, msg: tuple[Any, ...]) -> None:
-        """``_read_loop`` / ``_on_down``: the first ack answers the handshake."""
-        if s is not self.stream:
-            return
-        s.last_down_ms = self.w.now
-        s.heartbeats_since_down = 0
-        if msg[0] == ACK:
-            if not s.answered and self.w.acks_hs:
-                s.answered = True
-                self.open_stream(s, msg[1])
-                return
-            self.on_ack(msg[1])
-        else:
-            self.stream_end(s, msg[1], msg[2])
-
-    def on_ack(self, seq: int) -> None:
-        """``_on_ack``."""
-        kind = self.cursor.on_ack(seq, self.w.now)
-        if kind is P.AckKind.ABOVE_HIGH_WATER:
-            self.protocol_error(f"Ack({seq}) above the high-water {self.cursor.high_water}")
-            return
-        self.reconnect.on_ack(seq)
-        if kind is P.AckKind.ADVANCE:
-            self.after_ack()
-
-    def after_ack(self) -> None:
-        """``_after_ack``."""
-        self.w.note_received(self.cursor.acked)
-        self.rows.drop_acked(self.cursor.acked)
-        self.store_ack()
-        self.notify()
-
-    def store_ack(self, *, force: bool = False) -> None:
-        """``_store_ack``: store the cursor when ``Cursor.ack_to_store`` says so."""
-        c = self.cursor
-        seq = c.ack_to_store(self.w.now, force=force)
-        if seq is None:
-            delay = S.ack_timer_ms(c, timer_armed=self.ack_timer)
-            if delay is not None:
-                self.ack_timer = True
-                self.at(delay, self.ack_timer_fired)
-            return
-        if not self.log.writable:
-            return
-        try:
-            self.log.ack(seq)
-        except WalWriteError:
-            return
-        self.w.tr("log stores ack %d%s", seq, " (tombstone)" if c.completed else "")
-        c.on_stored(seq)
-        if c.completed:
-            self.notify()
-
-    def ack_timer_fired(self) -> None:
-        self.ack_timer = False
-        self.store_ack()
-
-    # -- public operations used by the harness and flush -----------------------------
-
-    def replay_unacked(self) -> None:
-        self.rows.clear_readahead()
-        self.cursor.rewind()
-        self.wakeup()
-
-    def send_done(self, cont: Callable[[BaseException | bool], None]) -> None:
-        """``send_done``: log Done (unless logged), then wait for the tombstone."""
-        if self.closed or self.done_sent:
-            cont(ChannelClosedError("closed or Done sent"))
-            return
-        if self.failure is not None:
-            cont(self.failure)
-            return
-
-        def logged(error: BaseException | None) -> None:
-            if error is not None:
-                cont(error)
-                return
-            self.done_sent = True
-            self.wait(self._done_or_over, DONE_ACK_TIMEOUT_MS, waited)
-
-        def waited(acked: bool) -> None:
-            acked = self.cursor.completed
-            if not acked and self.failure is not None:
-                # Failed while waiting (engine behind).
-                cont(self.failure)
-                return
-            cont(acked)
-
-        if self.cursor.done_seq is None:
-            self.log_rows([DONE], None, logged)
-        else:
-            logged(None)
-
-    def _done_or_over(self) -> bool:
-        # _wait_for gives up at once in FAILED or EXPIRED: no ack can come.
-        return self.cursor.completed or self.sm.final
-
-    def close(self, cont: Callable[[], None]) -> None:
-        """``close()``: half-close, wait up to close_timeout for the end, tear down."""
-        if self.closed:
-            cont()
-            return
-        self.closed = True
-        self.closing = True
-        self.close_cont = cont
-        s = self.stream
-        if s is not None and s.writing:
-            s.writing = False
-            self.w.send_up(s, (HALF,))
-            self.at(CLOSE_TIMEOUT_MS, self._close_timeout, s)
-            return
-        self.close_finish()
-
-    def _close_timeout(self, s: Link) -> None:
-        if self.close_cont is not None:
-            self.close_finish()
-
-    def close_finish(self) -> None:
-        cont = self.close_cont
-        self.close_cont = None
-        s = self.stream
-        if s is not None:
-            self.stream = None
-            self.cursor.end_stream()
-            self.w.client_close(s)
-        self.store_ack(force=True)
-        self.move(P.ChannelState.CLOSED)
-        if self.waiter is not None:
-            waiter, self.waiter = self.waiter, None
-            self.at(0.0, waiter[1], waiter[0]())
-        self.close_log()
-        if cont is not None:
-            cont()
+# -- the world --------------------------------------------------------------------------------
 
 
 class World:
@@ -912,16 +531,21 @@ class World:
         *,
         verbose: bool = False,
         rollback_without_answer: bool = False,
+        record: bool = False,
     ) -> None:
         rng = self.rng = random.Random(seed)
+        # Every traced event, formatted (the determinism tests compare two runs).
+        self.record: list[str] | None = [] if record else None
         self.seed = seed
         self.verbose = verbose
         if durability == "both":
             durability = "process" if seed % 2 == 0 else "power"
         self.durability = durability
-        self.now = 0.0
-        self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
-        self.n = 0
+        self.loop = looptime.new_event_loop(start=0, noop_cycles=0)
+        self.loop.set_task_factory(_task_factory)  # type: ignore[arg-type]
+        self.turns = 0
+        self._watch_turns()
+        self.clock = VirtualClock(self.loop)
         self.events = 0
         self.trace: deque[tuple[float, str, tuple[Any, ...]]] = deque(maxlen=TRACE_LEN)
         self.violations: list[str] = []
@@ -948,11 +572,21 @@ class World:
                 "dup_by_seq",
                 "done_ack_lost",
                 "dials",
-                "dead_streams",
-                "stalled_streams",
                 "engine_losses",
                 "engine_behind",
-                "forgot_answers",
+                "refusals",
+                "set_aside",
+                "unproven_refusals",
+                "done_refused",
+                "stops",
+                "decisions",
+                "approvals",
+                "approval_timeouts",
+                "discovery_failures",
+                "discovery_hangs",
+                "backlog_full",
+                "expired",
+                "budgets",
             ),
             0,
         )
@@ -969,6 +603,8 @@ class World:
         self.lat_base = rng.choice((0.05, 0.2, 1.0))
         self.lat_jit = rng.choice((0.1, 1.0, 5.0))
         self.think = rng.choice((0.5, 5.0, 30.0))
+        # How long the transport takes to accept a write (ms): a fast or a slow link.
+        self.write_ms = rng.choice((0.2, 0.2, 3.0))
         self.p_late = rng.choice((0.0, 0.0, 0.15))
         self.p_power = 0.6 if (durability == "process" and self.rollback_ok) else 0.0
         self.p_lost = 0.04 if self.rollback_ok else 0.0
@@ -976,24 +612,74 @@ class World:
         self.p_sync = rng.choice((0.02, 0.1, 0.3))
         self.p_flush = 0.3
         self.backoff = Backoff()
-        # The channel's keepalive_ms and dead_stream_ms (None: off): the default
-        # heartbeat, or a short one (the run's virtual time is mostly below a
-        # second) with the dead-stream rule at three heartbeats.
-        self.keepalive_ms = KEEPALIVE_MS
-        self.dead_stream_ms: float | None = None
+        # The channel's keepalive_ms and dead_stream_ms: the default heartbeat,
+        # or the shortest one (1 s) with the dead-stream rule at three heartbeats.
+        keepalive_ms = KEEPALIVE_MS
+        dead_stream_ms: int | None = None
         if rng.random() < 0.3:
-            self.keepalive_ms = 200
-            self.dead_stream_ms = rng.choice((None, 600.0))
+            keepalive_ms = 1_000
+            dead_stream_ms = rng.choice((None, 3_000))
         # An engine that loses acked rows (restored from an older backup): only
         # with handshake answers, which is how the channel learns of it (SPEC "Dial").
         self.p_engine_loss = 0.12 if self.acks_hs else 0.0
         # Behind an L7 proxy gRPC's keepalive pings are answered by the proxy:
         # a stalled path is then noticed by dead_stream_ms alone (docs/design.md).
         self.proxy = rng.random() < 0.5
+        # The engine's receive limit (bytes): rows over it are refused for
+        # their size; findings listed in `big` are made larger than it.
+        self.limit: int | None = None
+        self.big: set[int] = set()
+        self.done_big = False
+        if rng.random() < 0.15:
+            self.limit = 2_000
+            self.big = {i for i in range(self.nf) if rng.random() < 0.25}
+            self.done_big = rng.random() < 0.25
+        self.p_proxy_limit = 0.1 if rng.random() < 0.1 else 0.0
+        # The client's own bound below the big rows: they are refused at send
+        # time (PayloadError, nothing logged) and the scan goes on without them.
+        self.max_message_bytes = 4 * 1024 * 1024
+        if self.big and rng.random() < 0.3:
+            self.max_message_bytes = 3_000
+        self.refused_at_send: set[int] = set()
+        self.big_contents: set[int] = set()  # approvals over the engine's limit
+        self.raising_callbacks = rng.random() < 0.1
+        self.approval_at: int | None = rng.randrange(self.nf) if rng.random() < 0.3 else None
+        self.stable_approval_id = rng.random() < 0.7
+        # A backlog bound (a row over it could never be logged: not with big rows).
+        self.max_unacked_bytes = None
+        if self.limit is None and rng.random() < 0.08:
+            self.max_unacked_bytes = rng.choice((200, 600))
         self.chaos_end = 200.0 + self.nf * (self.think + 10.0) * 2 + rng.random() * 4000.0
-        self.limit = self.chaos_end + SETTLE_MS
+        deadline_ms = None
+        if rng.random() < 0.03:
+            deadline_ms = rng.random() * self.chaos_end * 2
+        self.deadline_ms = deadline_ms
+        self.limit_ms = self.chaos_end + SETTLE_MS
         self.chaos = True
-        # crash points: the k-th commit or write kills the harness
+        self.config = GrpcChannelConfig(
+            grpc_addr="e0.sim:1",
+            run_id=RUN_ID,
+            correlation_id=CORRELATION_ID,
+            run_token=TOKEN,
+            keepalive_ms=keepalive_ms,
+            connect_timeout_ms=CONNECT_TIMEOUT_MS,
+            engine_acks_handshake=self.acks_hs,
+            dead_stream_ms=dead_stream_ms,
+            http_addr="https://discovery.sim" if self.discovery else None,
+            done_ack_timeout_ms=DONE_ACK_TIMEOUT_MS,
+            close_timeout_ms=CLOSE_TIMEOUT_MS,
+            backoff=self.backoff,
+            max_unacked_bytes=self.max_unacked_bytes,
+            max_message_bytes=self.max_message_bytes,
+            hard_deadline=(
+                None
+                if deadline_ms is None
+                else datetime.fromtimestamp(EPOCH_S + deadline_ms / 1000, UTC)
+            ),
+            proxy_from_env=False,
+            metrics=False,
+        )
+        # crash points: the k-th commit or write kills the process
         npoints = rng.choice((0, 0, 1, 1, 2, 3))
         span = 12 + 6 * self.nf
         self.crash_points = sorted(rng.randint(1, span) for _ in range(npoints))
@@ -1005,6 +691,7 @@ class World:
         )
         self.wpn = 0
         self.next_event = EVENT_BASE
+        self.next_approval = APPROVAL_BASE
         self.post_completion: set[int] = set()
         # -- disk --------------------------------------------------------------------
         self.disk = Disk()
@@ -1018,28 +705,67 @@ class World:
         self.peak = 0
         self.engine_lost = False
         self.behind = False
+        self.expired = False
         self.complete_failed = False
         self.completed = False
+        self.done_seq: int | None = None  # where the engine applied Done
+        self.tombstone_at: float | None = None  # when the log first became one
+        self.disk_full_until = -1.0  # the end of the latest full-disk spell
         self.epoch = 0
         self.live: Link | None = None
         self.insts: list[Inst] = []
         self.sid = 0
-        self.first_addr = "e0"
+        self.first_addr = "e0.sim:1"
+        self.stop_issued = False
+        self.decided: dict[str, tuple[bool, str]] = {}
+        self.refused: set[int] = set()  # contents the engine refused for their size
+        self.approval_rids: dict[int, str] = {}  # approval content -> its stable request id
         self.new_engine(0.0)
         self.flaky_until = -1.0
         self.flaky_from = _INF
         # -- operator ------------------------------------------------------------------
-        self.proc: SimDriver | None = None
+        self.proc: Proc | None = None
         self.finished = False
+        self.over: asyncio.Event | None = None
         self.recheck = rng.random() < 0.25
 
-    # -- the scheduler ---------------------------------------------------------------
+    # -- the scheduler: the loop's virtual time, in ms -------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.loop.time() * 1000.0
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
-        self.n += 1
-        heapq.heappush(self.heap, (t, self.n, fn, args))
+        self.loop.call_at(t / 1000.0, self._event, fn, args)
+
+    def _event(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.events += 1
+        try:
+            fn(*args)
+        except Exception as exc:  # a bug surfaced as an exception is a violation too
+            self.violation(f"world exception {type(exc).__name__}: {exc}")
+            self.finish()
+
+    def spawn(self, proc: Proc, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as ``proc``'s main task (its tasks are the process's)."""
+        ctx = contextvars.copy_context()
+        ctx.run(PROC.set, proc)
+        self.loop.create_task(self._guard(proc, coro), context=ctx)
+
+    async def _guard(self, proc: Proc, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            if proc.alive:
+                raise
+        except Exception as exc:
+            if proc.alive:
+                self.violation(f"{proc.role} raised {type(exc).__name__}: {exc}")
+                self.finish()
 
     def tr(self, fmt: str, *args: Any) -> None:
+        if self.record is not None:
+            self.record.append(f"{self.now:12.3f}  {fmt % args}")
         if self.verbose:
             print(f"{self.now:12.3f}  {fmt % args}")
         else:
@@ -1052,47 +778,88 @@ class World:
     def lat(self) -> float:
         return self.lat_base + self.rng.random() * self.lat_jit
 
-    def write_gap(self) -> float:
-        return self.rng.random() * 0.2
-
     def cp(self) -> None:
-        """A crash point: the process may be killed here."""
+        """A crash point: the running process may be killed here."""
         self.cpn += 1
         if self.cpn == self.next_crash:
             self.tr("crash point %d reached", self.cpn)
-            self.next_crash = self.crash_points.pop(0) if self.crash_points else -1
             while self.next_crash == self.cpn:
                 self.next_crash = self.crash_points.pop(0) if self.crash_points else -1
-            raise Crash
+            self.crash(timed=False)
+
+    def finish(self) -> None:
+        self.finished = True
+        if self.over is not None:
+            self.over.set()
+
+    def _watch_turns(self) -> None:
+        """Stop a schedule whose loop turns without virtual time moving (a livelock).
+
+        A product bug can make the loop spin at one instant (a timer re-armed
+        for "now", a task that never waits): in virtual time nothing ever
+        comes to end it, so the world counts the loop's turns (its selector
+        is polled once per turn) and stops the schedule as a violation.
+        """
+        selector: Any = self.loop._selector  # type: ignore[attr-defined]
+        poll = selector.select
+        last = [-1.0, 0]
+
+        def select(timeout: float | None = None) -> Any:
+            self.turns += 1
+            now = self.loop.time()
+            if now != last[0]:
+                last[0], last[1] = now, 0
+            last[1] += 1
+            if last[1] > MAX_TURNS_AT_ONE_INSTANT or self.turns > MAX_TURNS:
+                raise Livelock(
+                    f"livelock: {last[1]} turns of the event loop at t={now * 1000:.3f} ms "
+                    f"({self.turns} in all) without virtual time moving on"
+                )
+            return poll(timeout)
+
+        selector.select = select
 
     def run(self) -> World:
-        self.plan_faults()
-        self.at(0.0, self.start_harness)
-        heap = self.heap
-        pop = heapq.heappop
+        loop = self.loop
         try:
-            while heap and not self.finished:
-                t, _, fn, args = pop(heap)
-                if t > self.limit:
-                    break
-                self.now = t
-                if self.chaos and t > self.chaos_end:
-                    self.end_chaos()
-                self.events += 1
-                try:
-                    fn(*args)
-                except Crash:
-                    self.crash(timed=False)
-        except Exception as exc:  # a bug surfaced as an exception is a violation too
-            self.violation(f"exception {type(exc).__name__}: {exc}")
-            return self
+            loop.run_until_complete(self._main())
+        except Livelock as exc:
+            self.violation(str(exc))
+            self.finish()
+        finally:
+            self._shutdown()
         if not self.finished:
             self.violation(
                 f"stuck: the run did not finish (engine h={len(self.applied)}, "
                 f"completed={self.completed}, t={self.now:.0f} ms)"
             )
-        self.final_checks()
+        elif not self.violations:
+            self.final_checks()
         return self
+
+    async def _main(self) -> None:
+        self.over = asyncio.Event()
+        self.plan_faults()
+        self.at(self.chaos_end, self.end_chaos)
+        self.at(0.0, self.start_harness)
+        try:
+            async with asyncio.timeout(self.limit_ms / 1000.0):
+                await self.over.wait()
+        except TimeoutError:
+            pass
+
+    def _shutdown(self) -> None:
+        loop = self.loop
+        if self.proc is not None:
+            self.kill(self.proc)
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        pending.sort(key=lambda t: t.get_name())
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(Livelock):
+                loop.run_until_complete(asyncio.wait(pending, timeout=60))
+        loop.close()
 
     # -- faults --------------------------------------------------------------------------
 
@@ -1108,20 +875,25 @@ class World:
         some((0, 0, 1, 2, 3), self.fault_engine)
         some((0, 1, 2, 4), self.fault_cut, "cut")
         some((0, 0, 0, 1), self.fault_cut, "goaway")
-        some((0, 0, 1, 2), self.fault_cut, "stall")
+        some((0, 0, 1, 2, 3), self.fault_cut, "stall")
         some((0, 0, 0, 1, 2), self.fault_disk_full)
+        some((0, 0, 0, 1), self.fault_budget)
         if rng.random() < self.p_engine_loss:
             self.at(rng.random() * end, self.fault_engine_loss)
         if rng.random() < 0.15:
             self.flaky_from = rng.random() * end
             self.flaky_until = self.flaky_from + rng.random() * 60_000.0
+        if rng.random() < 0.2:
+            self.at(rng.random() * end * 1.5, self.fault_stop)
 
     def end_chaos(self) -> None:
         self.chaos = False
         self.next_crash = -1
         self.crash_points = []
-        self.disk.full = False
+        if self.disk.full:
+            self.disk_space()
         self.flaky_until = -1.0
+        self.p_proxy_limit = 0.0
         if not any(i.alive for i in self.insts):
             self.new_engine(0.0)
 
@@ -1129,21 +901,24 @@ class World:
         if self.proc is not None and self.chaos:
             self.crash(timed=True)
 
-    def crash(self, *, timed: bool, starting: str | None = None) -> None:
-        ch = self.proc
-        if ch is None and starting is None:
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL: nothing of the process reaches the world any more; its tasks go."""
+        proc.alive = False
+        if self.proc is proc:
+            self.proc = None
+        for s in proc.links:
+            if s.link:
+                self.client_die(s)
+        for task in proc.tasks:
+            task.cancel()
+
+    def crash(self, *, timed: bool) -> None:
+        proc = self.proc
+        if proc is None:
             return
         rng = self.rng
         self.stats["crashes"] += 1
-        role = starting or "?"
-        if ch is not None:
-            role = ch.role
-            ch.alive = False
-            self.proc = None
-            s = ch.stream
-            if s is not None:
-                ch.stream = None
-                self.client_die(s)
+        self.kill(proc)
         d = self.disk
         what = "crash"
         if d.exists and rng.random() < self.p_power:
@@ -1167,7 +942,7 @@ class World:
             self.rollback(keep)
             d.synced = len(d.states) - 1
             what += f", older copy restored ({keep} commits)"
-        self.tr("%s of the %s (%s)", what, role, "timed" if timed else "at a crash point")
+        self.tr("%s of the %s (%s)", what, proc.role, "timed" if timed else "at a crash point")
         self.at(self.now + self.restart_delay(), self.restart, True)
 
     def restart_delay(self) -> float:
@@ -1232,22 +1007,21 @@ class World:
 
     def replace_engine(self) -> None:
         self.stats["engine_replacements"] += 1
-        reject = self.rng.random() * 3_000.0 if self.rng.random() < 0.2 else 0.0
+        r = self.rng.random()
+        reject = self.rng.random() * (3_000.0 if r < 0.15 else 20_000.0) if r < 0.2 else 0.0
         self.new_engine(reject)
 
     def new_engine(self, reject_ms: float) -> None:
         gen = len(self.insts)
-        addr = f"e{gen}" if self.discovery else "e0"
+        addr = f"e{gen}.sim:1" if self.discovery else "e0.sim:1"
         self.insts.append(Inst(gen, addr, self.now + reject_ms))
         if gen:
             self.tr("engine %s (#%d) up", addr, gen)
 
     def fault_cut(self, kind: str) -> None:
-        ch = self.proc
-        if ch is None or ch.stream is None or not self.chaos:
-            return
-        s = ch.stream
-        if not s.link:
+        proc = self.proc
+        s = self.client_link(proc)
+        if s is None or not s.link or not self.chaos or proc is None:
             return
         rng = self.rng
         if kind == "cut":
@@ -1262,10 +1036,10 @@ class World:
                 self.engine_end(s, "UNAVAILABLE", "GOAWAY received; Debug Error: too_many_pings")
         else:
             self.stats["stalls"] += 1
-            d = rng.choice((200.0, 3_000.0, 15_000.0, 60_000.0))
+            d = rng.choice((200.0, 3_000.0, 15_000.0, 60_000.0, 60_000.0))
             s.stalled_until = self.now + d
             # gRPC's transport keepalive (the world's, not walchannel's) ends it.
-            detect = KEEPALIVE_TIMEOUT_MS + rng.random() * ch.keepalive
+            detect = KEEPALIVE_TIMEOUT_MS + rng.random() * s.keepalive
             self.tr("#%d stalls for %.0f ms", s.sid, d)
             if d >= detect and not self.proxy:
                 self.at(self.now + detect, self.stall_kill, s)
@@ -1285,15 +1059,33 @@ class World:
 
     def disk_space(self) -> None:
         self.disk.full = False
+        self.disk_full_until = self.now
+
+    def fault_stop(self) -> None:
+        """The engine issues the run's Stop: stored, sent now, re-sent after every handshake."""
+        if self.completed:
+            return
+        self.stop_issued = True
+        self.stats["stops"] += 1
+        self.tr("the engine issues Stop")
+        if self.live is not None:
+            self.send_down(self.live, ("stop", "operator"))
+
+    def fault_budget(self) -> None:
+        s = self.live
+        if s is not None:
+            self.stats["budgets"] += 1
+            self.send_down(s, ("budget", "budget at 80%"))
+            if self.rng.random() < 0.5:
+                self.send_down(s, ("unknown",))
 
     # -- the disk ---------------------------------------------------------------------------
 
-    def open_log(self) -> RunLog:
+    def open_log(self, proc: Proc) -> RunLog:
         """A process opens the log: the real ``RunLog`` on the disk's last committed image.
 
         Raises:
             WalWriteError: the open's claim could not commit (disk full).
-            Crash: the process is killed during the open.
         """
         d = self.disk
         conn = sqlite3.connect(":memory:", isolation_level=None)
@@ -1310,7 +1102,7 @@ class World:
                 conn,
                 run_id=RUN_ID,
                 correlation_id=CORRELATION_ID,
-                commit_hook=DiskHook(self, conn),
+                commit_hook=DiskHook(self, conn, proc),
             )
         except WalWriteError:
             conn.close()
@@ -1327,6 +1119,8 @@ class World:
         if prev.unverified is not None and st.unverified is None:
             # The verification rule declares every unverified row (re)placed.
             touched.extend(c for q, c in old if q >= prev.unverified and c >= 0)
+            if prev.rows != st.rows:
+                self.stats["shifts"] += 1
         if touched:
             st = st._replace(touched=tuple(touched))
         if prev.completed and (kind == "append" or st.last_acked > prev.last_acked):
@@ -1337,13 +1131,30 @@ class World:
             )
         if kind == "verify":
             self.tr("db after verify: cursor %d, rows %s", st.last_acked, sorted(st.rows))
+        if kind == "set_aside":
+            for c in set(st.quarantined) - set(prev.quarantined):
+                self.stats["set_aside"] += 1
+                self.tr("%s set aside", _name(c))
+                if c not in self.refused:
+                    self.violation(f"{_name(c)} set aside, but the engine never refused it")
         d.states.append(st)
         self.stats["commits"] += 1
+        if st.completed and self.tombstone_at is None:
+            self.tombstone_at = self.now
         if kind == "append":
             logged = self.logged
             for _, c in new - old:
                 if c < 0:
                     continue
+                rid = self.approval_rids.get(c)
+                proc = self.proc
+                if rid is not None and proc is not None:
+                    seen = proc.decisions_seen.get(rid)
+                    if seen is not None and self.now > seen:
+                        self.violation(
+                            f"approval {rid} logged again, though its decision reached "
+                            "this channel before"
+                        )
                 if c < EVENT_BASE:
                     logged[c] += 1
                 else:
@@ -1352,7 +1163,6 @@ class World:
                     self.post_completion.add(c)
         if self.rng.random() < self.p_sync:
             d.synced = len(d.states) - 1
-        self.cp()
 
     def sync(self) -> None:
         if self.disk.exists:
@@ -1360,18 +1170,33 @@ class World:
 
     # -- the network ----------------------------------------------------------------------
 
-    def net_dial(self, ch: SimDriver, addr: str) -> Link:
+    def client_link(self, proc: Proc | None) -> Link | None:
+        """The process's newest link that is still its stream."""
+        if proc is None or not proc.links:
+            return None
+        s = proc.links[-1]
+        return s if s.end is None else None
+
+    def net_dial(self, proc: Proc, addr: str, keepalive_ms: int) -> Link:
         self.sid += 1
         inst = None
         for i in reversed(self.insts):
             if i.alive and i.addr == addr:
                 inst = i
                 break
-        s = Link(self.sid, ch, inst)
+        s = Link(self.sid, proc, inst, float(keepalive_ms))
+        proc.links.append(s)
+        if len(proc.links) > 8:
+            del proc.links[0]
+        if not proc.alive:
+            s.link = False
+            return s
+        self.note_dial(proc)
+        self.tr("dial #%d to %s", s.sid, addr)
         if inst is not None:
             self.at(self.now + self.lat(), self.connected, s)
         elif self.rng.random() < 0.7:
-            self.at(self.now + self.lat(), self.client_end, s, "UNAVAILABLE", "connection refused")
+            self.at(self.now + self.lat(), self.deliver_end, s, "UNAVAILABLE", "connection refused")
         # else: a black hole; the connect timeout ends it
         return s
 
@@ -1385,26 +1210,30 @@ class World:
             return
         s.connected = True
         s.e_open = True
-        inst.streams.add(s)
-        ch = s.ch
-        if ch.alive and ch.stream is s:
-            ch.on_connected(s)
+        inst.streams.append(s)
+        wait, s.connect_wait = s.connect_wait, None
+        if wait is not None and not wait.done():
+            wait.set_result(None)
 
-    def discover(self, current: str) -> str:
+    async def discover(self, timeout_s: float) -> str:
         rng = self.rng
         r = rng.random()
-        if self.chaos and r < 0.2:
-            return current  # a bad answer: keep the last address
-        if self.chaos and r < 0.4:
+        if self.chaos and r < 0.1:
+            self.stats["discovery_failures"] += 1
+            raise DiscoveryError("https://discovery.sim/grpc-address answered HTTP 503")
+        if self.chaos and r < 0.13:
+            self.stats["discovery_hangs"] += 1
+            await asyncio.sleep(timeout_s * 2)  # the channel's timeout ends the wait
+        if self.chaos and r < 0.3:
             return rng.choice(self.insts).addr  # stale
         live = [i for i in self.insts if i.alive]
         return (live[-1] if live else self.insts[-1]).addr
 
-    def send_up(self, s: Link, msg: tuple[Any, ...]) -> None:
-        if msg[0] == ROW:
+    def send_up(self, s: Link, msg: Up) -> None:
+        if msg.kind == "data":
             # The checker's notes: the first row written on the stream; cut points.
             if s.first_written is None:
-                s.first_written = msg[1]
+                s.first_written = msg.seq
             self.wpn += 1
             if self.cut_points and self.cut_points[0] <= self.wpn:
                 del self.cut_points[0]
@@ -1418,7 +1247,7 @@ class World:
         s.up_t = t
         self.at(t, self.deliver_up, s)
 
-    def write(self, s: Link, msg: tuple[Any, ...]) -> float:
+    def write(self, s: Link, msg: Up) -> float:
         """The client writes ``msg``: when does its write return (flow control)?
 
         On a stalled path the windows fill and the write blocks until the
@@ -1428,6 +1257,11 @@ class World:
         if s.link and s.stalled_until > self.now:
             return s.stalled_until
         return self.now
+
+    def wake_writer(self, s: Link) -> None:
+        wait, s.write_wait = s.write_wait, None
+        if wait is not None and not wait.done():
+            wait.set_result(None)
 
     def deliver_up(self, s: Link) -> None:
         if not s.upq:
@@ -1456,17 +1290,66 @@ class World:
             self.at(s.stalled_until, self.deliver_down, s)
             return
         msg = s.downq.popleft()
-        ch = s.ch
-        if ch.alive and ch.stream is s:
-            if msg[0] == ACK and s.first_written is not None and msg[1] >= s.first_written:
+        if not s.proc.alive or s.end is not None:
+            return
+        what = msg[0]
+        if what == "end":
+            self.deliver_end(s, msg[1], msg[2])
+            return
+        if what == "ack":
+            if (
+                self.done_seq is not None
+                and msg[1] >= self.done_seq
+                and s.proc.done_acked_at is None
+            ):
+                s.proc.done_acked_at = self.now
+            if s.first_written is not None and msg[1] >= s.first_written:
                 s.productive = True  # the checker's note: progress on this stream
-            ch.on_down(s, msg)
+            if s.up_at is None:
+                s.up_at = self.now
+            down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
+        elif what == "stop":
+            s.proc.stops_delivered += 1
+            down = pb.DownMessage(stop=pb.Stop(reason=msg[1]))
+        elif what == "decision":
+            rid, approved, reason = msg[1]
+            s.proc.decisions_seen.setdefault(rid, self.now)
+            down = pb.DownMessage(
+                approval_decision=pb.ApprovalDecision(
+                    request_id=rid, approved=approved, reason=reason
+                )
+            )
+        elif what == "budget":
+            down = pb.DownMessage(budget_update=pb.BudgetUpdate(message=msg[1]))
+        else:
+            down = pb.DownMessage()  # a body this client does not know
+        reader, s.reader = s.reader, None
+        if reader is not None and not reader.done():
+            reader.set_result(down)
+        else:
+            s.inbox.append(down)
 
-    def client_end(self, s: Link, code: str | None, details: str) -> None:
+    def deliver_end(self, s: Link, code: str | None, details: str) -> None:
+        """The client learns that its call ended with this status."""
         s.link = False
-        ch = s.ch
-        if ch.alive and ch.stream is s:
-            ch.stream_end(s, code, details)
+        if code is not None:
+            s.status = (code, details)
+            self.end_client(s, StreamEnded(f"{code}: {details}", code, details))
+        else:
+            s.status = ("OK", "")
+            self.end_client(s, StreamEnded("the engine ended the stream (status OK)"))
+
+    def end_client(self, s: Link, end: StreamEnded) -> None:
+        if s.end is None:
+            s.end = end
+        # A blocked write fails first, without the status (grpc.aio raises it
+        # from the write; the status comes with the call's final state).
+        for name in ("write_wait", "connect_wait", "reader"):
+            wait = getattr(s, name)
+            setattr(s, name, None)
+            if wait is not None and not wait.done():
+                wait.set_exception(s.end if name == "reader" else StreamEnded("the call is over"))
+                wait.exception()
 
     def reset(self, s: Link, code: str, details: str, *, keep_prefix: bool = False) -> None:
         """The transport dies: a prefix of the in-flight up-messages may still land."""
@@ -1480,7 +1363,11 @@ class World:
         else:
             s.upq.clear()
             self.engine_cancel(s)
-        self.at(self.now + self.lat(), self.client_end, s, code, details)
+        self.at(self.now + self.lat(), self.deliver_end_late, s, code, details)
+
+    def deliver_end_late(self, s: Link, code: str, details: str) -> None:
+        if s.end is None and s.proc.alive:
+            self.deliver_end(s, code, details)
 
     def client_close(self, s: Link) -> None:
         """The client tears the stream down; what it wrote before still lands, then RST."""
@@ -1509,8 +1396,8 @@ class World:
 
     def engine_drop(self, s: Link) -> None:
         s.e_open = False
-        if s.inst is not None:
-            s.inst.streams.discard(s)
+        if s.inst is not None and s in s.inst.streams:
+            s.inst.streams.remove(s)
         if self.live is s:
             self.live = None
 
@@ -1519,15 +1406,35 @@ class World:
         if not s.e_open:
             return
         self.engine_drop(s)
-        self.send_down(s, (END, code, details))
+        self.send_down(s, ("end", code, details))
 
-    def engine_up(self, s: Link, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == ROW:
-            self.engine_row(s, msg[1], msg[2])
-        elif kind == HS:
+    def engine_up(self, s: Link, msg: Up) -> None:
+        if self.limit is not None and msg.size > self.limit:
+            self.stats["refusals"] += 1
+            if msg.kind == "data":
+                s.size_refused = True
+                self.refused.add(msg.content)
+                if msg.content == DONE:
+                    self.stats["done_refused"] += 1
+            self.tr("engine refuses seq %d (%d bytes) for its size", msg.seq, msg.size)
+            self.engine_end(
+                s,
+                "RESOURCE_EXHAUSTED",
+                f"SERVER: Received message larger than max ({msg.size} vs. {self.limit})",
+            )
+            return
+        if self.chaos and self.p_proxy_limit and self.rng.random() < self.p_proxy_limit:
+            # A proxy's own limit: a size the client cannot match to a row.
+            self.stats["unproven_refusals"] += 1
+            self.engine_end(
+                s, "RESOURCE_EXHAUSTED", "Received message larger than max (999999 vs. 65536)"
+            )
+            return
+        if msg.kind == "data":
+            self.engine_row(s, msg)
+        elif msg.kind == "handshake":
             self.engine_handshake(s)
-        elif kind == HB:
+        elif msg.kind == "heartbeat":
             if s.epoch == self.epoch:
                 self.engine_ack(s)
         else:  # the client half-closed
@@ -1551,12 +1458,17 @@ class World:
         if self.completed:
             self.engine_end(s, "FAILED_PRECONDITION", "run completed")
             return
+        delay = self.ack_delay
         if self.acks_hs:
-            delay = self.ack_delay
             if self.chaos and self.rng.random() < self.p_late:
                 self.stats["late_answers"] += 1
                 delay += self.rng.random() * 15_000.0
-            self.at(self.now + delay, self.send_down, s, (ACK, len(self.applied)))
+            self.at(self.now + delay, self.send_down, s, ("ack", len(self.applied)))
+        # After every handshake: the run's Stop and every decision again.
+        if self.stop_issued:
+            self.at(self.now + delay, self.send_down, s, ("stop", "operator"))
+        for rid, (approved, reason) in self.decided.items():
+            self.at(self.now + delay, self.send_down, s, ("decision", (rid, approved, reason)))
         if self.flaky_from <= self.now < self.flaky_until:
             self.at(
                 self.now + self.ack_delay + 1.0,
@@ -1566,9 +1478,10 @@ class World:
                 "engine dropped the stream",
             )
 
-    def engine_row(self, s: Link, seq: int, content: int) -> None:
+    def engine_row(self, s: Link, msg: Up) -> None:
         if s.epoch != self.epoch:
             return  # fenced: a newer stream owns the run
+        seq, content = msg.seq, msg.content
         applied = self.applied
         h = len(applied)
         if seq <= h:
@@ -1591,16 +1504,38 @@ class World:
             if seq > self.peak:
                 self.peak = seq
             self.tr("engine applies seq %d = %s", seq, _name(content))
+            if content == ROW_LOST:
+                self.check_row_lost(msg.body)
             if content == DONE:
                 self.completed = True
+                self.done_seq = seq
                 self.engine_ack(s)
                 return
+            if content >= APPROVAL_BASE:
+                self.engine_approval(s, msg.body)
         s.unacked += 1
         if s.unacked >= self.ack_every:
             self.engine_ack(s)
         else:
             s.idle_gen += 1
             self.at(self.now + ENGINE_ACK_IDLE_MS, self.engine_idle, s, s.idle_gen)
+
+    def engine_approval(self, s: Link, rid: str) -> None:
+        """An approval request: a stored decision goes back at once, else one is made later."""
+        if rid in self.decided:
+            self.send_down(s, ("decision", (rid, *self.decided[rid])))
+            return
+        self.at(self.now + self.rng.random() * 500.0, self.engine_decide, rid)
+
+    def engine_decide(self, rid: str) -> None:
+        if rid in self.decided:
+            return
+        decision = (self.rng.random() < 0.7, f"decided at {self.now:.0f}")
+        self.decided[rid] = decision
+        self.stats["decisions"] += 1
+        self.tr("engine decides %s: %s", rid, decision[0])
+        if self.live is not None:
+            self.send_down(self.live, ("decision", (rid, *decision)))
 
     def engine_idle(self, s: Link, gen: int) -> None:
         if s.idle_gen == gen and s.unacked and s.e_open:
@@ -1610,15 +1545,21 @@ class World:
         s.unacked = 0
         s.idle_gen += 1
         if self.ack_delay:
-            self.at(self.now + self.ack_delay, self.send_down, s, (ACK, len(self.applied)))
+            self.at(self.now + self.ack_delay, self.send_down, s, ("ack", len(self.applied)))
         else:
-            self.send_down(s, (ACK, len(self.applied)))
+            self.send_down(s, ("ack", len(self.applied)))
 
-    # -- the checker's online notes ---------------------------------------------------------------
+    # -- the checker's online notes ----------------------------------------------------------
 
-    def note_dial(self, ch: SimDriver) -> None:
+    def check_row_lost(self, payload: dict[str, Any]) -> None:
+        """A row_lost event replaces only a row the engine refused for its size."""
+        size, limit = payload.get("size"), payload.get("limit")
+        if self.limit is None or limit != self.limit or size is None or size <= self.limit:
+            self.violation(f"a row_lost event for a row the engine never refused: {payload}")
+
+    def note_dial(self, proc: Proc) -> None:
         self.stats["dials"] += 1
-        dq = ch.dials
+        dq = proc.dials
         dq.append(self.now)
         while self.now - dq[0] > 1000.0:
             dq.popleft()
@@ -1627,50 +1568,31 @@ class World:
             self.max_dials_per_s = n
         if n > 3:
             self.violation(f"tight loop: {n} dials within one virtual second")
+        last = proc.last_end_ms
+        if last is not None:
+            # The backoff: at least min(max_ms, initial * multiplier ** attempt),
+            # the attempt counting streams that ended without progress (SPEC "Reconnect").
+            b = self.backoff
+            floor = min(b.max_ms, b.initial_ms * b.multiplier**proc.exp_attempt)
+            if self.now - last < floor - 1e-3:
+                self.violation(
+                    f"backoff reset without progress: a dial {self.now - last:.0f} ms after "
+                    f"the last stream ended, {proc.exp_attempt} unproductive streams "
+                    f"(at least {floor:.0f} ms)"
+                )
+            proc.exp_attempt += 1
+            proc.last_end_ms = None
 
-    def note_stream_end(self, ch: SimDriver, s: Link) -> None:
-        """The checker's model of progress: an ack of a row written on it, or up 30 s."""
-        if s.productive or (s.up_at is not None and self.now - s.up_at >= P.STABLE_STREAM_MS):
-            ch.exp_attempt = 0
+    def note_stream_end(self, s: Link) -> None:
+        """The client tore a stream down: the checker's model of progress on it."""
+        proc = s.proc
+        # (A few seconds of slack: the channel measures from its own moment.)
+        up_long = s.up_at is not None and self.now - s.up_at >= STABLE_STREAM_MS - 5_000.0
+        if s.productive or up_long or s.size_refused:
+            proc.exp_attempt = 0
+        proc.last_end_ms = self.now
 
-    def note_received(self, acked: int) -> None:
-        """The channel's received cursor moved: the engine must have acked that much."""
-        if acked > self.peak:
-            self.violation(f"received cursor {acked} beyond the engine's {self.peak}")
-
-    def note_behind(self, h: int) -> None:
-        """The channel says "engine behind": only true when the engine lost acked rows."""
-        stored = self.disk.states[-1].last_acked
-        if not (self.engine_lost and h < stored):
-            self.violation(
-                f"engine behind declared for answer {h}, stored cursor {stored} "
-                f"(the engine lost rows: {self.engine_lost})"
-            )
-
-    def note_forgot(self, h: int, acked: int) -> None:
-        """The answer is below acks received: only an engine that lost rows does that."""
-        self.stats["forgot_answers"] += 1
-        if not self.engine_lost:
-            self.violation(f"engine forgot acks: answer {h} below the received ack {acked}")
-
-    def note_row_missing(self, seq: int, stored: int, high: int) -> None:
-        """The cursor asked for a row the log does not hold: never, with a correct core."""
-        self.violation(
-            f"row seq {seq} is not in the log (stored cursor {stored}, high-water {high})"
-        )
-
-    def check_delay(self, ch: SimDriver, delay: float) -> None:
-        """The attempt counter resets only after progress (SPEC "Reconnect")."""
-        b = self.backoff
-        floor = min(b.max_ms, b.initial_ms * b.multiplier**ch.exp_attempt)
-        if delay < floor - 1e-6:
-            self.violation(
-                f"backoff reset without progress: delay {delay:.0f} ms after "
-                f"{ch.exp_attempt} unproductive streams (at least {floor:.0f} ms)"
-            )
-        ch.exp_attempt += 1
-
-    # -- the harness, flush and the operator -------------------------------------------
+    # -- the harness, flush and the operator ---------------------------------------------------
 
     def restart(self, flush_ok: bool = True) -> None:
         if self.proc is not None or self.finished:
@@ -1687,206 +1609,405 @@ class World:
         else:
             self.start_harness()
 
-    def exit(self, ch: SimDriver, why: str) -> None:
-        if self.proc is not ch:
+    def exit(self, proc: Proc, why: str) -> None:
+        if self.proc is not proc or not proc.alive:
             return
-        ch.alive = False
+        proc.alive = False
         self.proc = None
-        self.tr("%s exits: %s", ch.role, why)
+        self.tr("%s exits: %s", proc.role, why)
+        if proc.stops > 1:
+            self.violation(f"on_stop fired {proc.stops} times in one channel")
         if why in ("completed", "refused"):
             if not self.completed:
-                self.violation(f"the harness exited '{why}' but the engine lacks Done")
+                self.violation(f"the {proc.role} exited '{why}' but the engine lacks Done")
             if self.recheck:
                 self.recheck = False
                 self.at(self.now + self.rng.random() * 1_000.0, self.restart, False)
             else:
-                self.finished = True
+                self.finish()
             return
         if why == "engine behind":
             # The run cannot complete: its acked rows are gone from both sides.
+            if not self.engine_lost:
+                self.violation("engine behind declared, but the engine never lost rows")
             self.behind = True
             self.stats["engine_behind"] += 1
-            self.finished = True
+            self.finish()
+            return
+        if why == "expired":
+            self.expired = True
+            self.stats["expired"] += 1
+            self.finish()
+            return
+        if why == "done refused":
+            # The operator raises the engine's limit; the next start delivers Done.
+            self.limit = None
+            self.at(self.now + self.restart_delay(), self.start_harness)
             return
         if why == "gave up":
             self.at(self.now + self.restart_delay(), self.start_flush)
             return
         self.at(self.now + self.restart_delay(), self.restart, why != "flushed")
 
+    def new_proc(self, role: str) -> Proc:
+        proc = Proc(self, role)
+        self.proc = proc
+        return proc
+
+    def channel(self, proc: Proc) -> GrpcEngineChannel:
+        """The process opens the log and builds the product's channel on the world's seams."""
+        log = self.open_log(proc)
+        try:
+            ch = GrpcEngineChannel(
+                self.config,
+                rng=random.Random(self.rng.getrandbits(32)),
+                log=log,
+                transport=SimTransport(self, proc),
+                clock=self.clock,
+            )
+        except BaseException:
+            if not log.closed:
+                log.close()
+            raise
+        proc.channel = ch
+        ch.on_stop(lambda reason: self.on_stop(proc))
+        ch.on_budget_update(lambda message, details: self.on_budget(proc))
+        return ch
+
+    def on_stop(self, proc: Proc) -> None:
+        proc.stops += 1
+        if not self.stop_issued:
+            self.violation("on_stop fired, but the engine issued no Stop")
+
+    def on_budget(self, proc: Proc) -> None:
+        proc.budgets += 1
+        if self.raising_callbacks:
+            raise RuntimeError("a harness callback with a bug")  # logged, never fatal
+
     def start_harness(self) -> None:
         if self.proc is not None or self.finished:
             return
         self.stats["harness_runs"] += 1
-        try:
-            ch = SimDriver(self, "harness")
-        except Crash:
-            self.crash(timed=False, starting="harness")
-            return
-        except WalWriteError:
-            self.tr("harness cannot open the log (disk full)")
-            self.at(self.now + 100.0 + self.rng.random() * 2_000.0, self.start_harness)
-            return
-        except RunCompletedError:
-            self.tr("harness: the log is a tombstone; exits")
-            if not self.completed:
-                self.violation("a tombstone while the engine lacks Done")
-            self.finished = True
-            return
-        self.proc = ch
-        self.tr(
-            "harness starts (progress=%s, acked=%d, next_seq=%d, unverified=%s)",
-            ch.log.progress,
-            ch.log.last_acked_seq,
-            ch.log.next_seq,
-            ch.log.unverified_from,
-        )
-        ch.early = self.rng.random() < 0.3 and ch.cursor.done_seq is None
-        if ch.early:
-            # Sends before handshake() are logged and delivered once connected (SPEC).
-            ch.log_rows([self.new_event()], None, lambda error: self.harness_handshake(ch))
-        else:
-            self.harness_handshake(ch)
-
-    def harness_handshake(self, ch: SimDriver) -> None:
-        try:
-            ch.handshake(lambda ok: self.harness_scan_start(ch))
-        except WalWriteError:
-            ch.close(lambda: self.exit(ch, "error"))
-        except RunCompletedError:
-            ch.close(lambda: self.exit(ch, "refused"))
-
-    def harness_scan_start(self, ch: SimDriver) -> None:
-        if ch.failure is not None:
-            self.harness_failed(ch, ch.failure)
-            return
-        progress = ch.log.progress
-        ch.next = 0 if progress is None else int(progress["n"])
-        if ch.cursor.done_seq is None and ch.failure is None and not ch.early:
-            # A real harness announces itself: the seq -> content map differs per life.
-            ch.log_rows([self.new_event()], None, lambda error: self.harness_next(ch))
-        else:
-            self.harness_next(ch)
-
-    def new_event(self) -> int:
-        self.next_event += 1
-        return self.next_event
-
-    def harness_next(self, ch: SimDriver) -> None:
-        rng = self.rng
-        pause = rng.random() * self.think
-        if rng.random() < 0.05:
-            pause += 200.0 + rng.random() * 3_000.0
-        ch.at(pause, self.harness_step, ch)
-
-    def harness_failed(self, ch: SimDriver, error: BaseException) -> None:
-        if isinstance(error, RunCompletedError):
-            ch.close(lambda: self.exit(ch, "refused"))
-        elif isinstance(error, EngineBehindError):
-            ch.close(lambda: self.exit(ch, "engine behind"))
-        else:
-            self.violation(f"harness got {type(error).__name__}: {error}")
-            ch.close(lambda: self.exit(ch, "error"))
-
-    def harness_step(self, ch: SimDriver) -> None:
-        rng = self.rng
-        nf = self.nf
-        if rng.random() < 0.03:
-            ch.replay_unacked()
-        if ch.next < nf:
-            try:
-                ch.check_sendable()
-            except (RunCompletedError, EngineBehindError, ChannelClosedError) as exc:
-                self.harness_failed(ch, exc)
-                return
-            first = ch.next
-            items = list(range(first, min(nf, first + rng.randint(1, 3))))
-
-            if rng.random() < 0.15:
-                # A progress event between findings (no marker: it changes no position).
-                ch.log_rows([self.new_event()], None, lambda error: self.harness_next(ch))
-                return
-
-            def sent(error: BaseException | None) -> None:
-                if error is None:
-                    ch.next = items[-1] + 1
-                    self.harness_next(ch)
-                elif isinstance(error, WalWriteError):
-                    ch.at(50.0 + rng.random() * 500.0, self.harness_step, ch)
-                else:
-                    self.harness_failed(ch, error)
-
-            ch.log_rows(items, items[-1] + 1, sent)
-            return
-
-        def done(result: BaseException | bool) -> None:
-            if result is True:
-                ch.close(lambda: self.exit(ch, "completed"))
-            elif result is False:
-                ch.close(lambda: self.exit(ch, "gave up"))
-            elif isinstance(result, WalWriteError):
-                ch.at(50.0 + rng.random() * 500.0, self.harness_step, ch)
-            else:
-                assert isinstance(result, BaseException)
-                self.harness_failed(ch, result)
-
-        ch.send_done(done)
+        proc = self.new_proc("harness")
+        self.spawn(proc, self.harness(proc))
 
     def start_flush(self) -> None:
         if self.proc is not None or self.finished:
             return
         self.stats["flushes"] += 1
+        proc = self.new_proc("flush")
+        self.spawn(proc, self.flush(proc))
+
+    def check_stats(self, proc: Proc, ch: GrpcEngineChannel) -> None:
+        """What the channel says of itself agrees with the world (its public ``stats()``)."""
+        if not proc.alive:
+            return
+        st = ch.stats()
+        if ch.config.run_id != RUN_ID or (ch.last_acked_seq, ch.unacked_count, ch.state) != (
+            st.acked,
+            st.unacked_count,
+            st.state,
+        ):
+            self.violation(f"stats() disagrees with the channel's read-outs: {st} vs {ch!r}")
+        if st.protocol_errors:
+            self.violation(f"protocol errors counted: {st.last_error}")
+        if st.acked > self.peak:
+            self.violation(f"received cursor {st.acked} beyond the engine's {self.peak}")
+        if st.last_error and "is not in the log" in st.last_error:
+            self.violation(f"the writer asked for a row the log does not hold: {st.last_error}")
+
+    async def close(self, proc: Proc, ch: GrpcEngineChannel, why: str) -> None:
+        self.check_stats(proc, ch)
+        await ch.close()
+        if proc.alive:
+            self.sync()  # closing the last connection checkpoints the WAL
+        self.exit(proc, why)
+
+    def ended_by(self, proc: Proc, error: BaseException) -> str:
+        """Why a process exits on ``error`` (a violation when it should never come)."""
+        if isinstance(error, RunCompletedError):
+            return "refused"
+        if isinstance(error, EngineBehindError):
+            return "engine behind"
+        if isinstance(error, RunExpiredError):
+            return "expired"
+        if isinstance(error, PayloadError) and error.path == "done":
+            return "done refused"
+        self.violation(f"{proc.role} got {type(error).__name__}: {error}")
+        return "error"
+
+    async def failed(self, proc: Proc, ch: GrpcEngineChannel, error: BaseException) -> None:
+        await self.close(proc, ch, self.ended_by(proc, error))
+
+    def new_event(self) -> int:
+        self.next_event += 1
+        return self.next_event
+
+    def finding(self, i: int) -> dict[str, Any]:
+        if i in self.big:
+            return {"i": i, "pad": "x" * (2 * (self.limit or 0))}
+        return {"i": i}
+
+    async def open_channel(self, proc: Proc) -> GrpcEngineChannel | None:
+        """Open the log and the channel; None when the process exits instead."""
         try:
-            ch = SimDriver(self, "flush")
-        except Crash:
-            self.crash(timed=False, starting="flush")
-            return
+            return self.channel(proc)
         except WalWriteError:
-            self.at(self.now + 100.0 + self.rng.random() * 2_000.0, self.start_harness)
-            return
+            self.tr("%s cannot open the log (disk full)", proc.role)
+            if proc.alive:
+                proc.alive = False
+                self.proc = None
+                self.at(self.now + 100.0 + self.rng.random() * 2_000.0, self.start_harness)
+            return None
         except RunCompletedError:
-            self.at(self.now + 10.0, self.start_harness)
+            self.tr("%s: the log is a tombstone; exits", proc.role)
+            if proc.alive:
+                if not self.completed:
+                    self.violation("a tombstone while the engine lacks Done")
+                proc.alive = False
+                self.proc = None
+                self.finish()
+            return None
+
+    async def harness(self, proc: Proc) -> None:
+        """A scan harness (README): resume from progress, send findings, Done, close."""
+        rng = self.rng
+        ch = await self.open_channel(proc)
+        if ch is None or not proc.alive:
             return
-        self.proc = ch
-        if not ch.handshake_stored:
+        self.tr(
+            "harness starts %s (progress=%s, acked=%d, next_seq=%d, unverified=%s)",
+            repr(ch),
+            ch.log.progress,
+            ch.log.last_acked_seq,
+            ch.log.next_seq,
+            ch.log.unverified_from,
+        )
+        progress = ch.progress()
+        nxt = 0 if progress is None else int(progress["n"])
+        early = rng.random() < 0.3 and ch.log.done_seq is None
+        if early:
+            # Sends before handshake() are logged and delivered once connected
+            # (SPEC "Buffer first"): an announcement, and maybe a stretch of the scan.
+            try:
+                ch.send_event("sim", "info", {"c": self.new_event()})
+                if nxt < self.nf and rng.random() < 0.5:
+                    items = list(range(nxt, min(self.nf, nxt + rng.randint(1, 12))))
+                    nxt = await self.send_findings(ch, items)
+            except (WalWriteError, BacklogFullError):
+                pass
+            except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+                await self.failed(proc, ch, exc)
+                return
+            await ch.wait_acked(timeout_ms=0)  # nothing is sent before handshake()
+        try:
+            await ch.handshake(*HARNESS)
+        except EngineUnavailableError:
+            pass  # the channel keeps dialing; carry on (README)
+        except WalWriteError:
+            await self.close(proc, ch, "error")
+            return
+        except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+            await self.failed(proc, ch, exc)
+            return
+        if ch.log.done_seq is None and not early:
+            # A real harness announces itself: the seq -> content map differs per life.
+            try:
+                ch.send_event("sim", "info", {"c": self.new_event()})
+            except (WalWriteError, BacklogFullError):
+                pass
+            except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+                await self.failed(proc, ch, exc)
+                return
+        asked = False
+        while proc.alive:
+            pause = rng.random() * self.think
+            if rng.random() < 0.05:
+                pause += 200.0 + rng.random() * 3_000.0
+            await asyncio.sleep(pause / 1000)
+            if rng.random() < 0.03:
+                ch.replay_unacked()
+            if rng.random() < 0.05:
+                self.check_stats(proc, ch)
+            try:
+                if nxt < self.nf:
+                    if nxt == self.approval_at and not asked:
+                        if not await self.approval(proc, ch, nxt):
+                            continue
+                        asked = True
+                    if rng.random() < 0.15:
+                        # A progress event between findings (no marker: it changes no position).
+                        ch.send_event("sim", "info", {"c": self.new_event()})
+                        continue
+                    if rng.random() < 0.05:
+                        # A stretch of the scan with nothing to report: the marker alone.
+                        ch.send_findings([], progress={"n": nxt})
+                    items = list(range(nxt, min(self.nf, nxt + rng.randint(1, 3))))
+                    nxt = await self.send_findings(ch, items)
+                    continue
+                coverage = ["x" * (3 * (self.limit or 0))] if self.done_big else ["/scan"]
+                t0 = self.now
+                acked = await ch.send_done("completed", self.nf, coverage, "")
+                self.check_send_done(proc, acked, t0)
+            except WalWriteError:
+                await asyncio.sleep((50.0 + rng.random() * 500.0) / 1000)
+                continue
+            except BacklogFullError:
+                self.stats["backlog_full"] += 1
+                await ch.wait_acked(timeout_ms=1_000)
+                continue
+            except (
+                RunCompletedError,
+                EngineBehindError,
+                ChannelClosedError,
+                RunExpiredError,
+                PayloadError,
+            ) as exc:
+                await self.failed(proc, ch, exc)
+                return
+            if acked:
+                await self.close(proc, ch, "completed")
+            elif self.deadline_ms is not None and self.now >= self.deadline_ms:
+                await self.close(proc, ch, "expired")
+            else:
+                await self.close(proc, ch, "gave up")
+            return
+
+    def check_send_done(self, proc: Proc, acked: bool, t0: float) -> None:
+        """``send_done`` is True once, and as soon as, its ack and the tombstone are stored."""
+        if not proc.alive:
+            return
+        done_at = self.tombstone_at
+        if acked and done_at is not None and self.now - max(t0, done_at) > 1_000.0:
+            self.violation(
+                f"send_done returned {self.now - max(t0, done_at):.0f} ms after the tombstone "
+                "was stored: its waiter was not woken"
+            )
+        elif not acked and done_at is not None:
+            self.violation("send_done returned False, yet the log is a tombstone")
+        elif not acked and proc.done_acked_at is not None:
+            stored_in_time = self.now - proc.done_acked_at > 1.0
+            if stored_in_time and not self.disk.full and self.disk_full_until < proc.done_acked_at:
+                self.violation(
+                    "send_done returned False, though an ack covering Done reached the "
+                    f"channel {self.now - proc.done_acked_at:.0f} ms before and the disk had room"
+                )
+
+    async def send_findings(self, ch: GrpcEngineChannel, items: list[int]) -> int:
+        """Send findings ``items`` with the marker after them; return the next index.
+
+        A finding over ``max_message_bytes`` is refused at send time (nothing
+        logged): the harness reports it elsewhere and goes on without it.
+        """
+        try:
+            if len(items) == 1 and self.rng.random() < 0.5:
+                ch.send_finding(self.finding(items[0]), progress={"n": items[0] + 1})
+            else:
+                ch.send_findings([self.finding(i) for i in items], progress={"n": items[-1] + 1})
+        except PayloadError as exc:
+            if exc.path != "finding" or not self.big.intersection(items):
+                raise
+            self.refused_at_send.update(self.big.intersection(items))
+            kept = [i for i in items if i not in self.big]
+            if kept:
+                ch.send_findings([self.finding(i) for i in kept], progress={"n": items[-1] + 1})
+            else:
+                ch.send_findings([], progress={"n": items[-1] + 1})
+        return items[-1] + 1
+
+    async def approval(self, proc: Proc, ch: GrpcEngineChannel, index: int) -> bool:
+        """Ask the engine before finding ``index``; True once decided (or given up on)."""
+        self.stats["approvals"] += 1
+        self.next_approval += 1
+        rid = f"ap-{index}" if self.stable_approval_id else None
+        if rid is not None:
+            self.approval_rids[self.next_approval] = rid
+        details: dict[str, Any] = {"c": self.next_approval}
+        if self.limit is not None and self.rng.random() < 0.2:
+            details["pad"] = "x" * (2 * self.limit)  # refused by the engine, set aside
+            self.big_contents.add(self.next_approval)
+            proc.padded = True
+        timeout_ms = None if self.rng.random() < 0.3 else 2_000.0
+        try:
+            decision = await ch.request_approval(
+                "deep-scan", details, request_id=rid, timeout_ms=timeout_ms
+            )
+        except ApprovalTimeoutError:
+            self.stats["approval_timeouts"] += 1
+            return not self.stable_approval_id  # a stable id is asked again
+        except PayloadError as exc:
+            # A request still waiting (asked again with its id) is the first one.
+            if exc.path == "approval_request" and proc.padded:
+                return True  # set aside: never decided; the harness goes on without it
+            await self.failed(proc, ch, exc)
+            return False
+        except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+            await self.failed(proc, ch, exc)
+            return False
+        if not proc.alive:
+            return False
+        expected = self.decided.get(decision.request_id)
+        if expected != (decision.approved, decision.reason):
+            self.violation(
+                f"approval {decision.request_id}: the channel says {decision}, "
+                f"the engine decided {expected}"
+            )
+        return True
+
+    async def flush(self, proc: Proc) -> None:
+        """``walchannel flush``: the stored handshake, then wait until all is acked."""
+        ch = await self.open_channel(proc)
+        if ch is None or not proc.alive:
+            return
+        async with ch:  # closed however the delivery ends
+            why = await self.deliver(proc, ch)
+            self.check_stats(proc, ch)
+        if proc.alive:
+            self.sync()  # closing the last connection checkpoints the WAL
+        self.exit(proc, why)
+
+    async def deliver(self, proc: Proc, ch: GrpcEngineChannel) -> str:
+        """Deliver what the log holds (``walchannel flush``'s loop); return why it ends."""
+        t0 = self.now
+        meta = ch.log.meta()
+        if meta.harness_name is None:
             self.tr("flush refuses: no stored handshake")
-            ch.close(lambda: self.exit(ch, "flush refused"))
-            return
+            return "flush refused"
         self.tr(
             "flush starts (acked=%d, next_seq=%d, unverified=%s)",
             ch.log.last_acked_seq,
             ch.log.next_seq,
             ch.log.unverified_from,
         )
-        t0 = self.now
         try:
-            ch.handshake(lambda ok: self.flush_wait(ch, t0))
+            await ch.handshake(
+                meta.connector_version or "", meta.harness_name, meta.harness_version or ""
+            )
+        except EngineUnavailableError:
+            pass
         except WalWriteError:
-            ch.close(lambda: self.exit(ch, "error"))
-
-    def flush_wait(self, ch: SimDriver, t0: float) -> None:
-        if ch.failure is not None:
-            self.harness_failed(ch, ch.failure)
-            return
-        c = ch.cursor
-        target = c.high_water  # wait_acked(None)
-        remaining = max(0.0, FLUSH_TIMEOUT_MS - (self.now - t0))
-
-        def waited(ok: bool) -> None:
-            if ch.failure is not None:
-                self.harness_failed(ch, ch.failure)
-                return
-            ch.close(lambda: self.exit(ch, "flushed" if ok else "flush timed out"))
-
-        ch.wait(lambda: c.acked >= c.translate(target) or ch.sm.final, remaining, waited)
+            return "error"
+        except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+            return self.ended_by(proc, exc)
+        while proc.alive:
+            remaining = FLUSH_TIMEOUT_MS - (self.now - t0)
+            if remaining < 1.0:  # (a float's remainder is no time to wait)
+                break
+            if await ch.wait_acked(timeout_ms=min(remaining, 500.0)):
+                return "flushed"
+            if ch.stats().state.value in ("failed", "expired", "closed"):
+                break
+        failure = ch.driver.failure
+        if failure is not None:
+            return self.ended_by(proc, failure)
+        return "flush timed out"
 
     # -- the end ----------------------------------------------------------------------------------
 
     def final_checks(self) -> None:
-        if not self.finished:
-            return
         self.stats["events_logged"] = len(self.events_logged)
-        if self.behind:
-            # The engine lost rows the log had deleted (checked in note_behind):
+        if self.behind or self.expired:
+            # The engine lost rows the log had deleted, or the token expired:
             # nothing more can be delivered; what it applied was checked online.
             return
         d = self.disk
@@ -1900,39 +2021,53 @@ class World:
             self.violation("the engine applied Done, but the log holding it is no tombstone")
         applied = self.applied
         counts = [0] * self.nf
-        ev_counts: dict[int, int] = {}
+        others: dict[int, int] = {}
         dones = 0
         for c in applied:
             if c == DONE:
                 dones += 1
             elif c >= EVENT_BASE:
-                ev_counts[c] = ev_counts.get(c, 0) + 1
-            else:
+                others[c] = others.get(c, 0) + 1
+            elif c >= 0:
                 counts[c] += 1
         for e in self.events_logged:
-            n = ev_counts.get(e, 0)
-            if e in self.affected or e in self.post_completion:
+            n = others.get(e, 0)
+            if e in self.big_contents:
+                if n > 1 and e not in self.affected:
+                    self.violation(f"{_name(e)} (over the limit) applied {n} times")
+            elif e in self.affected or e in self.post_completion:
                 if n > 1:
                     self.stats["dup_by_content"] += n - 1
             elif n != 1:
-                self.violation(f"event {e - EVENT_BASE} applied {n} times")
+                self.violation(f"{_name(e)} applied {n} times")
+        quarantined = set(d.states[-1].quarantined) if d.exists else set()
         for i, n in enumerate(counts):
-            if n == 0:
-                self.violation(f"finding {i} never applied by the engine")
+            if i in self.refused_at_send and not self.logged[i]:
+                if n:
+                    self.violation(f"{_name(i)} was refused at send time, yet applied")
+            elif i in self.big:
+                # Over the engine's limit: set aside (kept in the quarantine),
+                # or delivered once the operator raised the limit.
+                if n > 1 and i not in self.affected:
+                    self.violation(f"{_name(i)} (over the limit) applied {n} times")
+                if n == 0 and self.logged[i] and i not in quarantined and i not in self.affected:
+                    self.violation(f"{_name(i)} was refused, yet it is not in the quarantine")
+            elif n == 0:
+                self.violation(f"{_name(i)} never applied by the engine")
             elif n > 1:
                 if i in self.affected:
                     self.stats["dup_by_content"] += n - 1
                 else:
-                    self.violation(f"finding {i} applied {n} times (no rolled-back commit of it)")
+                    self.violation(f"{_name(i)} applied {n} times (no rolled-back commit of it)")
         if dones != 1:
             self.violation(f"Done applied {dones} times")
         elif applied[-1] != DONE:
             self.violation("Done is not the last message applied")
         for i, n in enumerate(self.logged):
-            if n == 0:
-                self.violation(f"the harness never logged finding {i}")
+            if n == 0 and i not in self.refused_at_send:
+                self.violation(f"the harness never logged {_name(i)}")
             elif n > 1 and i not in self.affected:
-                self.violation(f"the harness logged finding {i} {n} times")
+                self.violation(f"the harness logged {_name(i)} {n} times")
         if d.exists and not d.states[-1].completed:
             self.stats["done_ack_lost"] += 1
 
@@ -1941,20 +2076,13 @@ class World:
         lines += [f"  - {v}" for v in self.violations[:5]]
         lines.append(
             f"  profile: findings={self.nf} durability={self.durability} "
-            f"acks_handshake={self.acks_hs} discovery={self.discovery} ack_every={self.ack_every}"
+            f"acks_handshake={self.acks_hs} discovery={self.discovery} ack_every={self.ack_every} "
+            f"limit={self.limit} big={sorted(self.big)} done_big={self.done_big}"
         )
         lines.append("  last events:")
         for t, fmt, args in self.trace:
             lines.append(f"    {t:12.3f}  {fmt % args}")
         return "\n".join(lines)
-
-
-def _name(content: int) -> str:
-    if content == DONE:
-        return "Done"
-    if content >= EVENT_BASE:
-        return f"event {content - EVENT_BASE}"
-    return f"finding {content}"
 
 
 # -- sweeps ----------------------------------------------------------------------------------------
@@ -1972,7 +2100,7 @@ def run_schedule(
     Args:
         seed: the schedule; the same seed plays the same schedule.
         durability: ``"process"``, ``"power"`` or ``"both"`` (by the seed's parity).
-        verbose: print every traced event as it happens.
+        verbose: print every traced event as it happens, and the product's log lines.
         rollback_without_answer: also play rollbacks when the engine does not
             answer handshakes (outside the guarantee: shows the degradation).
     """
@@ -2024,17 +2152,31 @@ def sweep(
     stop_at_first: bool = False,
 ) -> Totals:
     """Run many schedules in this process (see :func:`run_schedule`)."""
+    _quiet_product()
     totals = Totals()
     for seed in seeds:
-        w = run_schedule(
-            seed,
-            durability,
-            rollback_without_answer=rollback_without_answer,
-        )
+        w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
         totals.add(w)
         if stop_at_first and w.violations:
             break
     return totals
+
+
+def _quiet_product() -> None:
+    # The product logs every reconnect and refusal: in a sweep of thousands of
+    # schedules that is noise (and time); a replay shows them.
+    logging.getLogger("walchannel").setLevel(logging.CRITICAL + 1)
+
+
+class _TraceHandler(logging.Handler):
+    """A replay prints the product's own log lines among the world's events."""
+
+    def __init__(self, w: World) -> None:
+        super().__init__(logging.DEBUG)
+        self.w = w
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.w.tr("  [%s %s] %s", record.levelname, record.name, record.getMessage())
 
 
 def _chunk(args: tuple[int, int, str, bool]) -> Totals:
@@ -2042,10 +2184,25 @@ def _chunk(args: tuple[int, int, str, bool]) -> Totals:
     return sweep(range(start, start + count), durability, rollback_without_answer=unsafe)
 
 
+def replay(seed: int, durability: str, *, rollback_without_answer: bool = False) -> World:
+    """Play one schedule verbosely: every world event and every product log line."""
+    w = World(seed, durability, verbose=True, rollback_without_answer=rollback_without_answer)
+    handler = _TraceHandler(w)
+    product = logging.getLogger("walchannel")
+    product.addHandler(handler)
+    product.setLevel(logging.INFO)
+    product.propagate = False
+    try:
+        return w.run()
+    finally:
+        product.removeHandler(handler)
+        product.propagate = True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python tools/sim.py",
-        description="Deterministic simulation of walchannel's protocol core.",
+        description="Deterministic simulation of walchannel: the real channel, a simulated world.",
         epilog="example: python tools/sim.py --seeds 100000 --jobs 2; "
         "python tools/sim.py --replay 4711",
     )
@@ -2053,10 +2210,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--replay", type=int, default=None, help="re-run one seed verbosely")
     parser.add_argument(
+        "--seed-list",
+        default=None,
+        help="run exactly these seeds (comma-separated, or @FILE with one per line)",
+    )
+    parser.add_argument(
         "--durability", choices=("process", "power", "both"), default="both", help="log durability"
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    parser.add_argument(
+        "--stop-at-first", action="store_true", help="stop at the first failing schedule"
+    )
     parser.add_argument(
         "--rollback-without-answer",
         action="store_true",
@@ -2067,29 +2232,44 @@ def main(argv: list[str] | None = None) -> int:
     unsafe = bool(args.rollback_without_answer)
 
     if args.replay is not None:
-        w = run_schedule(args.replay, args.durability, verbose=True, rollback_without_answer=unsafe)
+        w = replay(args.replay, args.durability, rollback_without_answer=unsafe)
         print(w.report() if w.violations else f"seed {args.replay}: no violation")
         print(f"events={w.events} " + " ".join(f"{k}={v}" for k, v in w.stats.items() if v))
         return 1 if w.violations else 0
 
     t0 = time.monotonic()
     totals = Totals()
-    chunk = 2_000
-    tasks = [
-        (s, min(chunk, args.start + args.seeds - s), args.durability, unsafe)
-        for s in range(args.start, args.start + args.seeds, chunk)
-    ]
-    if args.jobs > 1 and len(tasks) > 1:
-        with multiprocessing.Pool(args.jobs) as pool:
-            for part in pool.imap_unordered(_chunk, tasks):
-                totals.merge(part)
+    if args.seed_list is not None:
+        text = args.seed_list
+        if text.startswith("@"):
+            with open(text[1:]) as file:
+                text = ",".join(line.strip() for line in file if line.strip())
+        seeds = [int(x) for x in text.split(",") if x]
+        totals = sweep(seeds, args.durability, rollback_without_answer=unsafe)
+    elif args.stop_at_first:
+        totals = sweep(
+            range(args.start, args.start + args.seeds),
+            args.durability,
+            rollback_without_answer=unsafe,
+            stop_at_first=True,
+        )
+    else:
+        chunk = 500
+        tasks = [
+            (s, min(chunk, args.start + args.seeds - s), args.durability, unsafe)
+            for s in range(args.start, args.start + args.seeds, chunk)
+        ]
+        if args.jobs > 1 and len(tasks) > 1:
+            with multiprocessing.Pool(args.jobs) as pool:
+                for part in pool.imap_unordered(_chunk, tasks):
+                    totals.merge(part)
+                    if not args.quiet:
+                        _progress(totals, t0)
+        else:
+            for task in tasks:
+                totals.merge(_chunk(task))
                 if not args.quiet:
                     _progress(totals, t0)
-    else:
-        for task in tasks:
-            totals.merge(_chunk(task))
-            if not args.quiet:
-                _progress(totals, t0)
     elapsed = time.monotonic() - t0
     if not args.quiet:
         print(file=sys.stderr)

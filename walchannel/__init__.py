@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Backoff": "walchannel.config",
     "BlockingEngineChannel": "walchannel.blocking",
     "ChannelClosedError": "walchannel.errors",
-    "ChannelState": "walchannel.protocol",
+    "ChannelState": "walchannel.driver",
     "ChannelStats": "walchannel.interface",
     "DiscoveryError": "walchannel.errors",
     "EngineBehindError": "walchannel.errors",
@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from walchannel.blocking import BlockingEngineChannel
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import Backoff, GrpcChannelConfig
+    from walchannel.driver import ChannelState
     from walchannel.errors import (
         ApprovalTimeoutError,
         BacklogFullError,
@@ -101,7 +102,6 @@ if TYPE_CHECKING:
     )
     from walchannel.log import RunLog
     from walchannel.log_format import Row, RunMeta
-    from walchannel.protocol import ChannelState
 
 
 def __getattr__(name: str) -> Any:

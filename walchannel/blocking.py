@@ -28,9 +28,9 @@ from typing import Any, Self, TypeVar
 
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
+from walchannel.driver import ChannelState
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.protocol import ChannelState
 
 __all__ = ["BlockingEngineChannel"]
 

@@ -11,12 +11,21 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_engine_proto", "proto_path"]
+__all__ = ["load_engine_messages", "load_engine_proto", "proto_path"]
 
 
 def proto_path() -> str:
     """Return the path of the shipped ``engine_channel.proto``."""
     return str(Path(__file__).resolve().parent / "_proto" / "engine_channel.proto")
+
+
+def load_engine_messages() -> ModuleType:
+    """Return the generated ``engine_channel_pb2`` module alone: the messages, without grpc.
+
+    For code that builds or reads ``UpMessage``/``DownMessage`` without a
+    gRPC server or channel (a simulated engine, a recorder of streams).
+    """
+    return importlib.import_module("walchannel._proto.engine_channel_pb2")
 
 
 def load_engine_proto() -> tuple[ModuleType, ModuleType]:

@@ -92,7 +92,7 @@ def _log_state(wal_dir: Path, run_id: str) -> tuple[int, float, int]:
     """(last seq, meta updated_at, marker's next_file) of a log, read-only."""
     from walchannel import files
     from walchannel.log_reader import LogReader
-    from walchannel.protocol import next_seq_at_open
+    from walchannel.log_state import next_seq_at_open
 
     path = files.log_path(wal_dir, run_id)
     if not path.exists():

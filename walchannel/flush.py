@@ -180,7 +180,7 @@ async def _discover_until(
 
 
 async def _wait_delivered(channel: GrpcEngineChannel, deadline: float) -> bool:
-    from walchannel.protocol import ChannelState
+    from walchannel.driver import ChannelState
 
     loop = asyncio.get_running_loop()
     while True:
@@ -228,6 +228,7 @@ async def _flush(
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
     from walchannel.discovery import discovery_client
+    from walchannel.driver import ChannelState
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -235,7 +236,6 @@ async def _flush(
         WalWriteError,
     )
     from walchannel.log import RunLog
-    from walchannel.protocol import ChannelState
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.timeout

@@ -5,9 +5,7 @@
 created, the owner lock never taken; see :mod:`walchannel.log_reader`), and
 picks the first state that applies (SPEC "Operating tools"):
 :data:`STATES`, most urgent first. :func:`list_logs` finds the logs a PATH
-names. The reader and the formatting helpers
-(:mod:`walchannel.formatting`) lived here before: their names stay
-importable from this module.
+names.
 
 This module imports neither grpc nor httpx.
 """
@@ -24,9 +22,8 @@ from typing import Any, Final
 
 from walchannel import files
 from walchannel.errors import WalCorruptError
-from walchannel.formatting import align_table, format_age, format_size
+from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
-from walchannel.log_format import FAILED_ENGINE_BEHIND
 from walchannel.log_reader import (
     LogReader,
     LogUnreadableError,
@@ -34,25 +31,18 @@ from walchannel.log_reader import (
     Snapshot,
     run_id_from_name,
 )
-from walchannel.protocol import next_seq_after
+from walchannel.log_state import FAILED_ENGINE_BEHIND, next_seq_after
 
 __all__ = [
     "ALERT_STATES",
     "DEFAULT_STUCK_AFTER_S",
     "JSON_KEYS",
-    "LogReader",
-    "LogUnreadableError",
     "PathError",
-    "QuarantinedRow",
     "RunReport",
     "STATES",
     "ShownRow",
-    "align_table",
-    "format_age",
-    "format_size",
     "inspect_log",
     "list_logs",
-    "run_id_from_name",
 ]
 
 #: Every state, most urgent first: a run gets the first that applies.

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from walchannel.protocol import ChannelState
+    from walchannel.driver import ChannelState
 
 __all__ = [
     "ApprovalDecision",

@@ -41,9 +41,6 @@ from walchannel.log_state import KINDS as _KINDS
 
 __all__ = [
     "APPLICATION_ID",
-    "FAILED_DONE_REFUSED",
-    "FAILED_ENGINE_BEHIND",
-    "FAILED_UNDELIVERABLE",
     "KINDS",
     "META_FIELDS",
     "OPTIONAL_META_FIELDS",
@@ -151,7 +148,7 @@ class RunMeta:
     ``progress`` is the harness's resume marker (decoded JSON), never a seq;
     ``token_sha256`` is the sha256 of the run token, never the token;
     ``failed_at`` is set when the channel stopped for good, and
-    ``failed_reason`` says why (one of the ``FAILED_*`` texts; None in a
+    ``failed_reason`` says why (one of the ``log_state.FAILED_*`` texts; None in a
     log written before the field existed).
     """
 
@@ -186,23 +183,6 @@ META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
 #: an older walchannel still reads a newer log): a log may lack them. The
 #: writer adds them at open; readers take None for a missing one.
 OPTIONAL_META_FIELDS: Final = frozenset({"failed_reason"})
-
-#: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
-FAILED_ENGINE_BEHIND: Final = (
-    "engine behind: an engine answered below the stored cursor; it lost rows this log "
-    "already deleted, which cannot be re-sent"
-)
-#: ``failed_reason``: the engine says "run completed" while this log holds
-#: unacked rows and no ``Done`` (docs/design.md).
-FAILED_UNDELIVERABLE: Final = (
-    "run completed with undeliverable rows: the engine says the run is completed while "
-    "this log still holds unacked rows (walchannel export saves them)"
-)
-#: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
-FAILED_DONE_REFUSED: Final = (
-    "Done refused: the engine refuses the run's Done for its size; raise the engine's "
-    "limit, then resume or flush"
-)
 
 
 def _now_iso() -> str:

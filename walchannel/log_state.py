@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from walchannel.errors import ChannelClosedError, RunCompletedError
 
 __all__ = [
+    "FAILED_DONE_REFUSED",
+    "FAILED_ENGINE_BEHIND",
+    "FAILED_UNDELIVERABLE",
     "KINDS",
     "AckPlan",
     "LogState",
@@ -34,6 +37,23 @@ __all__ = [
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
 KINDS = frozenset({"event", "finding", "approval_request", "done"})
+
+#: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
+FAILED_ENGINE_BEHIND: Final = (
+    "engine behind: an engine answered below the stored cursor; it lost rows this log "
+    "already deleted, which cannot be re-sent"
+)
+#: ``failed_reason``: the engine says "run completed" while this log holds
+#: unacked rows and no ``Done`` (docs/design.md).
+FAILED_UNDELIVERABLE: Final = (
+    "run completed with undeliverable rows: the engine says the run is completed while "
+    "this log still holds unacked rows (walchannel export saves them)"
+)
+#: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
+FAILED_DONE_REFUSED: Final = (
+    "Done refused: the engine refuses the run's Done for its size; raise the engine's "
+    "limit, then resume or flush"
+)
 
 
 def next_seq_after(high_water: int, last_acked_seq: int) -> int:

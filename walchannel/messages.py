@@ -25,6 +25,7 @@ __all__ = [
     "now_rfc3339",
     "progress_marker",
     "rfc3339",
+    "rfc3339_at",
 ]
 
 #: Largest progress marker accepted (bytes of JSON): it is rewritten on every send.
@@ -40,6 +41,11 @@ def rfc3339(moment: datetime) -> str:
 def now_rfc3339() -> str:
     """The current time as RFC 3339 UTC."""
     return rfc3339(datetime.now(UTC))
+
+
+def rfc3339_at(unix_s: float) -> str:
+    """Format a Unix time (seconds) as RFC 3339 UTC (the channel's clock reads it)."""
+    return rfc3339(datetime.fromtimestamp(unix_s, UTC))
 
 
 def _timestamp(ts: object, path: str) -> str:

@@ -39,19 +39,19 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from walchannel import __version__, files
+from walchannel.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
-from walchannel.protocol import ChannelState
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
-    from walchannel.channel import GrpcEngineChannel
-    from walchannel.protocol import Cursor
+    from walchannel.config import GrpcChannelConfig
+    from walchannel.log import RunLog
 
     Translate = Callable[[int], int]
-    Read = Callable[["ChannelMetrics", GrpcEngineChannel], float | int | None]
+    Read = Callable[["ChannelMetrics", Driver], float | int | None]
 
 __all__ = [
     "ACKED",
@@ -213,38 +213,42 @@ class OldestTracker:
 class ChannelMetrics:
     """The hooks of one channel: called by it on commits, sends and close.
 
-    Made by :func:`attach`; the instruments' callbacks read the channel
-    through a weak reference, so a channel dropped without ``close()`` leaves
-    the metrics too.
+    Made by :func:`attach`. The instruments' callbacks read the channel's
+    :class:`~walchannel.driver.Driver` (its public counters, cursor and
+    state) and its log through weak references, so a channel dropped
+    without ``close()`` leaves the metrics too.
+
+    Attributes:
+        clock_ns: the clock of :meth:`on_send`'s start times (``time.perf_counter_ns``).
     """
 
-    def __init__(self, instruments: _Instruments, channel: GrpcEngineChannel) -> None:
+    def __init__(self, instruments: _Instruments, driver: Driver, log: RunLog) -> None:
         self._instruments = instruments
-        self._ref = weakref.ref(channel)
-        self._cursor: Cursor = channel._cursor
+        self._driver_ref = weakref.ref(driver)
+        self._log_ref = weakref.ref(log)
         self._histogram = instruments.histogram
         self.ages = OldestTracker()
-        base = {**_SYSTEM, RUN_ID_ATTR: channel.config.run_id}
+        base = {**_SYSTEM, RUN_ID_ATTR: driver.run_id}
         self.attributes: dict[str, str] = base
         self.sent_attributes: dict[str, str] = {**base, **_OPERATION}
         self.state_attributes: dict[ChannelState, dict[str, str]] = {
             state: {**base, STATE_ATTR: state.name.lower()} for state in ChannelState
         }
-        self.path = channel.log.path
+        self.path = log.path
         self.acked_seen = 0
         # Rows up to here were logged before this channel: dated by seed().
-        self._seed_upto = self._cursor.high_water if self._cursor.unacked else 0
+        self._seed_upto = driver.high_water if driver.unacked else 0
         self._sampled_ns = -SEND_SAMPLE_NS  # the first call is always recorded
-        self._clock_ns = time.perf_counter_ns
+        self.clock_ns = time.perf_counter_ns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prime_asked = False
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
 
     @property
-    def channel(self) -> GrpcEngineChannel | None:
-        """The channel, or None once it is gone."""
-        return self._ref()
+    def driver(self) -> Driver | None:
+        """The channel's driver, or None once the channel is gone."""
+        return self._driver_ref()
 
     # -- on the channel's thread -----------------------------------------------
 
@@ -255,9 +259,11 @@ class ChannelMetrics:
         marks = ages._marks
         if marks and now - marks[-1][1] < ages.resolution_s:
             return  # as in OldestTracker.committed, without the call: it is per send
-        cursor = self._cursor
+        driver = self._driver_ref()
+        if driver is None:
+            return
         try:
-            ages.committed(first_seq, now, cursor.stored, cursor.translate)
+            ages.committed(first_seq, now, driver.stored, driver.translate)
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
         if self._loop is None:
@@ -274,7 +280,7 @@ class ChannelMetrics:
             return
         self._sampled_ns = started_ns
         try:
-            self._histogram.record((self._clock_ns() - started_ns) / 1000)
+            self._histogram.record((self.clock_ns() - started_ns) / 1000)
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
 
@@ -286,41 +292,31 @@ class ChannelMetrics:
         # On the loop's thread, asked for by a collection: the SQL that the
         # callbacks must not run themselves.
         self._prime_asked = False
-        channel = self._ref()
-        if channel is None or channel.log.closed:
+        driver, log = self._driver_ref(), self._log_ref()
+        if driver is None or log is None or log.closed:
             return
-        log = channel.log
         try:
             log.unacked_bytes  # noqa: B018 - sums once; the log keeps it current
             if self._seed_upto:
-                self._seed(channel)
+                self._seed(driver, log)
         except WalchannelError as exc:
             logger.debug("run %s: metrics cannot read the log: %s", log.run_id, exc)
 
-    def _seed(self, channel: GrpcEngineChannel) -> None:
-        cursor = self._cursor
+    def _seed(self, driver: Driver, log: RunLog) -> None:
         upto, self._seed_upto = self._seed_upto, 0
-        after = cursor.stored
-        if after >= cursor.translate(upto):
+        after = driver.stored
+        if after >= driver.translate(upto):
             return
-        step = max(1, (cursor.translate(upto) - after) // SEED_SAMPLES)
+        step = max(1, (driver.translate(upto) - after) // SEED_SAMPLES)
         wall, perf = time.time(), time.perf_counter()
         points: list[tuple[int, float]] = []
         while len(points) <= SEED_SAMPLES:
-            row = next(iter(channel.log.unacked(after_seq=after, limit=1)), None)
-            if row is None or row.seq > cursor.translate(upto):
+            row = next(iter(log.unacked(after_seq=after, limit=1)), None)
+            if row is None or row.seq > driver.translate(upto):
                 break
-            points.append((self._untranslate(row.seq), perf - max(0.0, wall - row.appended_at)))
+            points.append((driver.untranslate(row.seq), perf - max(0.0, wall - row.appended_at)))
             after = row.seq + step - 1
         self.ages.seed(points)
-
-    def _untranslate(self, seq: int) -> int:
-        # The log's seqs are final; the marks hold seqs as handed out.
-        if self._cursor.provisional is not None:
-            first, end, shift = self._cursor.provisional
-            if first + shift <= seq < end + shift:
-                return seq - shift
-        return seq
 
     # -- on a reader's thread ------------------------------------------------------
 
@@ -335,28 +331,28 @@ class ChannelMetrics:
         except RuntimeError:  # the loop is closed
             self._prime_asked = False
 
-    def unacked_size(self, channel: GrpcEngineChannel) -> int | None:
-        size = channel.log.unacked_bytes_known
+    def unacked_size(self, driver: Driver) -> int | None:
+        log = self._log_ref()
+        size = None if log is None else log.unacked_bytes_known
         if size is None:
             self.ask_prime()
         return size
 
-    def oldest_age(self, channel: GrpcEngineChannel) -> float | None:
-        cursor = channel._cursor
-        if cursor.unacked <= 0:
+    def oldest_age(self, driver: Driver) -> float | None:
+        if driver.unacked <= 0:
             return 0.0
         if self._seed_upto:
             self.ask_prime()
-        at = self.ages.oldest(cursor.acked + 1, cursor.translate)
+        at = self.ages.oldest(driver.acked + 1, driver.translate)
         return None if at is None else max(0.0, time.perf_counter() - at)
 
-    def acked(self, channel: GrpcEngineChannel) -> int:
+    def acked(self, driver: Driver) -> int:
         # Monotonic, as a counter must be: an engine that forgot acks it gave
         # (not yet stored) moves the cursor back until it acks them again.
-        self.acked_seen = max(self.acked_seen, channel._cursor.acked)
+        self.acked_seen = max(self.acked_seen, driver.acked)
         return self.acked_seen
 
-    def log_size(self, channel: GrpcEngineChannel) -> int:
+    def log_size(self, driver: Driver) -> int:
         return files.disk_bytes(self.path)
 
 
@@ -370,15 +366,15 @@ class _Instruments:
         self._members: tuple[ChannelMetrics, ...] = ()
         counters: tuple[tuple[str, str, str, Read], ...] = (
             (SENT, "{message}", "Data messages written to streams, re-sends included.",
-             lambda m, ch: ch._writes.sent),
+             lambda m, d: d.sent),
             (ACKED, "{message}", "The run's cumulative ack: rows the engine acked over the run.",
              ChannelMetrics.acked),
             (REPLAYED, "{message}", "Data messages written again after a reconnect or rewind.",
-             lambda m, ch: ch._writes.replayed),
+             lambda m, d: d.replayed),
             (RECONNECTS, "{reconnect}", "Streams established after the channel's first.",
-             lambda m, ch: ch._writes.reconnects),
+             lambda m, d: d.reconnects),
             (PROTOCOL_ERRORS, "{error}", "Engine messages that broke the protocol (ignored).",
-             lambda m, ch: ch._protocol_errors),
+             lambda m, d: d.protocol_errors),
         )  # fmt: skip
         for name, unit, text, read in counters:
             meter.create_observable_counter(
@@ -386,7 +382,7 @@ class _Instruments:
             )
         updown: tuple[tuple[str, str, str, Read], ...] = (
             (UNACKED, "{message}", "Logged rows not covered by a received ack.",
-             lambda m, ch: ch._cursor.unacked),
+             lambda m, d: d.unacked),
             (UNACKED_SIZE, "By", "Msgpack bytes of the unacked rows (as the log stores the ack).",
              ChannelMetrics.unacked_size),
             (LOG_SIZE, "By", "The run's log file and its -wal on disk.",
@@ -427,13 +423,13 @@ class _Instruments:
         with self._lock:
             self._members = tuple(m for m in self._members if m is not member)
 
-    def _live(self) -> Iterable[tuple[ChannelMetrics, GrpcEngineChannel]]:
+    def _live(self) -> Iterable[tuple[ChannelMetrics, Driver]]:
         for member in self._members:
-            channel = member.channel
-            if channel is None:
+            driver = member.driver
+            if driver is None:
                 self.remove(member)
             else:
-                yield member, channel
+                yield member, driver
 
     def _observe(
         self, read: Read, *, sent: bool = False
@@ -442,9 +438,9 @@ class _Instruments:
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             out = []
-            for member, channel in self._live():
+            for member, driver in self._live():
                 try:
-                    value = read(member, channel)
+                    value = read(member, driver)
                 except Exception:  # a callback must not stop the collection
                     _hook_failed(member)
                     continue
@@ -458,8 +454,8 @@ class _Instruments:
     def _states(self, options: CallbackOptions) -> Iterable[Observation]:
         observation = self._api.Observation
         out = []
-        for member, channel in self._live():
-            current = channel._sm.state
+        for member, driver in self._live():
+            current = driver.state
             for state, attrs in member.state_attributes.items():
                 out.append(observation(1 if state is current else 0, attrs))
         return out
@@ -512,29 +508,31 @@ def _instruments(provider: Any) -> _Instruments | None:
         return found
 
 
-def attach(channel: GrpcEngineChannel) -> ChannelMetrics | None:
-    """Report ``channel`` to its configured meter provider; None when metrics are off.
+def attach(config: GrpcChannelConfig, driver: Driver, log: RunLog) -> ChannelMetrics | None:
+    """Report a channel to its configured meter provider; None when metrics are off.
 
     Off when ``config.metrics`` is False or ``opentelemetry`` cannot be
     imported: then nothing of it is imported and the channel has no hooks.
-    Instruments are made once per provider and observe every attached channel.
+    Instruments are made once per provider and observe every attached
+    channel through its driver (public counters, cursor, state) and log.
 
     Args:
-        channel: a channel at the end of its construction.
+        config: the channel's configuration.
+        driver: the channel's driver.
+        log: the channel's log.
 
     Returns:
         Its hooks, or None.
 
     README "Monitoring"; docs/operations.md "Monitoring".
     """
-    config = channel.config
     if not config.metrics:
         return None
     try:
         instruments = _instruments(config.meter_provider)
         if instruments is None:
             return None
-        member = ChannelMetrics(instruments, channel)
+        member = ChannelMetrics(instruments, driver, log)
     except Exception:  # a broken provider must not stop the run
         logger.warning(
             "run %s: cannot set up metrics; the run goes on without them",

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 from walchannel import files
 from walchannel.errors import WalchannelError, WalCorruptError
 from walchannel.log_format import RunMeta, check_header, read_meta
-from walchannel.protocol import next_seq_at_open
+from walchannel.log_state import next_seq_at_open
 
 __all__ = [
     "LITESTREAM_ENV",

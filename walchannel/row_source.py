@@ -166,9 +166,8 @@ class RowSource:
             body = msgpack.unpackb(blob, raw=False)
         else:
             ahead = self._readahead
-            while ahead and ahead[0][0] < seq:
-                ahead.popleft()
             if not ahead or ahead[0][0] != seq:
+                # (Also after an ack moved the writer past rows read ahead: rare.)
                 ahead.clear()
                 budget = TAIL_BYTES
                 for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):

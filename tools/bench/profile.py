@@ -54,25 +54,25 @@ __all__ = ["main", "report"]
 
 #: walchannel steps whose inclusive time is worth seeing (file suffix, function name).
 STEPS: tuple[tuple[str, str], ...] = (
-    ("channel/sending.py", "send_finding"),
-    ("channel/sending.py", "send_findings"),
+    ("channel/__init__.py", "send_finding"),
+    ("channel/__init__.py", "send_findings"),
     ("messages.py", "finding_body"),
     ("payload.py", "check_payload"),
     ("row_source.py", "prepare"),
     ("wire.py", "up_message"),
-    ("channel/sending.py", "_log_rows"),
-    ("log/transactions.py", "append_many"),
+    ("channel/__init__.py", "_log_rows"),
+    ("log.py", "append_encoded"),
     ("log_format.py", "encode_body"),
     ("channel/stream.py", "_write_loop"),
     ("row_source.py", "row_bytes"),
-    ("log/__init__.py", "unacked"),
+    ("log.py", "unacked"),
     ("log_format.py", "decode_row"),
     ("channel/stream.py", "_read_loop"),
-    ("channel/stream.py", "_on_down"),
-    ("channel/acks.py", "_on_ack"),
-    ("channel/acks.py", "_store_ack"),
-    ("log/transactions.py", "ack"),
-    ("channel/sending.py", "wait_acked"),
+    ("channel/__init__.py", "_on_down"),
+    ("channel/__init__.py", "_on_ack"),
+    ("channel/__init__.py", "_store_ack"),
+    ("log.py", "ack"),
+    ("channel/__init__.py", "wait_acked"),
 )
 
 
@@ -142,6 +142,7 @@ def steps(n: int) -> str:
     from tools.bench.common import RUN_TOKEN, closed_port
     from tools.bench.metrics import meter_provider_for
     from walchannel import messages, wire
+    from walchannel import metrics as wm
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
     from walchannel.log import RunLog
@@ -203,7 +204,7 @@ def steps(n: int) -> str:
         hooked = GrpcEngineChannel(
             dataclasses.replace(config, run_id=f"steps-{arm}", meter_provider=provider)
         )
-        hooks = hooked._metrics
+        hooks = wm.attach(hooked.config, hooked.driver, hooked.log)
         assert hooks is not None
 
         def both(i: int, hooks: Any = hooks) -> None:

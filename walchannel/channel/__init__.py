@@ -1,89 +1,122 @@
-"""GrpcEngineChannel: the durable stream over ``grpc.aio`` (SPEC "The channel").
+"""GrpcEngineChannel: the durable stream of one run (SPEC "The channel").
 
 Buffer first: ``send_*`` validates, commits the row to the run's log and
-only then hands it to the writer; it never waits on the network. The log is
-the queue: the one writer task takes rows in seq order from a small
-in-memory tail of committed rows, or from disk, so replay and live sends
-never interleave and memory stays flat. The connection loop dials, sends
-the handshake (seq 0), waits for the engine's ``Ack(h)``, applies the
-verification rule, replays, and on any end of stream backs off, rediscovers
-and dials again, until ``close()``, ``hard_deadline`` or a failure.
+only then wakes the writer; it never waits on the network. The log is the
+queue: one writer per stream takes rows in seq order from a small in-memory
+tail of committed rows, or from disk, so replay and live sends never
+interleave and memory stays flat. The connection loop dials, sends the
+handshake (seq 0), waits for the engine's ``Ack(h)``, applies the
+verification rule, replays, and on any end of stream backs off,
+rediscovers and dials again, until ``close()``, ``hard_deadline`` or a
+failure.
 
-The channel is one class built from parts, one module each:
+The channel is composed, not inherited. It owns
 
-- :mod:`walchannel.channel.sending`: ``send_*``, approvals, ``wait_acked``;
-- :mod:`walchannel.channel.acks`: received acks stored (coalesced), disk given back;
-- :mod:`walchannel.channel.stream`: the connection loop, reader, writer, watchdog;
-- :mod:`walchannel.channel.dial`: discovery, proxy and gRPC options of a dial;
-- :mod:`walchannel.channel.replica`: the Litestream gate of ``durability="replicated"``;
-- :mod:`walchannel.channel.base`: the state they share;
-- this module: the public class, the handshake, what the engine's answer
-  means for the run, a row the engine refuses for its size, ``close()``.
+- a :class:`~walchannel.driver.Driver`: the run's protocol state and every
+  decision about it (no I/O);
+- the run's :class:`~walchannel.log.RunLog` (storage) and a
+  :class:`~walchannel.row_source.RowSource` (the rows' bytes, tail first);
+- a :class:`~walchannel.transport.Transport` (dials and discovery: grpc.aio
+  and httpx in :mod:`walchannel.channel.grpc_transport`, or the simulator's
+  world) and a :class:`~walchannel.clock.Clock`;
+- per dial a :class:`~walchannel.channel.stream.Stream` (its reader, writer
+  and watchdog).
 
-Rows come from :class:`walchannel.row_source.RowSource`. Decisions (seq,
-cursor, replay position, verification, backoff reset, states) come from
-:mod:`walchannel.protocol` and :mod:`walchannel.session` (the channel's
-decision layer, no I/O: answers, ack storage, checkpoints, the watchdog's
-rules, ends of stream, repeats); storage is :class:`~walchannel.log.RunLog`.
-Everything runs on the event loop's thread; ``BlockingEngineChannel``
-serves other threads. Every module logs under ``walchannel.channel``
-(``walchannel.channel.stream`` and so on), so that logger covers them all.
+and carries out what the driver decides: the log's transactions, timers,
+waking waiters, logging. Everything runs on the event loop's thread;
+``BlockingEngineChannel`` serves other threads. Every module of the channel
+logs under ``walchannel.channel``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
+import os
 import random
-import time
-from collections import deque
-from collections.abc import Mapping
-from typing import Any, Self
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Self
 
-from walchannel import _killpoints, metrics, wire
-from walchannel.channel.acks import AckKeeper
-from walchannel.channel.base import warn_grpc_trace as _warn_grpc_trace
-from walchannel.channel.sending import Sender
-from walchannel.channel.stream import Stream, StreamDriver, StreamEnded
+from walchannel import _killpoints, messages, metrics, wire
+from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
+from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig, redact_secret
+from walchannel.driver import (
+    CHECKPOINT_IDLE_MS,
+    AckKind,
+    Answer,
+    Call,
+    ChannelState,
+    Completion,
+    Driver,
+    End,
+    SizeRefusal,
+    describe_end,
+    pick_refused_row,
+    refusal_sets_aside,
+    unproven_refusal,
+)
 from walchannel.errors import (
+    ApprovalTimeoutError,
+    BacklogFullError,
     ChannelClosedError,
+    DiscoveryError,
     EngineBehindError,
     EngineUnavailableError,
     PayloadError,
+    RunCompletedError,
     RunExpiredError,
     WalchannelError,
     WalWriteError,
 )
+from walchannel.files import file_size
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.log_state import FAILED_UNDELIVERABLE
 from walchannel.payload import check_text
-from walchannel.protocol import (
-    ACK_STORE_AFTER_MS,
-    ChannelState,
-    SizeRefusal,
-    pick_refused_row,
-    refusal_sets_aside,
-)
-from walchannel.row_source import STRUCT_GROWTH, TAIL_BYTES, TAIL_ROW_OVERHEAD
-from walchannel.session import AnswerStep, held_done_reached, plan_answer, unproven_refusal
+from walchannel.replication import SOCKET_ENV
+from walchannel.row_source import RowSource
+from walchannel.transport import StreamEnded
 
-# Importable from here as before the split (tests and tools use them).
-__all__ = [
-    "ACK_STORE_AFTER_MS",
-    "STRUCT_GROWTH",
-    "TAIL_BYTES",
-    "TAIL_ROW_OVERHEAD",
-    "GrpcEngineChannel",
-    "_warn_grpc_trace",
-]
+if TYPE_CHECKING:
+    from walchannel._proto import engine_channel_pb2 as pb
+    from walchannel.channel.replica import ReplicaGate
+    from walchannel.transport import Transport
+
+__all__ = ["CHECKPOINT_STEP_PAGES", "GrpcEngineChannel"]
 
 logger = logging.getLogger(__name__)
 
+#: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
+CHECKPOINT_STEP_PAGES: Final = 1024
 
-class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
+
+def _check_timeout_ms(call: str, timeout_ms: object) -> None:
+    """Refuse a ``timeout_ms`` that is not None or a number >= 0 (NaN would never time out).
+
+    Raises:
+        ValueError: naming ``call`` and the value.
+    """
+    if timeout_ms is None:
+        return
+    if (
+        isinstance(timeout_ms, bool)
+        or not isinstance(timeout_ms, (int, float))
+        or not math.isfinite(timeout_ms)
+        or timeout_ms < 0
+    ):
+        raise ValueError(
+            f"{call}: timeout_ms must be None or a finite number >= 0, got {timeout_ms!r}"
+        )
+
+
+class GrpcEngineChannel:
     """The durable channel of one run. Construct, ``await handshake(...)``, send, close.
 
     The constructor opens the run's log (so ``RunCompletedError``,
@@ -97,18 +130,29 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
 
     Args:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
-        rng: the random source for backoff jitter (inject a seeded one in
-            tests; default: a fresh ``random.Random``).
+        rng: the random source of backoff jitter and of default approval
+            request ids (a uuid4 drawn from it). Default: the system's
+            (``random.SystemRandom``); inject a seeded ``random.Random`` in
+            tests for repeatable delays and ids.
         log: an already-open :class:`~walchannel.RunLog` of this run to
             use instead of opening one (``walchannel flush`` keeps the
-            owner lock from its checks through delivery); the channel
-            closes it.
+            owner lock from its checks through delivery;
+            ``RunLog.on_connection`` in the simulator); the channel closes it.
+        transport: where dials and discovery go (default: grpc.aio and
+            httpx, :class:`~walchannel.channel.grpc_transport.GrpcTransport`);
+            the simulator passes its simulated network. A seam, not for
+            everyday use.
+        clock: the clocks read (default: the system's,
+            :data:`~walchannel.clock.SYSTEM_CLOCK`); the simulator passes
+            its virtual ones. Timers follow the event loop's own time.
 
     Raises:
         RunCompletedError: the log is a tombstone: the run already finished.
         WalLockedError: another process (or channel) owns the run's log.
         WalCorruptError: the log file is not usable.
         WalWriteError: the log cannot be created.
+        TypeError: ``config`` is not a ``GrpcChannelConfig``.
+        ValueError: ``log`` is not the open, owned log of ``config.run_id``.
 
     SPEC "The channel".
     """
@@ -119,12 +163,96 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         *,
         rng: random.Random | None = None,
         log: RunLog | None = None,
+        transport: Transport | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        super().__init__(config, rng=rng, log=log)
-        # OpenTelemetry hooks: None when metrics are off or opentelemetry is absent.
-        self._metrics = metrics.attach(self)
+        if not isinstance(config, GrpcChannelConfig):
+            raise TypeError("config must be a GrpcChannelConfig")
+        self._config = config
+        self._run_id = config.run_id
+        self._rng = rng if rng is not None else random.SystemRandom()
+        self._clock = clock if clock is not None else SYSTEM_CLOCK
+        if log is None:
+            log = RunLog.open(
+                config.wal_dir,
+                config.run_id,
+                correlation_id=config.correlation_id,
+                # "replicated" is "process" on disk, plus the replica gate.
+                durability="power" if config.durability == "power" else "process",
+            )
+        elif log.run_id != config.run_id or not log.writable:
+            raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
+        self._log = log
+        try:
+            if log.completed:
+                raise RunCompletedError(
+                    f"run {self._run_id}: completed (its Done was acked); the log "
+                    f"{log.path} is a tombstone"
+                )
+            token_hash = hashlib.sha256(config.run_token.encode("utf-8")).hexdigest()
+            meta = log.meta()
+            if meta.token_sha256 != token_hash:
+                log.update_meta(token_sha256=token_hash)
+            self._handshake_fields: tuple[str, str, str] | None = None
+            if meta.harness_name is not None:
+                self._handshake_fields = (
+                    meta.connector_version or "",
+                    meta.harness_name or "",
+                    meta.harness_version or "",
+                )
+            if transport is None:
+                # grpc loads here, not when this module is imported.
+                from walchannel.channel.grpc_transport import GrpcTransport
 
-    # -- read-outs ------------------------------------------------------------
+                transport = GrpcTransport(config)
+        except BaseException:
+            log.close()
+            raise
+        self._transport: Transport = transport
+        # A log marked failed by an earlier run: cleared by a healthy answer.
+        self._driver = Driver(
+            config,
+            log,
+            failed_mark=meta.failed_at is not None,
+            now_ms=self._clock.monotonic_ms(),
+        )
+        self._addr = config.grpc_addr
+        # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
+        self._max_values = config.max_message_bytes // 2
+        self._rows = RowSource(log, config.run_id, config.correlation_id, config.max_message_bytes)
+        self._wakeup = asyncio.Event()
+        self._up = asyncio.Event()
+        self._over = asyncio.Event()
+        # Set when an ack reaches _wake_at (the lowest seq a waiter waits for),
+        # and on any change of state: an ack below every waiter's target wakes
+        # nobody, so a cumulative ack costs O(1) however many come.
+        self._acked_changed = asyncio.Event()
+        self._ack_waits: list[float] = []
+        self._wake_at = math.inf
+        self._stream: Stream | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
+        socket = os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
+        self._replica: ReplicaGate | None = None
+        if socket is not None:
+            from walchannel.channel.replica import ReplicaGate
+
+            self._replica = ReplicaGate(socket, log, self._note_error)
+        self._closing = False
+        self._pings_warned = False
+        self._limits_warned: set[tuple[str, int]] = set()
+        self._stop_callbacks: list[StopCallback] = []
+        self._budget_callbacks: list[BudgetCallback] = []
+        self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
+        # The event loop of the first await; the tasks, events, timers and the
+        # streams all live on it (see _bind_loop).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # OpenTelemetry hooks: None when metrics are off or opentelemetry is absent.
+        self._metrics = metrics.attach(config, self._driver, log)
+
+    # -- read-outs -------------------------------------------------------------------------
 
     @property
     def config(self) -> GrpcChannelConfig:
@@ -134,22 +262,27 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
     @property
     def state(self) -> ChannelState:
         """The channel's :class:`~walchannel.ChannelState`."""
-        return self._sm.state
+        return self._driver.state
 
     @property
     def last_acked_seq(self) -> int:
         """The highest seq received in an ack (the log stores it within ~100 ms)."""
-        return self._cursor.acked
+        return self._driver.acked
 
     @property
     def unacked_count(self) -> int:
         """Logged rows not covered by a received ack."""
-        return self._cursor.unacked
+        return self._driver.unacked
 
     @property
     def log(self) -> RunLog:
         """The run's log (read it; the channel owns its writes)."""
         return self._log
+
+    @property
+    def driver(self) -> Driver:
+        """The run's :class:`~walchannel.driver.Driver` (read it; the channel drives it)."""
+        return self._driver
 
     def progress(self) -> Mapping[str, Any] | None:
         """Return the last committed harness progress marker (None for a new run).
@@ -172,33 +305,34 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         """
         if self._loop_closed():
             self._abandon()
-        # Reads only: an ack received but not yet stored is counted, not stored.
+        driver = self._driver
         oldest: float | None = None
         unacked_bytes = 0
         if not self._log.closed:
-            unacked_bytes = self._log.unacked_bytes_above(self._cursor.acked)
-            if self._cursor.unacked:
-                appended_at = self._log.oldest_appended_at(self._cursor.acked)
+            unacked_bytes = self._log.unacked_bytes_above(driver.acked)
+            if driver.unacked:
+                appended_at = self._log.oldest_appended_at(driver.acked)
                 if appended_at is not None:
-                    oldest = max(0.0, time.time() - appended_at)
+                    oldest = max(0.0, self._clock.wall_s() - appended_at)
         return ChannelStats(
-            state=self._sm.state,
-            sent=self._writes.sent,
-            acked=self._cursor.acked,
-            replayed=self._writes.replayed,
-            reconnects=self._writes.reconnects,
-            unacked_count=self._cursor.unacked,
+            state=driver.state,
+            sent=driver.sent,
+            acked=driver.acked,
+            replayed=driver.replayed,
+            reconnects=driver.reconnects,
+            unacked_count=driver.unacked,
             unacked_bytes=unacked_bytes,
             oldest_unacked_age_s=oldest,
-            protocol_errors=self._protocol_errors,
-            last_error=self._last_error,
+            protocol_errors=driver.protocol_errors,
+            last_error=driver.last_error,
             quarantined=self._log.quarantined_count if not self._log.closed else 0,
         )
 
     def __repr__(self) -> str:
+        d = self._driver
         return (
-            f"<GrpcEngineChannel run_id={self._run_id!r} state={self._sm.state.name} "
-            f"addr={self._addr!r} acked={self._cursor.acked} high={self._cursor.high_water}>"
+            f"<GrpcEngineChannel run_id={self._run_id!r} state={d.state.name} "
+            f"addr={self._addr!r} acked={d.acked} high={d.high_water}>"
         )
 
     def on_stop(self, callback: StopCallback) -> None:
@@ -214,38 +348,502 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         """Call ``callback(message, details)`` for each ``BudgetUpdate`` (advisory only)."""
         self._budget_callbacks.append(callback)
 
+    # -- the event loop --------------------------------------------------------------------
+
+    def _loop_closed(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.is_closed()
+
+    def _loop_gone(self) -> ChannelClosedError:
+        return ChannelClosedError(
+            f"run {self._run_id}: the channel belongs to an event loop that is closed "
+            "or stopped (an earlier asyncio.run() ended?); it is closed and its log "
+            "released. Open a new GrpcEngineChannel on this loop (the unacked rows "
+            "are kept), or use BlockingEngineChannel from code without a loop"
+        )
+
+    def _check_loop(self) -> None:
+        """For the sync methods: refuse on a channel whose event loop was closed."""
+        if self._loop_closed():
+            self._abandon()
+            raise self._loop_gone()
+
+    def _bind_loop(self) -> None:
+        """For the async methods: bind the channel to the loop of its first await.
+
+        Its tasks, events and streams live on that loop. On another loop, if
+        that one is closed or stopped the channel is closed without it
+        (:meth:`_abandon`) and ``ChannelClosedError`` says so; if it still
+        runs (in another thread), ``WalchannelError``.
+        """
+        running = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            self._loop = running
+        elif loop is not running:
+            if loop.is_closed() or not loop.is_running():
+                self._abandon()
+                raise self._loop_gone()
+            raise WalchannelError(
+                f"run {self._run_id}: the channel belongs to another event loop, running "
+                "in another thread; call it from that loop's thread, or use "
+                "BlockingEngineChannel"
+            )
+
     def _abandon(self) -> None:
         """Close without the channel's loop, which is gone: release the log, await nothing.
 
-        The tasks, timers, waiters and the gRPC channel of the dead loop are
-        dropped, not touched (a future of a closed loop cannot be resolved);
-        the socket closes with the gRPC channel object.
+        The tasks, timers, waiters and streams of the dead loop are dropped,
+        not touched (a future of a closed loop cannot be resolved); the
+        socket closes with the gRPC channel object.
         """
-        if self._closed:
+        if self._driver.closed:
             return
-        self._closed = True
+        self._driver.closed = True
         self._closing = True
         logger.warning(
             "run %s: the channel's event loop is gone (closed or stopped); the channel is "
             "closed and its log released, the unacked rows stay for a new channel",
             self._run_id,
         )
-        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
-            if timer is not None:
-                timer.cancel()
-        self._ack_timer = None
-        self._checkpoint_timer = None
+        self._cancel_timers()
         self._stream = None
         self._runner = None
         self._approvals.clear()
         try:
             self._store_ack(force=True)
-            self._set_error(str(self._loop_gone()))
+            self._record_error(str(self._loop_gone()))
         finally:
-            self._sm.move(ChannelState.CLOSED)
+            self._driver.move(ChannelState.CLOSED)
             if self._metrics is not None:
                 self._metrics.close()
             self._log.close()
+
+    # -- state and errors ------------------------------------------------------------------
+
+    def _move(self, state: ChannelState) -> None:
+        if self._driver.move(state):
+            self._state_changed()
+
+    def _state_changed(self) -> None:
+        """Follow the driver's state with the events the waits watch."""
+        driver = self._driver
+        if driver.state is ChannelState.STREAMING:
+            self._up.set()
+        else:
+            self._up.clear()
+        if driver.final:
+            self._over.set()
+            self._wakeup.set()
+            self._acked_changed.set()
+            if driver.state is not ChannelState.CLOSED and self._approvals:
+                # No decision can come any more: waiting would never end.
+                failure = driver.failure or RunExpiredError(
+                    f"run {self._run_id}: past its hard_deadline"
+                )
+                self._fail_approvals(lambda rid: failure)
+
+    def _fail_approvals(self, error: Callable[[str], WalchannelError]) -> None:
+        """Fail every pending ``request_approval`` with ``error(request_id)``."""
+        approvals, self._approvals = self._approvals, {}
+        for rid, future in approvals.items():
+            if not future.done():
+                future.set_exception(error(rid))
+                future.exception()
+
+    def _fail(self, error: WalchannelError, *, done_refused: bool = False) -> None:
+        logger.error("%s", error)
+        reason = self._driver.fail(error, done_refused=done_refused)
+        self._record_error(str(error), failed=reason)
+        self._state_changed()
+
+    def _note_error(self, message: str) -> None:
+        """Keep ``message`` as ``last_error`` (``stats()``), not in the log."""
+        self._driver.last_error = redact_secret(message, self._config.run_token)
+
+    def _record_error(self, message: str, *, failed: str | None = None) -> None:
+        """Keep ``message`` as ``last_error`` and store it in the log's meta (``inspect``)."""
+        self._note_error(message)
+        if not self._log.writable:
+            return
+        now = self._clock.wall_s()
+        fields: dict[str, Any] = {"last_error": self._driver.last_error, "last_error_at": now}
+        if failed is not None:
+            fields["failed_at"] = now
+            fields["failed_reason"] = failed
+        try:
+            self._log.update_meta(**fields)
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot record the last error: %s", self._run_id, exc)
+
+    def _call_back(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("run %s: callback %r raised; ignored", self._run_id, callback)
+
+    def _expire(self) -> None:
+        if not self._driver.expire():
+            return
+        logger.error("run %s: hard_deadline passed; the channel stops", self._run_id)
+        self._record_error("hard_deadline passed")
+        self._state_changed()
+        if self._stream is not None:
+            self._stream.finish(StreamEnded("hard_deadline passed"))
+
+    def _admit(self, call: Call) -> None:
+        """Raise what the driver's one admission check says (expiring first when it is that)."""
+        error = self._driver.admit(call, self._clock.wall_s())
+        if error is not None:
+            if isinstance(error, RunExpiredError):
+                self._expire()
+            raise error
+
+    # -- sending (buffer first) ------------------------------------------------------------
+
+    def _log_rows(
+        self,
+        items: list[tuple[str, bytes]],
+        progress: Mapping[str, Any] | None,
+        *,
+        exempt_from_backlog: bool = False,
+    ) -> list[int]:
+        """Commit ``items`` (with ``progress``) and hand them to the writer; return their seqs."""
+        marker = messages.progress_marker(progress)
+        if self._config.max_unacked_bytes is not None and not exempt_from_backlog:
+            self._check_backlog(sum(len(blob) for _, blob in items))
+        seqs = self._log.append_encoded(items, progress=marker)
+        _killpoints.reached("after_commit")
+        self._rows.on_commit(seqs, items)
+        if self._metrics is not None:
+            self._metrics.on_commit(seqs[0])
+        self._wakeup.set()
+        return seqs
+
+    def _check_backlog(self, added: int) -> None:
+        limit = self._config.max_unacked_bytes
+        assert limit is not None
+        self._store_ack(force=True)
+        if self._log.unacked_bytes + added > limit:
+            raise BacklogFullError(
+                f"run {self._run_id}: {self._log.unacked_bytes} unacked bytes + {added} "
+                f"would pass max_unacked_bytes {limit}; nothing was logged"
+            )
+
+    def _check_sendable(self) -> None:
+        self._check_loop()
+        self._admit(Call.SEND)
+
+    def send_event(
+        self,
+        type: str,
+        severity: str,
+        payload: Mapping[str, Any],
+        ts: datetime | str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Commit an ``Event`` (and ``progress``) and return its seq.
+
+        Args:
+            type: the event type, e.g. ``"progress"``.
+            severity: free text, e.g. ``"info"``.
+            payload: a JSON-like mapping (SPEC "Payloads").
+            ts: an aware datetime, an RFC 3339 str, or None (now); sent in UTC.
+            progress: the harness's resume marker, committed with the row.
+
+        Returns:
+            The row's seq (provisional until the first answered handshake:
+            see ``wait_acked``).
+
+        Raises:
+            PayloadError: a bad field or payload, or an encoded message over
+                ``max_message_bytes`` (nothing logged, no seq used).
+            BacklogFullError: ``max_unacked_bytes`` would be passed.
+            ChannelClosedError: after ``send_done`` or ``close``, or once
+                the channel's event loop is gone.
+            RunExpiredError: past ``hard_deadline``.
+            EngineBehindError: the channel is ``FAILED``.
+            RunCompletedError: the engine said the run is completed.
+            WalWriteError: the commit failed (disk full); retry later.
+        """
+        hooks = self._metrics
+        started = hooks.clock_ns() if hooks is not None else 0
+        self._check_sendable()
+        if ts is None:
+            ts = messages.rfc3339_at(self._clock.wall_s())
+        body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
+        seq = self._log_rows([self._rows.prepare("event", body)], progress)[0]
+        if hooks is not None:
+            hooks.on_send(started)
+        return seq
+
+    def send_finding(
+        self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """Commit a ``FindingDraft`` (and ``progress``) and return its seq.
+
+        Args:
+            finding: the finding's fields, a JSON-like mapping.
+            progress: the harness's resume marker, committed with the row.
+
+        Returns:
+            The row's seq.
+
+        Raises:
+            As :meth:`send_event`.
+        """
+        hooks = self._metrics
+        started = hooks.clock_ns() if hooks is not None else 0
+        self._check_sendable()
+        body = messages.finding_body(finding, max_values=self._max_values)
+        seq = self._log_rows([self._rows.prepare("finding", body)], progress)[0]
+        if hooks is not None:
+            hooks.on_send(started)
+        return seq
+
+    def send_findings(
+        self,
+        findings: Iterable[Mapping[str, Any]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Commit several findings in one transaction (all logged, or none).
+
+        Args:
+            findings: the findings, in order.
+            progress: the harness's resume marker, committed with them.
+
+        Returns:
+            Their seqs, consecutive; ``[]`` for no findings, when only
+            ``progress`` (if given) is committed: a stretch of the scan with
+            nothing to report still moves the resume marker.
+
+        Raises:
+            As :meth:`send_event`; a bad finding names its index
+            (``finding``) and nothing of the batch is logged.
+        """
+        hooks = self._metrics
+        started = hooks.clock_ns() if hooks is not None else 0
+        self._check_sendable()
+        bodies = messages.finding_bodies(findings, max_values=self._max_values)
+        items = [self._rows.prepare("finding", body) for body in bodies]
+        if not items:
+            marker = messages.progress_marker(progress)
+            if marker is not None:
+                self._log.append_encoded([], progress=marker)
+            seqs: list[int] = []
+        else:
+            seqs = self._log_rows(items, progress)
+        if hooks is not None:
+            hooks.on_send(started)
+        return seqs
+
+    async def send_done(
+        self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
+    ) -> bool:
+        """Commit and write ``Done``, then wait up to ``done_ack_timeout_ms`` for its ack.
+
+        On a log that already holds an unacked ``Done`` (a restarted
+        harness) it waits on that row instead of logging another; once this
+        channel delivered that row (its ack and the tombstone are stored) it
+        returns True at once. After it, ``send_*`` raise ``ChannelClosedError``.
+
+        Args:
+            status: free text; ``completed``, ``failed`` or ``stopped`` suggested.
+            findings: how many findings the run produced.
+            coverage: what was scanned (e.g. paths).
+            exit_reason: free text.
+
+        Returns:
+            True once the ack and the tombstone are stored; False when no
+            ack came in time (the row stays for a resume or ``flush``), or at
+            once past ``hard_deadline``.
+
+        Raises:
+            PayloadError: a bad field; or the engine refused the ``Done``
+                for its size (the channel stops once the rows before it are
+                acked; the row stays in the log).
+            ChannelClosedError: after ``close`` or a previous ``send_done``.
+            EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
+                also when the channel fails while waiting (engine behind).
+
+        SPEC "Shutdown order".
+        """
+        self._bind_loop()
+        driver = self._driver
+        try:
+            self._admit(Call.DONE)
+        except RunExpiredError:
+            return False
+        if driver.completed:
+            # This channel already delivered the run's Done (a restarted
+            # harness's log held it): the tombstone is stored.
+            driver.done_sent = True
+            return True
+        if driver.done_seq is None:
+            body = messages.done_body(status, findings, coverage, exit_reason)
+            self._log_rows([self._rows.prepare("done", body)], None, exempt_from_backlog=True)
+        driver.done_sent = True
+        _killpoints.reached("in_send_done")
+        # No ack wakes it: completion (the tombstone stored) and failures do.
+        acked = await self._wait_for(
+            lambda: driver.completed, self._config.done_ack_timeout_ms, lambda: math.inf
+        )
+        if not acked and driver.failure is not None:
+            # Failed while waiting (engine behind). A Done the engine applied
+            # but whose ack was lost ends as a tombstone instead: True above.
+            raise driver.failure
+        return acked
+
+    async def request_approval(
+        self,
+        action: str,
+        details: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        timeout_ms: float | None = None,
+    ) -> ApprovalDecision:
+        """Log an ``ApprovalRequest`` and wait for the engine's decision.
+
+        Decisions are cached by ``request_id``: an id already decided (in
+        this channel, or re-sent by the engine after a handshake) resolves at
+        once without logging a new row. Pass a stable ``request_id`` to
+        survive a harness restart.
+
+        Args:
+            action: what the harness wants to do.
+            details: a JSON-like mapping.
+            request_id: default a uuid4 (drawn from the channel's ``rng``).
+            timeout_ms: how long to wait (None: until close).
+
+        Returns:
+            The :class:`~walchannel.ApprovalDecision`.
+
+        Raises:
+            ApprovalTimeoutError: no decision within ``timeout_ms`` (the
+                request stays logged; a later call with the id waits again).
+            ChannelClosedError: the channel closed while waiting.
+            EngineBehindError, RunCompletedError, RunExpiredError: the channel
+                failed or expired while waiting: no decision can come.
+            PayloadError: as ``send_event``; or the engine refused the request
+                for its size (it was set aside: it will never be decided).
+            ValueError: ``timeout_ms`` is not None or a finite number >= 0
+                (nothing logged).
+            The other errors of ``send_event``.
+        """
+        self._bind_loop()
+        _check_timeout_ms("request_approval", timeout_ms)
+        if request_id is None:
+            request_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        rid = request_id
+        decided = self._driver.decision(rid)
+        if decided is not None:
+            return ApprovalDecision(rid, *decided)
+        future = self._approvals.get(rid)
+        if future is None or future.done():
+            self._check_sendable()
+            body = messages.approval_body(rid, action, details, max_values=self._max_values)
+            self._log_rows([self._rows.prepare("approval_request", body)], None)
+            future = asyncio.get_running_loop().create_future()
+            self._approvals[rid] = future
+        try:
+            if timeout_ms is None:
+                return await asyncio.shield(future)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_ms / 1000)
+        except TimeoutError:
+            raise ApprovalTimeoutError(
+                f"run {self._run_id}: no decision for approval request {rid!r} "
+                f"within {timeout_ms} ms"
+            ) from None
+
+    async def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool:
+        """Wait until the engine acked ``seq`` (default: the newest logged row).
+
+        A seq returned before the first answered handshake is provisional:
+        if the verification rule moved its row, this follows it.
+
+        Args:
+            seq: the seq to wait for.
+            timeout_ms: bound (None: until acked or closed).
+
+        Returns:
+            True when acked, False on timeout or close.
+
+        Raises:
+            TypeError: ``seq`` is not an int.
+            ValueError: ``timeout_ms`` is not None or a finite number >= 0.
+        """
+        self._bind_loop()
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int)):
+            raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")
+        _check_timeout_ms("wait_acked", timeout_ms)
+        driver = self._driver
+        target = driver.high_water if seq is None else seq
+        return await self._wait_for(
+            lambda: driver.acked >= driver.translate(target),
+            timeout_ms,
+            lambda: driver.translate(target),
+        )
+
+    async def _wait_for(
+        self,
+        condition: Callable[[], bool],
+        timeout_ms: float | None,
+        wake_at: Callable[[], float],
+    ) -> bool:
+        """Wait until ``condition()`` holds; False at ``timeout_ms`` or once nothing can come.
+
+        ``wake_at()`` is the lowest received ack at which ``condition`` may
+        hold: acks below it do not wake this waiter. Changes of state
+        (completion, failure, close, a verification shift) always do.
+        """
+        driver = self._driver
+        now_ms = self._clock.monotonic_ms
+        deadline = None if timeout_ms is None else now_ms() + timeout_ms
+        if driver.state is ChannelState.IDLE and not condition():
+            # Sends before handshake() are logged, not sent (SPEC "The
+            # channel"): waiting on acks then would end silently at the timeout.
+            text = "waiting for acks, but handshake() was never called: nothing is sent until it is"
+            if driver.last_error != text:
+                logger.warning("run %s: %s", self._run_id, text)
+                driver.last_error = text
+        while not condition():
+            # FAILED or EXPIRED: the connection loop is over, no ack can come.
+            if driver.closed or driver.final:
+                return False
+            remaining = None if deadline is None else (deadline - now_ms()) / 1000
+            if remaining is not None and remaining <= 0:
+                return False
+            self._acked_changed.clear()
+            at = wake_at()
+            self._ack_waits.append(at)
+            self._wake_at = min(self._ack_waits)
+            try:
+                # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
+                async with asyncio.timeout(remaining):
+                    await self._acked_changed.wait()
+            except TimeoutError:
+                return condition()
+            finally:
+                self._ack_waits.remove(at)
+                self._wake_at = min(self._ack_waits, default=math.inf)
+        return True
+
+    def replay_unacked(self) -> int:
+        """Rewind the writer to the cursor; return how many rows it will re-send.
+
+        The rows above the received ack are written again (the engine drops
+        duplicates by seq). Without a live stream nothing moves: the next
+        dial replays from the cursor anyway.
+        """
+        self._check_loop()
+        self._rows.clear_readahead()
+        count = self._driver.rewind()
+        self._wakeup.set()
+        return count
+
+    # -- the handshake and the connection loop ---------------------------------------------
 
     async def handshake(
         self, connector_version: str, harness_name: str, harness_version: str
@@ -272,7 +870,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         SPEC "Dial".
         """
         self._bind_loop()
-        if self._closed:
+        if self._driver.closed:
             raise ChannelClosedError(f"run {self._run_id}: the channel is closed")
         for name, value in (
             ("connector_version", connector_version),
@@ -280,11 +878,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             ("harness_version", harness_version),
         ):
             check_text(value, f"handshake.{name}")
-        if self._failure is not None:
-            raise self._failure
-        if self._expired():
-            self._expire()
-            raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        self._admit(Call.HANDSHAKE)
         self._handshake_fields = (connector_version, harness_name, harness_version)
         self._log.update_meta(
             connector_version=connector_version,
@@ -292,7 +886,8 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             harness_version=harness_version,
         )
         self._start()
-        if self._sm.state is ChannelState.STREAMING:
+        driver = self._driver
+        if driver.state is ChannelState.STREAMING:
             return
         up = asyncio.ensure_future(self._up.wait())
         over = asyncio.ensure_future(self._over.wait())
@@ -307,29 +902,171 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             over.cancel()
         if self.state is ChannelState.STREAMING:
             return
-        if self._failure is not None:
-            raise self._failure
-        if self.state is ChannelState.EXPIRED:
+        if driver.failure is not None:
+            raise driver.failure
+        if driver.state is ChannelState.EXPIRED:
             raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
-        if self._closed:
+        if driver.closed:
             raise ChannelClosedError(f"run {self._run_id}: closed during the handshake")
         waited = self._config.connect_timeout_ms
-        if self._last_end_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        if driver.last_end_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
             raise EngineUnavailableError(
                 f"run {self._run_id}: the engine refused this run's token for {waited} ms "
-                f"(the last attempt: {self._last_error}); still dialing, in case a "
+                f"(the last attempt: {driver.last_error}); still dialing, in case a "
                 "replacement engine accepts it"
             )
         raise EngineUnavailableError(
             f"run {self._run_id}: no engine answered the handshake within {waited} ms "
-            f"(the last attempt: {self._last_error}); still dialing"
+            f"(the last attempt: {driver.last_error}); still dialing"
         )
 
-    def _take_answer(self, engine_high: int | None) -> int | None:
-        """Carry out the decision for the handshake answer ``Ack(h)``. SPEC "Dial".
+    def _start(self) -> None:
+        if self._runner is not None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = self._driver.deadline_in_s(self._clock.wall_s())
+        if delay is not None:
+            self._deadline_timer = loop.call_later(delay, self._expire)
+        self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
 
-        The decision is :func:`walchannel.session.plan_answer`; this does
-        the I/O (the log's verification, meta, logging).
+    async def _run(self) -> None:
+        driver = self._driver
+        try:
+            first = True
+            while not driver.final and not self._closing:
+                if not first and self._config.http_addr is not None:
+                    await self._rediscover()
+                    if self._closing or driver.final:
+                        break
+                first = False
+                self._move(ChannelState.CONNECTING)
+                await self._stream_once(self._addr)
+                if self._closing or driver.final:
+                    break
+                self._move(ChannelState.BACKOFF)
+                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)
+                logger.info(
+                    "run %s: reconnecting in %.0f ms (attempt %d)",
+                    self._run_id,
+                    delay,
+                    driver.attempt,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._over.wait(), delay / 1000)
+        except Exception as exc:
+            # A bug, not a network condition: fail loudly rather than spin.
+            logger.exception("run %s: the connection loop failed", self._run_id)
+            self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))
+
+    async def _rediscover(self) -> None:
+        """Ask discovery for the engine's address; keep the last one on any failure.
+
+        SPEC "Reconnect" (``GET {http_addr}/grpc-address``, validated against
+        ``allowed_hosts`` before any dial); docs/design.md, "First address".
+        """
+        transport = self._transport
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            addr = await asyncio.wait_for(transport.discover(timeout_s), timeout_s)
+        except DiscoveryError as exc:
+            why = redact_secret(str(exc), self._config.run_token)
+            via = transport.discovery_route
+            logger.warning(
+                "run %s: discovery failed%s, keeping %s: %s", self._run_id, via, self._addr, why
+            )
+            self._record_error(f"discovery{via}: {why}")
+            return
+        except TimeoutError:
+            via = transport.discovery_route
+            logger.warning(
+                "run %s: discovery timed out%s, keeping %s", self._run_id, via, self._addr
+            )
+            self._record_error(
+                f"discovery{via}: no answer from {self._config.http_addr} within {timeout_s:.1f} s"
+            )
+            return
+        if addr != self._addr:
+            logger.info(
+                "run %s: discovery moved the engine from %s to %s", self._run_id, self._addr, addr
+            )
+            self._addr = addr
+
+    def _heartbeat(self) -> bytes:
+        fields = (self._run_id, self._config.correlation_id)
+        ts = messages.rfc3339_at(self._clock.wall_s())
+        return wire.heartbeat_message(*fields, ts).SerializeToString()
+
+    async def _stream_once(self, addr: str) -> None:
+        """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
+        call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
+        stream = Stream(
+            call,
+            addr,
+            driver=self._driver,
+            rows=self._rows,
+            clock=self._clock,
+            wakeup=self._wakeup,
+            on_down=self._on_down,
+            on_fatal=self._fail,
+            heartbeat=self._heartbeat,
+            acks_handshake=self._config.engine_acks_handshake,
+            replica=self._replica,
+        )
+        self._stream = stream
+        try:
+            await self._open(stream)
+            if not stream.ended.is_set() and not self._driver.final:
+                await stream.ended.wait()
+        finally:
+            await stream.read_final_status()
+            self._driver.on_stream_gone()
+            self._rows.clear_readahead()
+            await stream.teardown()
+            self._stream = None
+            if not self._closing:
+                self._record_end(stream)
+
+    async def _open(self, stream: Stream) -> None:
+        """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
+        fields = self._handshake_fields or ("", "", "")
+        hello = wire.handshake_message(
+            self._run_id, self._config.correlation_id, *fields
+        ).SerializeToString()
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                await stream.call.write(hello)
+                engine_high = await stream.answer if self._config.engine_acks_handshake else None
+        except TimeoutError:
+            stream.finish(
+                StreamEnded(f"no handshake answer from {stream.addr} within {timeout_s:.1f} s")
+            )
+            return
+        except Exception as exc:
+            stream.finish(exc)
+            return
+        if stream.ended.is_set():
+            return
+        # None (engine_acks_handshake=False) is decided too: replay from the cursor.
+        replay_from = self._take_answer(engine_high)
+        if replay_from is None:
+            stream.finish(StreamEnded("handshake answer refused"))
+            return
+        if self._driver.final:
+            # The answer acked the rows before a refused Done: stopped (_check_held).
+            stream.finish(StreamEnded("the channel stopped"))
+            return
+        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())
+        self._state_changed()
+        logger.info("run %s: streaming to %s", self._run_id, stream.addr)
+        try:
+            self._log.update_meta(last_engine_addr=stream.addr, reconnects=self._driver.reconnects)
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
+        stream.start()
+
+    def _take_answer(self, engine_high: int | None) -> int | None:
+        """Carry out the driver's decision on the handshake answer ``Ack(h)``. SPEC "Dial".
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake``.
@@ -337,31 +1074,31 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         Returns:
             The first seq to write on the stream, or None to end the stream.
         """
-        plan = plan_answer(self._cursor, engine_high, failed_mark=self._failed_mark)
-        step = plan.step
-        if engine_high is None or step is AnswerStep.NO_ANSWER:
+        driver = self._driver
+        plan = driver.on_answer(engine_high)
+        answer = plan.answer
+        if engine_high is None:
             return plan.replay_from
         if plan.clear_failed_mark:
-            self._failed_mark = False
             try:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if step is AnswerStep.FAIL_BEHIND:
+        if answer is Answer.BEHIND:
             self._fail(
                 EngineBehindError(
                     f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
-                    f"the stored cursor {self._cursor.stored}; it lost rows this log already "
+                    f"the stored cursor {driver.stored}; it lost rows this log already "
                     "deleted, which cannot be re-sent"
                 )
             )
             return None
-        if step is AnswerStep.VERIFY:
-            unverified = self._cursor.unverified_from
+        if answer is Answer.VERIFY:
+            unverified = driver.unverified_from
             try:
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
-                self._set_error(str(exc))
+                self._record_error(str(exc))
                 return None
             if shift:
                 logger.warning(
@@ -375,47 +1112,127 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 self._rows.clear_tail()
                 # Seqs handed out before now live higher: waiters re-read their targets.
                 self._acked_changed.set()
-            self._cursor.on_verified(engine_high, shift)
-            self._maybe_checkpoint()  # the verifying ack deleted rows too
+            driver.on_verified(engine_high, shift)
+            self._rows_deleted()  # the verifying ack deleted rows too
             self._after_ack()
             return plan.replay_from
-        if step is AnswerStep.PROTOCOL_ERROR:
+        if answer is Answer.AHEAD:
             self._protocol_error(
                 f"handshake answer Ack({engine_high}) is above the high-water "
-                f"{self._cursor.high_water}; not applied"
+                f"{driver.high_water}; not applied"
             )
             return plan.replay_from
-        if step is AnswerStep.RESEND_FORGOTTEN:
+        if answer is Answer.FORGOT:
             logger.warning(
                 "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
                 self._run_id,
                 engine_high,
-                self._cursor.acked,
+                driver.acked,
                 engine_high + 1,
             )
-            self._cursor.on_forgot(engine_high)
+            driver.on_forgot(engine_high)
             return plan.replay_from
         self._on_ack(engine_high)
         return plan.replay_from
 
+    def _protocol_error(self, message: str) -> None:
+        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks")."""
+        self._driver.protocol_error(message)
+        logger.error("run %s: protocol error: %s", self._run_id, message)
+
+    # -- how a stream ended ----------------------------------------------------------------
+
+    def _record_end(self, stream: Stream) -> None:
+        reason = stream.reason
+        code: str | None = None
+        details = debug = ""
+        if isinstance(reason, StreamEnded):
+            code, details, debug = reason.code, reason.details, reason.debug
+        if code is None and stream.status is not None and stream.status[0] != "OK":
+            code, details = stream.status
+        text = describe_end(code, details) if code else str(reason or "stream ended")
+        # The engine's text may echo the token (SPEC "Secrets").
+        text = redact_secret(text, self._config.run_token)
+        driver = self._driver
+        keepalive = driver.keepalive_ms
+        plan = driver.on_end(code, details, debug)
+        if plan.keepalive_doubled and not self._pings_warned:
+            self._pings_warned = True
+            logger.warning(
+                "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
+                "the rest of the run",
+                self._run_id,
+                keepalive,
+                driver.keepalive_ms,
+            )
+        if plan.end is End.RUN_COMPLETED:
+            self._on_run_completed()
+            return
+        if plan.end is End.ALREADY_OVER:
+            return
+        # The same end again (an engine down, a token refused) while redialing:
+        # said once at WARNING, then at INFO until a stream comes up.
+        level = logging.WARNING if driver.first_said(text) else logging.INFO
+        logger.log(
+            level, "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.route, text
+        )
+        if plan.refusal is not None:
+            self._on_size_refusal(stream, plan.refusal, text)
+            return
+        self._record_error(f"{stream.addr}{stream.route}: {text}")
+
+    def _on_run_completed(self) -> None:
+        """The engine answered FAILED_PRECONDITION "run completed": the loop ends.
+
+        What it does to the log is the driver's decision
+        (:meth:`~walchannel.driver.Driver.on_run_completed`); this carries it out.
+        """
+        driver = self._driver
+        completion = driver.on_run_completed()
+        if completion is Completion.TOMBSTONE:
+            if self._log.writable:
+                # Our Done was applied but its ack was lost: the run ended well.
+                try:
+                    self._log.complete_by_engine()
+                except WalchannelError as exc:
+                    logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
+                else:
+                    logger.info(
+                        "run %s: the engine applied this run's Done; the log is now a tombstone",
+                        self._run_id,
+                    )
+                    driver.completed_by_engine()
+                    self._state_changed()
+                    return
+            completion = Completion.UNDELIVERABLE  # Done, and maybe more, stays
+        self._fail(RunCompletedError(f"run {self._run_id}: the engine says the run is completed"))
+        if completion is Completion.UNDELIVERABLE and self._log.writable:
+            # Rows this log still holds cannot be delivered any more: flag the
+            # run for an operator (inspect shows it as failed, export saves them).
+            with contextlib.suppress(WalchannelError):
+                self._log.update_meta(
+                    failed_at=self._clock.wall_s(), failed_reason=FAILED_UNDELIVERABLE
+                )
+
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
 
-        The decision rules are :func:`~walchannel.protocol.pick_refused_row`
+        The rules are the driver's :func:`~walchannel.driver.pick_refused_row`
         (only a row proven refused) and
-        :func:`~walchannel.protocol.refusal_sets_aside`. docs/design.md.
+        :func:`~walchannel.driver.refusal_sets_aside`. docs/design.md.
         """
         addr = stream.addr
+        driver = self._driver
         self._warn_engine_limit(addr, refusal.limit)
         try:
             verdict = pick_refused_row(
-                self._rows.in_flight_sizes(self._cursor.acked, stream.top_written), refusal
+                self._rows.in_flight_sizes(driver.acked, stream.top_written), refusal
             )
         except WalchannelError as exc:
             logger.error(
                 "run %s: cannot read the log to find the refused row: %s", self._run_id, exc
             )
-            self._set_error(f"{addr}: {text}")
+            self._record_error(f"{addr}: {text}")
             return
         if verdict.seq is None:
             fields = self._handshake_fields or ("", "", "")
@@ -430,7 +1247,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 refusal.limit,
                 why,
             )
-            self._set_error(f"{addr}: {text} ({why}; nothing set aside)")
+            self._record_error(f"{addr}: {text} ({why}; nothing set aside)")
             return
         seq = verdict.seq
         size = refusal.received
@@ -443,20 +1260,21 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         if not refusal_sets_aside(kind):
             # The rows before it may not be applied yet (the engine drops what
             # it had read ahead): deliver them, then stop (_check_held).
-            self._held = PayloadError(
-                kind,
-                f"run {self._run_id}: {what}; the channel stops, the row stays in "
-                f"{self._log.path} (raise the engine's limit, then resume or flush)",
+            driver.hold(
+                seq,
+                PayloadError(
+                    kind,
+                    f"run {self._run_id}: {what}; the channel stops, the row stays in "
+                    f"{self._log.path} (raise the engine's limit, then resume or flush)",
+                ),
             )
-            self._cursor.hold_at = seq
-            self._reconnect.on_set_aside()
             logger.error(
                 "run %s: %s; it is not written again, and the channel stops once the rows "
                 "before it are acked",
                 self._run_id,
                 what,
             )
-            self._set_error(f"{what}; the channel stops once the rows before it are acked")
+            self._record_error(f"{what}; the channel stops once the rows before it are acked")
             self._check_held()
             return
         reason = (
@@ -467,11 +1285,11 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             self._log.set_aside(seq, reason, kind=kind, size=size, limit=refusal.limit)
         except (WalchannelError, ValueError) as exc:
             logger.error("run %s: %s, but it cannot be set aside: %s", self._run_id, what, exc)
-            self._set_error(f"{what}; cannot set it aside: {exc}")
+            self._record_error(f"{what}; cannot set it aside: {exc}")
             return
         # The tail and readahead may hold the original: read the substitute from disk.
         self._rows.forget()
-        self._reconnect.on_set_aside()
+        driver.on_set_aside()
         logger.error(
             "run %s: %s; set aside into the quarantine of %s and replaced by a %s event at "
             "seq %d so later rows flow (recover it: walchannel export --quarantined)",
@@ -481,9 +1299,11 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             ROW_LOST_TYPE,
             seq,
         )
-        self._set_error(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
+        self._record_error(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
         if kind == "approval_request":
             rid = str(row.body.get("request_id", ""))
+            if self._asked_again(rid, seq):
+                return  # a later request with this id may still be decided
             future = self._approvals.pop(rid, None)
             if future is not None and not future.done():
                 future.set_exception(
@@ -495,12 +1315,26 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
                 )
                 future.exception()
 
+    def _asked_again(self, request_id: str, seq: int) -> bool:
+        """Tell whether an unacked approval request above ``seq`` carries ``request_id``.
+
+        A harness restarted with a stable request id logs it again; the engine
+        decides that row even when an older one was set aside.
+        """
+        try:
+            return any(
+                row.kind == "approval_request" and row.body.get("request_id") == request_id
+                for row in self._log.unacked(after_seq=seq)
+            )
+        except WalchannelError:
+            return False
+
     def _check_held(self) -> None:
         """Stop with the held error once every row before a refused ``Done`` is acked."""
-        if self._held is None or not held_done_reached(self._cursor):
+        error = self._driver.held_due()
+        if error is None:
             return
-        error, self._held = self._held, None
-        self._fail(error, mark_failed=True)
+        self._fail(error, done_refused=True)
         if self._stream is not None:
             self._stream.finish(StreamEnded(str(error)))
 
@@ -520,8 +1354,26 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             limit,
         )
 
+    # -- down messages ---------------------------------------------------------------------
+
+    def _on_down(self, msg: pb.DownMessage, now: float) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "ack":
+            self._on_ack(msg.ack.seq, now)
+        elif kind == "stop":
+            self._on_stop(msg.stop.reason)
+        elif kind == "approval_decision":
+            d = msg.approval_decision
+            self._on_decision(d.request_id, d.approved, d.reason)
+        elif kind == "budget_update":
+            details = wire.struct_to_dict(msg.budget_update.details)
+            for callback in list(self._budget_callbacks):
+                self._call_back(callback, msg.budget_update.message, details)
+        else:
+            logger.warning("run %s: ignoring a down message with an unknown body", self._run_id)
+
     def _on_stop(self, reason: str) -> None:
-        if not self._down.on_stop():
+        if not self._driver.on_stop():
             return  # a repeat (the engine re-sends it after every handshake)
         logger.info(
             "run %s: the engine sent Stop(%r)",
@@ -531,25 +1383,151 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         for callback in list(self._stop_callbacks):
             self._call_back(callback, reason)
 
-    def _on_decision(self, decision: ApprovalDecision) -> None:
-        self._down.on_decision(decision.request_id, decision)
-        future = self._approvals.pop(decision.request_id, None)
+    def _on_decision(self, request_id: str, approved: bool, reason: str) -> None:
+        self._driver.on_decision(request_id, approved, reason)
+        future = self._approvals.pop(request_id, None)
         if future is not None and not future.done():
-            future.set_result(decision)
+            future.set_result(ApprovalDecision(request_id, approved, reason))
         elif future is None:
             logger.info(
                 "run %s: decision for approval request %r that this channel is not "
                 "waiting on; cached",
                 self._run_id,
-                decision.request_id,
+                request_id,
             )
+
+    # -- acks ------------------------------------------------------------------------------
+
+    def _on_ack(self, seq: int, now: float | None = None) -> None:
+        """Apply a received cumulative ``Ack(seq)`` (SPEC "Acks"); ``now`` in ms (monotonic)."""
+        driver = self._driver
+        now = self._clock.monotonic_ms() if now is None else now
+        kind = driver.on_ack(seq, now)
+        if kind is AckKind.ADVANCE:
+            _killpoints.reached("after_ack_received")
+            self._after_ack(now)
+        elif kind is AckKind.ABOVE_HIGH_WATER:
+            self._protocol_error(
+                f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
+            )
+
+    def _after_ack(self, now: float | None = None) -> None:
+        """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
+
+        Waiters (``wait_acked``, ``send_done``) are woken only when the ack
+        reaches the lowest seq one of them waits for (``_wake_at``).
+        """
+        driver = self._driver
+        acked = driver.acked
+        self._rows.drop_acked(acked)
+        self._store_ack(now=now)
+        if acked >= self._wake_at:
+            self._acked_changed.set()
+        if driver.held is not None:
+            self._check_held()
+
+    def _store_ack(self, *, force: bool = False, now: float | None = None) -> None:
+        """Store the received ack in the log now if it is due, else arm the timer.
+
+        When is the driver's :meth:`~walchannel.driver.Driver.ack_to_store`
+        (every 256 acks or 100 ms, at once for ``Done``, ``force`` at close).
+        """
+        driver = self._driver
+        seq = driver.ack_to_store(self._clock.monotonic_ms() if now is None else now, force=force)
+        if seq is None:
+            delay_ms = driver.ack_timer_ms(timer_armed=self._ack_timer is not None)
+            if delay_ms is not None:
+                with contextlib.suppress(RuntimeError):  # no running loop: stored at close
+                    self._ack_timer = asyncio.get_running_loop().call_later(
+                        delay_ms / 1000, self._ack_timer_fired
+                    )
+            return
+        if not self._log.writable:
+            return
+        try:
+            self._log.ack(seq)
+        except WalchannelError as exc:
+            # Not stored: the rows stay and are re-sent after a crash (harmless).
+            # The error names the run, the ack and the file already.
+            logger.error("%s; the acked rows stay until the next ack is stored", exc)
+            self._note_error(str(exc))
+            return
+        driver.on_stored(seq)
+        if driver.completed:
+            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
+            self._acked_changed.set()
+        self._rows_deleted()
+
+    def _ack_timer_fired(self) -> None:
+        self._ack_timer = None
+        self._store_ack()
+
+    # -- giving disk back ------------------------------------------------------------------
+
+    def _rows_deleted(self) -> None:
+        """Rows were deleted: give their pages back once idle (SPEC "The log")."""
+        driver = self._driver
+        if driver.checkpoints.on_rows_deleted(self._clock.monotonic_ms(), unacked=driver.unacked):
+            self._checkpoint()
+        else:
+            self._arm_checkpoint(CHECKPOINT_IDLE_MS)
+
+    def _arm_checkpoint(self, delay_ms: float) -> None:
+        """Have the checkpoint timer fire in ``delay_ms`` at the latest."""
+        if self._driver.closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        when = loop.time() + delay_ms / 1000
+        timer = self._checkpoint_timer
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()  # a long retry wait; new acks bring it forward
+        self._checkpoint_timer = loop.call_at(when, self._checkpoint_timer_fired)
+
+    def _checkpoint_timer_fired(self) -> None:
+        self._checkpoint_timer = None
+        if self._driver.closed:
+            return
+        delay = self._driver.checkpoints.on_timer(self._clock.monotonic_ms())
+        if delay is None:
+            return
+        if delay > 0:
+            self._arm_checkpoint(delay)  # acks still coming
+        else:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """One checkpoint step (4 MiB given back at most); the policy says what next."""
+        policy = self._driver.checkpoints
+        policy.on_checkpoint(self._clock.monotonic_ms())
+        if not self._log.writable:
+            return
+        path = self._log.path
+        before = file_size(path)
+        complete = self._log.checkpoint(max_pages=CHECKPOINT_STEP_PAGES)
+        shrank = not complete and file_size(path) < before
+        delay = policy.on_result(complete=complete, shrank=shrank)
+        if delay is not None:
+            self._arm_checkpoint(delay)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
+            if timer is not None:
+                timer.cancel()
+        self._deadline_timer = self._ack_timer = self._checkpoint_timer = None
 
     async def close(self) -> None:
         """Close the channel: half-close, wait up to ``close_timeout_ms``, tear down.
 
         Marks the channel closed first (so the teardown is not mistaken for
         a drop), half-closes the stream, waits up to ``close_timeout_ms`` for
-        its end, then stops every task and closes the gRPC channel, stores
+        its end, then stops every task and closes the connection, stores
         the latest ack, and closes the log. Idempotent; never hangs; unacked
         rows stay on disk for a resume or ``flush``. Pending approvals fail
         with ``ChannelClosedError``. The log is closed (its lock released)
@@ -561,7 +1539,7 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
         channel object); if it runs in another thread, the close runs there.
         SPEC "Shutdown order".
         """
-        if self._closed:
+        if self._driver.closed:
             return
         running = asyncio.get_running_loop()
         loop = self._loop
@@ -577,41 +1555,51 @@ class GrpcEngineChannel(Sender, AckKeeper, StreamDriver):
             self._log.close()
 
     async def _close(self) -> None:
-        self._closed = True
+        driver = self._driver
+        driver.closed = True
         self._closing = True
         _killpoints.reached("in_close")
-        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
-            if timer is not None:
-                timer.cancel()
-        self._ack_timer = None
-        self._checkpoint_timer = None
+        self._cancel_timers()
         await self._stop_streaming()
         self._store_ack(force=True)
         self._move(ChannelState.CLOSED)
-        for rid, future in list(self._approvals.items()):
-            if not future.done():
-                future.set_exception(
-                    ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
-                )
-                future.exception()
-        self._approvals.clear()
+        self._fail_approvals(
+            lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
+        )
         self._acked_changed.set()
-        if self._own_http and self._http is not None:
-            with contextlib.suppress(Exception):
-                await self._http.aclose()
+        await self._transport.aclose()
         if self._metrics is not None:
             self._metrics.close()
         if self._replica is not None:
             with contextlib.suppress(Exception):
                 await self._replica.aclose()
 
+    async def _stop_streaming(self) -> None:
+        """For close: half-close the stream, wait up to ``close_timeout_ms``, tear down.
+
+        SPEC "Shutdown order". The caller has marked the channel closed, so
+        the end of the stream is not taken for a drop.
+        """
+        budget_s = self._config.close_timeout_ms / 1000
+        stream = self._stream
+        if stream is not None and not stream.ended.is_set():
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(stream.half_close(), budget_s)
+            stream.finish(StreamEnded("closed"))
+        # Wake the loop (backoff sleeps and handshake waits watch _over) and
+        # let it tear its stream down itself; cancel it only if it lingers.
+        self._over.set()
+        if self._runner is not None:
+            done, _ = await asyncio.wait({self._runner}, timeout=2 * TEARDOWN_TIMEOUT_S + 1)
+            if not done:
+                self._runner.cancel()
+                await asyncio.wait({self._runner}, timeout=TEARDOWN_TIMEOUT_S)
+        if self._stream is not None:
+            with contextlib.suppress(BaseException):
+                await self._stream.teardown()
+
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @property
-    def _tail(self) -> deque[tuple[int, str, bytes]]:
-        """The writer's in-memory tail of committed rows (for tests and tools)."""
-        return self._rows.tail

@@ -21,11 +21,11 @@ from typing import Any
 import msgpack
 
 from walchannel import messages
+from walchannel.driver import ChannelState
 from walchannel.errors import ChannelClosedError
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
 from walchannel.payload import check_text
-from walchannel.protocol import ChannelState
 
 __all__ = ["InMemoryEngineChannel"]
 

@@ -1,8 +1,9 @@
-"""The engine's side of one ``Open`` call: how a LocalEngine handles a stream.
+"""The engine's side of the ``Open`` calls: how a LocalEngine handles a stream.
 
-:class:`StreamHandling` is a part of
-:class:`~walchannel.testing.engine.LocalEngine`; :class:`_Stream` is one
-call's state (command queue, outbox, ack cadence).
+:class:`EngineServicer` serves every call of a
+:class:`~walchannel.testing.engine.LocalEngine` (which owns it and registers
+it with each gRPC server it starts); :class:`EngineStream` is one call's
+state (command queue, outbox, ack cadence).
 
 The duties (SPEC "Wire contract", "Engine duties the client relies on"):
 
@@ -52,7 +53,7 @@ from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.testing.store import AcceptResult, Decision, EngineStore, StoreClosedError
 from walchannel.wire import DATA_KINDS, body_of
 
-__all__ = ["RUN_COMPLETED", "StreamHandling"]
+__all__ = ["RUN_COMPLETED", "EngineServicer", "EngineStream", "wait_finished"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def _bearer_token(metadata: aio.Metadata | Sequence[tuple[str, Any]] | None) -> 
     return None
 
 
-class _Stream:
+class EngineStream:
     """The state of one ``Open`` call: its command queue, outbox and ack cadence."""
 
     def __init__(self, peer: str) -> None:
@@ -254,27 +255,100 @@ class _Stream:
         self.finished.set()
 
 
-class StreamHandling:
-    """The handling of ``Open`` calls, a part of :class:`~walchannel.testing.engine.LocalEngine`.
+async def wait_finished(streams: Sequence[EngineStream], timeout_s: float) -> None:
+    """Wait until each of ``streams`` finished, at most ``timeout_s`` seconds in all."""
+    if not streams:
+        return
+    waits = [asyncio.ensure_future(s.finished.wait()) for s in streams]
+    _, pending = await asyncio.wait(waits, timeout=timeout_s)
+    for fut in pending:
+        fut.cancel()
 
-    The engine's constructor sets the attributes below; :meth:`_serve` runs
-    one call (authentication, the handshake's answer, data, acks).
+
+class EngineServicer(pb_grpc.EngineChannelServicer):
+    """The engine's side of every ``Open`` call (the duties in the module doc).
+
+    Args:
+        store: the engine's store.
+        executor: where store transactions run (one worker: in order).
+        ack_every, ack_idle_s, ack_delay_s, ack_handshakes, ack_heartbeats:
+            the ack cadence (see :class:`~walchannel.testing.engine.LocalEngine`).
+
+    Attributes:
+        streams: the live stream of each run on this engine.
+        handlers: every call being served.
+        reject_until: until this ``time.monotonic()`` every token is refused
+            (a replacement engine that does not know the run yet).
     """
 
-    _store: EngineStore
-    _executor: ThreadPoolExecutor
-    _streams: dict[str, _Stream]
-    _handlers: set[_Stream]
-    _ack_every: int
-    _ack_idle_s: float
-    _ack_delay_s: float
-    _ack_handshakes: bool
-    _ack_heartbeats: bool
-    _reject_until: float
+    def __init__(
+        self,
+        store: EngineStore,
+        executor: ThreadPoolExecutor,
+        *,
+        ack_every: int,
+        ack_idle_s: float,
+        ack_delay_s: float,
+        ack_handshakes: bool,
+        ack_heartbeats: bool,
+    ) -> None:
+        self._store = store
+        self._executor = executor
+        self._ack_every = ack_every
+        self._ack_idle_s = ack_idle_s
+        self._ack_delay_s = ack_delay_s
+        self._ack_handshakes = ack_handshakes
+        self._ack_heartbeats = ack_heartbeats
+        self.streams: dict[str, EngineStream] = {}
+        self.handlers: set[EngineStream] = set()
+        self.reject_until = 0.0
 
-    async def _store_call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    async def Open(
+        self,
+        request_iterator: AsyncIterator[pb.UpMessage],
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> AsyncIterator[pb.DownMessage]:
+        """Serve one ``/EngineChannel/Open`` call."""
+        async for msg in self._serve(request_iterator, context):
+            yield msg
+
+    # -- control (the engine's) ---------------------------------------------------------
+
+    def end_stream(
+        self, run_id: str, code: grpc.StatusCode | None, details: str
+    ) -> EngineStream | None:
+        """End the run's live stream with ``code`` (None: a bare, clean end); return it."""
+        stream = self.streams.pop(run_id, None)
+        if stream is not None:
+            stream.command(_End(code, details))
+        return stream
+
+    def end_all(self, code: grpc.StatusCode, details: str) -> list[EngineStream]:
+        """End every call being served with ``code``; return them."""
+        handlers = list(self.handlers)
+        for stream in handlers:
+            stream.command(_End(code, details))
+        self.streams.clear()
+        return handlers
+
+    def push(self, run_id: str, msg: pb.DownMessage) -> bool:
+        """Send ``msg`` on the run's live stream; False when there is none."""
+        stream = self.streams.get(run_id)
+        if stream is None:
+            return False
+        stream.command(_Push(msg))
+        return True
+
+    def push_decision(self, run_id: str, decision: Decision) -> bool:
+        """Send a stored approval decision on the run's live stream; False when there is none."""
+        return self.push(run_id, _decision_message(decision))
+
+    async def store_call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run a store transaction on the engine's worker thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    # -- one call ------------------------------------------------------------------------
 
     async def _serve(
         self,
@@ -282,12 +356,12 @@ class StreamHandling:
         context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
     ) -> AsyncIterator[pb.DownMessage]:
         """The body of one ``Open`` call: run commands, yield due down messages."""
-        stream = _Stream(context.peer())
+        stream = EngineStream(context.peer())
         token = _bearer_token(context.invocation_metadata())
         if token is None:
             logger.info("stream from %s: no bearer token", stream.peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing bearer token")
-        self._handlers.add(stream)
+        self.handlers.add(stream)
         stream.start_reader(requests)
         try:
             while True:
@@ -322,13 +396,13 @@ class StreamHandling:
                     return
         finally:
             stream.close()
-            self._handlers.discard(stream)
-            if stream.run_id is not None and self._streams.get(stream.run_id) is stream:
-                del self._streams[stream.run_id]
+            self.handlers.discard(stream)
+            if stream.run_id is not None and self.streams.get(stream.run_id) is stream:
+                del self.streams[stream.run_id]
 
     async def _on_up(
         self,
-        stream: _Stream,
+        stream: EngineStream,
         msg: pb.UpMessage,
         token: str,
         context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
@@ -352,7 +426,7 @@ class StreamHandling:
             if kind == "handshake":
                 await self._answer_handshake(stream, context)
             elif self._ack_heartbeats:
-                h = await self._store_call(self._store.high_water, run_id)
+                h = await self.store_call(self._store.high_water, run_id)
                 stream.h = max(stream.h, h)
                 self._send_ack(stream)
             return
@@ -364,12 +438,12 @@ class StreamHandling:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} needs a seq >= 1, got 0"
             )
-        result = await self._store_call(self._store.accept, run_id, seq, kind, body)
+        result = await self.store_call(self._store.accept, run_id, seq, kind, body)
         await self._on_result(stream, seq, kind, result, context)
 
     async def _open_run(
         self,
-        stream: _Stream,
+        stream: EngineStream,
         msg: pb.UpMessage,
         kind: str,
         token: str,
@@ -377,10 +451,10 @@ class StreamHandling:
     ) -> None:
         """Authenticate the stream's first message, which must be the handshake."""
         run_id = msg.run_id
-        if time.monotonic() < self._reject_until:
+        if time.monotonic() < self.reject_until:
             logger.info("run %s: token rejected (this engine does not know runs yet)", run_id)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
-        if not await self._store_call(self._store.check_token, run_id, token):
+        if not await self.store_call(self._store.check_token, run_id, token):
             logger.warning("run %s: unknown run or invalid token from %s", run_id, stream.peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if kind != "handshake" or msg.seq != 0:
@@ -390,21 +464,21 @@ class StreamHandling:
                 f" at seq {msg.seq}",
             )
         stream.run_id = run_id
-        older = self._streams.get(run_id)
+        older = self.streams.get(run_id)
         # Register before reading the run's state: a Stop or decision issued
         # meanwhile is queued behind this handshake's answer, never lost.
-        self._streams[run_id] = stream
+        self.streams[run_id] = stream
         if older is not None and older is not stream:
             logger.info("run %s: a newer stream from %s ends the older one", run_id, stream.peer)
             older.command(_End(grpc.StatusCode.ABORTED, "superseded by a newer stream for the run"))
         await self._answer_handshake(stream, context)
 
     async def _answer_handshake(
-        self, stream: _Stream, context: aio.ServicerContext[pb.UpMessage, pb.DownMessage]
+        self, stream: EngineStream, context: aio.ServicerContext[pb.UpMessage, pb.DownMessage]
     ) -> None:
         run_id = stream.run_id
         assert run_id is not None
-        state = await self._store_call(self._store.run_state, run_id)
+        state = await self.store_call(self._store.run_state, run_id)
         if state is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if state.completed:
@@ -428,7 +502,7 @@ class StreamHandling:
 
     async def _on_result(
         self,
-        stream: _Stream,
+        stream: EngineStream,
         seq: int,
         kind: str,
         result: AcceptResult,
@@ -477,26 +551,8 @@ class StreamHandling:
         else:
             stream.arm_idle(self._ack_idle_s)
 
-    def _send_ack(self, stream: _Stream) -> None:
+    def _send_ack(self, stream: EngineStream) -> None:
         """Ack everything the stream knows committed (``stream.h``), after ``ack_delay_ms``."""
         stream.unacked = 0
         stream.cancel_idle()
         stream.send(_ack(stream.h), delay_s=self._ack_delay_s)
-
-
-# -- the process form ----------------------------------------------------------
-
-
-class _Servicer(pb_grpc.EngineChannelServicer):
-    """Hands each ``Open`` call to its engine."""
-
-    def __init__(self, engine: StreamHandling) -> None:
-        self._engine = engine
-
-    async def Open(
-        self,
-        request_iterator: AsyncIterator[pb.UpMessage],
-        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
-    ) -> AsyncIterator[pb.DownMessage]:
-        async for msg in self._engine._serve(request_iterator, context):
-            yield msg

@@ -7,8 +7,10 @@ on its own HTTP discovery port. This module is the engine's lifecycle and
 controls (start, kill, replace, stop, register_run, Stop, decisions, budget
 updates, read-outs); the handling of each stream, with the duties it
 fulfils (SPEC "Wire contract", "Engine duties the client relies on"), is
-:mod:`walchannel.testing.servicer`; the process form is
-:mod:`walchannel.testing.engine_cli`::
+:mod:`walchannel.testing.servicer` (the engine owns one
+:class:`~walchannel.testing.servicer.EngineServicer` and registers it with
+each gRPC server it starts); the process form is
+:mod:`walchannel.testing.engine.__main__`::
 
     python -m walchannel.testing.engine --store FILE [--grpc-port P]
         [--ack-every N] [--no-heartbeat-acks]
@@ -20,9 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, Literal
 
@@ -33,15 +34,7 @@ from grpc import aio
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.testing._http import DiscoveryServer
-from walchannel.testing.servicer import (
-    RUN_COMPLETED,
-    StreamHandling,
-    _decision_message,
-    _End,
-    _Push,
-    _Servicer,
-    _Stream,
-)
+from walchannel.testing.servicer import RUN_COMPLETED, EngineServicer, wait_finished
 from walchannel.testing.store import EngineStore
 
 __all__ = [
@@ -50,7 +43,6 @@ __all__ = [
     "STRICT_PING_OPTIONS",
     "LocalEngine",
     "PingPolicy",
-    "main",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,7 +70,7 @@ _END_WAIT_S: Final = 5.0
 _NEW_PORT_ATTEMPTS: Final = 10
 
 
-class LocalEngine(StreamHandling):
+class LocalEngine:
     """A real ``grpc.aio`` engine on loopback (its duties: :mod:`walchannel.testing.servicer`).
 
     Args:
@@ -144,11 +136,6 @@ class LocalEngine(StreamHandling):
         for name, port in (("grpc_port", grpc_port), ("http_port", http_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {port!r}")
-        self._ack_every = ack_every
-        self._ack_idle_s = ack_idle_ms / 1000
-        self._ack_delay_s = ack_delay_ms / 1000
-        self._ack_handshakes = ack_handshakes
-        self._ack_heartbeats = ack_heartbeats
         self._credentials = server_credentials
         self._ping_policy: PingPolicy = ping_policy
         self._reject_s = reject_tokens_for_ms / 1000
@@ -173,9 +160,16 @@ class LocalEngine(StreamHandling):
         self._http: DiscoveryServer | None = None
         self._grpc_addr: str | None = None
         self._used_ports: set[int] = set()
-        self._reject_until = 0.0
-        self._streams: dict[str, _Stream] = {}
-        self._handlers: set[_Stream] = set()
+        # Serves every call of every gRPC server this engine starts.
+        self._servicer = EngineServicer(
+            self._store,
+            self._executor,
+            ack_every=ack_every,
+            ack_idle_s=ack_idle_ms / 1000,
+            ack_delay_s=ack_delay_ms / 1000,
+            ack_handshakes=ack_handshakes,
+            ack_heartbeats=ack_heartbeats,
+        )
         self._started = False
         self._stopped = False
 
@@ -239,10 +233,10 @@ class LocalEngine(StreamHandling):
         server, self._server = self._server, None
         if server is None:
             return
-        handlers = list(self._handlers)
-        self._streams.clear()
+        handlers = list(self._servicer.handlers)
+        self._servicer.streams.clear()
         await server.stop(None)
-        await self._wait_finished(handlers)
+        await wait_finished(handlers, _END_WAIT_S)
         logger.info("engine on %s killed", self._grpc_addr)
 
     async def replace(self) -> None:
@@ -266,12 +260,9 @@ class LocalEngine(StreamHandling):
         if self._stopped:
             return
         self._stopped = True
-        handlers = list(self._handlers)
-        for stream in handlers:
-            stream.command(_End(grpc.StatusCode.UNAVAILABLE, "engine stopping"))
-        await self._wait_finished(handlers, timeout_s=1.0)
+        handlers = self._servicer.end_all(grpc.StatusCode.UNAVAILABLE, "engine stopping")
+        await wait_finished(handlers, 1.0)
         server, self._server = self._server, None
-        self._streams.clear()
         if server is not None:
             await server.stop(None)
         if self._http is not None:
@@ -294,7 +285,7 @@ class LocalEngine(StreamHandling):
             if self._max_receive is not None:
                 limit = (("grpc.max_receive_message_length", self._max_receive),)
             server = aio.server(options=[*_BASE_OPTIONS, *ping, *limit])
-            pb_grpc.add_EngineChannelServicer_to_server(_Servicer(self), server)
+            pb_grpc.add_EngineChannelServicer_to_server(self._servicer, server)
             bind = f"127.0.0.1:{port}"
             try:
                 if self._credentials is not None:
@@ -316,18 +307,9 @@ class LocalEngine(StreamHandling):
         self._used_ports.add(bound)
         self._server = server
         self._grpc_addr = f"127.0.0.1:{bound}"
-        self._reject_until = time.monotonic() + self._reject_s
-        await self._store_call(self._store.record_engine, self._grpc_addr, os.getpid())
+        self._servicer.reject_until = time.monotonic() + self._reject_s
+        await self._servicer.store_call(self._store.record_engine, self._grpc_addr, os.getpid())
         logger.info("engine serving on %s (%s)", self._grpc_addr, self._ping_policy)
-
-    @staticmethod
-    async def _wait_finished(streams: Sequence[_Stream], timeout_s: float = _END_WAIT_S) -> None:
-        if not streams:
-            return
-        waits = [asyncio.ensure_future(s.finished.wait()) for s in streams]
-        _, pending = await asyncio.wait(waits, timeout=timeout_s)
-        for fut in pending:
-            fut.cancel()
 
     # -- control -------------------------------------------------------------
 
@@ -353,13 +335,12 @@ class LocalEngine(StreamHandling):
         Returns:
             True when a live stream was ended (waited for, up to 5 s).
         """
-        stream = self._streams.pop(run_id, None)
-        if stream is None:
-            return False
         clean = code is None or code is grpc.StatusCode.OK
         text = details if details is not None else f"stream ended by the local engine ({code})"
-        stream.command(_End(None if clean else code, text))
-        await self._wait_finished([stream])
+        stream = self._servicer.end_stream(run_id, None if clean else code, text)
+        if stream is None:
+            return False
+        await wait_finished([stream], _END_WAIT_S)
         logger.info("run %s: stream ended by the test with %s", run_id, code)
         return True
 
@@ -377,11 +358,11 @@ class LocalEngine(StreamHandling):
             ValueError: unknown run.
         """
         try:
-            await self._store_call(self._store.set_stop, run_id, reason)
+            await self._servicer.store_call(self._store.set_stop, run_id, reason)
         except KeyError:
             raise ValueError(f"run {run_id!r} is not registered") from None
         logger.info("run %s: stop issued (%s)", run_id, reason)
-        return self._push(run_id, pb.DownMessage(stop=pb.Stop(reason=reason)))
+        return self._servicer.push(run_id, pb.DownMessage(stop=pb.Stop(reason=reason)))
 
     async def decide_approval(
         self, run_id: str, request_id: str, approved: bool, reason: str = ""
@@ -395,13 +376,13 @@ class LocalEngine(StreamHandling):
             ValueError: unknown run.
         """
         try:
-            decision = await self._store_call(
+            decision = await self._servicer.store_call(
                 self._store.set_decision, run_id, request_id, approved, reason
             )
         except KeyError:
             raise ValueError(f"run {run_id!r} is not registered") from None
         logger.info("run %s: approval %s decided (approved=%s)", run_id, request_id, approved)
-        return self._push(run_id, _decision_message(decision))
+        return self._servicer.push_decision(run_id, decision)
 
     async def send_budget_update(
         self, run_id: str, message: str, details: Mapping[str, Any] | None = None
@@ -419,23 +400,16 @@ class LocalEngine(StreamHandling):
         Raises:
             ValueError: unknown run, or ``details`` a Struct cannot hold.
         """
-        if await self._store_call(self._store.run_state, run_id) is None:
+        if await self._servicer.store_call(self._store.run_state, run_id) is None:
             raise ValueError(f"run {run_id!r} is not registered")
         struct = Struct()
         try:
             struct.update(dict(details or {}))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"budget update details are not JSON-like: {exc}") from None
-        return self._push(
+        return self._servicer.push(
             run_id, pb.DownMessage(budget_update=pb.BudgetUpdate(message=message, details=struct))
         )
-
-    def _push(self, run_id: str, msg: pb.DownMessage) -> bool:
-        stream = self._streams.get(run_id)
-        if stream is None:
-            return False
-        stream.command(_Push(msg))
-        return True
 
     # -- read-outs (sync) ------------------------------------------------------
 
@@ -458,17 +432,3 @@ class LocalEngine(StreamHandling):
     def done(self, run_id: str) -> dict[str, Any] | None:
         """The applied ``Done`` as ``{"seq", "status", "findings", "coverage", "exit_reason"}``."""
         return self._store.done(run_id)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the engine process form: :func:`walchannel.testing.engine_cli.main`.
-
-    Kept here: ``python -m walchannel.testing.engine`` runs this module.
-    """
-    from walchannel.testing import engine_cli
-
-    return engine_cli.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,8 @@ SPEC "Test doubles and the local engine"::
 
 ``serve`` prints one JSON line ``{grpc_addr, pid}`` once serving and stops
 on SIGTERM; ``register`` reads the token from an environment variable,
-never from the command line. :func:`main` is also importable from
-:mod:`walchannel.testing.engine`, the module ``-m`` runs.
+never from the command line. :func:`main` is importable for tests
+(``from walchannel.testing.engine.__main__ import main``).
 """
 
 from __future__ import annotations
@@ -144,3 +144,7 @@ async def _serve_process(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             await engine.stop()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

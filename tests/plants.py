@@ -1,0 +1,294 @@
+"""Bugs planted in walchannel/ itself, for the simulator to find (tests/test_simulation.py).
+
+Each plant is a source edit of the product: a file, the exact original lines,
+and what replaces them. It is applied to a copy of ``walchannel/`` and the
+simulator runs on that copy in a subprocess, so a plant reaches the code that
+decides (the driver, the log's state) and the code that carries decisions out
+(the channel, its stream, the row source, the log) exactly as production
+runs it. A plant whose original lines are gone fails its test: plants follow
+the code, they never silently stop biting.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Plant:
+    """One realistic mistake in the product.
+
+    Attributes:
+        name: what the mistake is.
+        path: the file under ``walchannel/``.
+        original: the exact lines it changes (found exactly once).
+        replacement: what they become.
+        symptoms: violations the simulator may report for it (one must show).
+    """
+
+    name: str
+    path: str
+    original: str
+    replacement: str
+    symptoms: tuple[str, ...]
+
+
+LOST = ("never applied", "applied 0 times", "not in the log", "two contents", "gap")
+
+PLANTS: tuple[Plant, ...] = (
+    # -- the log's decisions (walchannel/log_state.py) ------------------------------
+    Plant(
+        "next_seq_restarts_after_all_acked_reopen",
+        "log_state.py",
+        "        next_seq = next_seq_at_open(high_water, top_seq, last_acked)\n",
+        "        next_seq = (top_seq or 0) + 1\n",
+        ("two contents", "exceeds", "above", "stuck", *LOST),
+    ),
+    Plant(
+        "ack_deletes_one_unacked_row",
+        "log_state.py",
+        "            delete_through=acked,\n",
+        "            delete_through=acked + 1,\n",
+        LOST,
+    ),
+    Plant(
+        "renumber_start_off_by_one",
+        "log_state.py",
+        "            shift_from=start if shift else None,\n",
+        "            shift_from=start + 1 if shift and start is not None else None,\n",
+        LOST,
+    ),
+    Plant(
+        "no_renumber",
+        "log_state.py",
+        "            shift_from=start if shift else None,\n",
+        "            shift_from=None,\n",
+        LOST,
+    ),
+    Plant(
+        "verification_shift_off_by_one",
+        "log_state.py",
+        "    return engine_high + 1 - unverified_from\n",
+        "    return engine_high - unverified_from\n",
+        LOST,
+    ),
+    Plant(
+        "skip_verification",
+        "log_state.py",
+        "    return engine_high + 1 - unverified_from\n",
+        "    return 0\n",
+        LOST,
+    ),
+    Plant(
+        "tombstone_before_done_ack",
+        "log_state.py",
+        "        completed = done is not None and acked >= done\n",
+        "        completed = done is not None and acked >= done - 1\n",
+        ("lacks Done", "Done applied 0 times", "stuck", "never applied"),
+    ),
+    Plant(
+        "replay_read_one_late",
+        "log_state.py",
+        "        return max(after_seq, self.last_acked)\n",
+        "        return max(after_seq, self.last_acked) + 1\n",
+        ("stuck", *LOST),
+    ),
+    # -- the driver's decisions (walchannel/driver.py) -------------------------------
+    Plant(
+        "ack_stored_above_received",
+        "driver.py",
+        "            return acked\n        return None\n",
+        "            return min(acked + 1, state.next_seq - 1)\n        return None\n",
+        ("exceeds what the engine has", "lacks Done", *LOST),
+    ),
+    Plant(
+        "backoff_reset_on_answer",
+        "driver.py",
+        "        self._first_written = None\n        self._repeated_end = None\n",
+        "        self._first_written = None\n        self._repeated_end = None\n"
+        "        self.attempt = 0\n",
+        ("backoff reset without progress", "tight loop"),
+    ),
+    Plant(
+        "backoff_reset_on_any_ack",
+        "driver.py",
+        "        if self._first_written is not None and seq >= self._first_written:\n",
+        "        if True:\n",
+        ("backoff reset without progress", "tight loop"),
+    ),
+    Plant(
+        "engine_behind_one_below_stored_accepted",
+        "driver.py",
+        "        if engine_high < self.stored:\n",
+        "        if engine_high < self.stored - 1:\n",
+        ("exception", "raised", "stuck", "protocol", *LOST),
+    ),
+    Plant(
+        "answer_above_cursor_resumes_instead_of_verifying",
+        "driver.py",
+        "        if unverified is not None:\n",
+        "        if unverified is not None and engine_high <= self.acked:\n",
+        ("protocol", "exception", "raised", *LOST),
+    ),
+    Plant(
+        "replay_after_verification_skips_a_row",
+        "driver.py",
+        "            return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)\n",
+        "            return AnswerPlan(Answer.VERIFY, engine_high + 2, clear)\n",
+        LOST,
+    ),
+    Plant(
+        "run_completed_reconnects",
+        "driver.py",
+        '        if code == "FAILED_PRECONDITION" and _RUN_COMPLETED in details.lower():\n',
+        "        if False:\n",
+        ("stuck", "tight loop", "lacks Done"),
+    ),
+    Plant(
+        "run_completed_keeps_a_logged_done",
+        "driver.py",
+        "        if state.done_seq is not None:\n            return Completion.TOMBSTONE\n",
+        "",
+        ("no tombstone",),
+    ),
+    # -- carrying decisions out (walchannel/channel/, walchannel/row_source.py) ------
+    Plant(
+        "answer_verify_shift_keeps_the_stale_tail",
+        "channel/__init__.py",
+        "                self._rows.clear_tail()\n",
+        "",
+        ("two contents", "applied 2 times", "after the run's Done", *LOST),
+    ),
+    Plant(
+        "received_ack_off_by_one",
+        "channel/__init__.py",
+        "        kind = driver.on_ack(seq, now)\n",
+        "        kind = driver.on_ack(seq + 1, now)\n",
+        ("exceeds what the engine has", "beyond the engine", "lacks Done", *LOST),
+    ),
+    Plant(
+        "stored_ack_one_short",
+        "channel/__init__.py",
+        "            self._log.ack(seq)\n",
+        "            self._log.ack(seq - 1)\n",
+        ("no tombstone", "stuck", "send_done returned"),
+    ),
+    Plant(
+        "stored_done_ack_wakes_no_waiter",
+        "channel/__init__.py",
+        '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n'
+        "            self._acked_changed.set()\n",
+        '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n',
+        ("send_done returned",),
+    ),
+    Plant(
+        "stream_end_loses_its_status",
+        "channel/__init__.py",
+        "        plan = driver.on_end(code, details, debug)\n",
+        "        plan = driver.on_end(None, details, debug)\n",
+        ("stuck", "tight loop", "lacks Done"),
+    ),
+    Plant(
+        "no_backoff_between_dials",
+        "channel/__init__.py",
+        "                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
+        "                delay = 0 * driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
+        ("tight loop", "backoff reset without progress"),
+    ),
+    Plant(
+        "run_completed_never_tombstones",
+        "channel/__init__.py",
+        "                    self._log.complete_by_engine()\n",
+        "                    pass\n",
+        ("no tombstone",),
+    ),
+    Plant(
+        "replay_starts_one_row_late",
+        "channel/__init__.py",
+        "        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())\n",
+        "        self._driver.on_stream_up(replay_from + 1, self._clock.monotonic_ms())\n",
+        ("stuck", *LOST),
+    ),
+    Plant(
+        "send_done_logs_done_twice",
+        "channel/__init__.py",
+        "        if driver.done_seq is None:\n",
+        "        if True:\n",
+        ("ChannelClosedError", "Done applied 2 times"),
+    ),
+    Plant(
+        "refused_row_set_aside_but_the_tail_kept",
+        "channel/__init__.py",
+        "        self._rows.forget()\n",
+        "",
+        ("stuck", "refused", "set aside"),
+    ),
+    Plant(
+        "stop_fires_on_every_repeat",
+        "channel/__init__.py",
+        "        if not self._driver.on_stop():\n            return",
+        "        if self._driver.on_stop() and False:\n            return",
+        ("on_stop fired",),
+    ),
+    Plant(
+        "decisions_not_cached",
+        "channel/__init__.py",
+        "        self._driver.on_decision(request_id, approved, reason)\n",
+        "",
+        ("logged again",),
+    ),
+    Plant(
+        "tail_read_off_by_one",
+        "row_source.py",
+        "            _, kind, blob = tail[seq - tail[0][0]]\n",
+        "            _, kind, blob = tail[max(0, seq - tail[0][0] - 1)]\n",
+        ("two contents", "applied 2 times", *LOST),
+    ),
+)
+
+
+def planted_copy(plant: Plant, into: Path) -> Path:
+    """Copy ``walchannel/`` and ``tools/sim.py`` under ``into`` with ``plant`` applied.
+
+    Returns:
+        The copied ``tools/sim.py``, which imports the planted package.
+
+    Raises:
+        AssertionError: the plant's original lines are not in the file exactly once.
+    """
+    shutil.copytree(
+        ROOT / "walchannel", into / "walchannel", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (into / "tools").mkdir()
+    shutil.copy2(ROOT / "tools" / "sim.py", into / "tools" / "sim.py")
+    target = into / "walchannel" / plant.path
+    text = target.read_text()
+    count = text.count(plant.original)
+    assert count == 1, (
+        f"plant {plant.name}: its original lines occur {count} times in walchannel/{plant.path} "
+        "(the code moved on: update the plant)"
+    )
+    target.write_text(text.replace(plant.original, plant.replacement))
+    return into / "tools" / "sim.py"
+
+
+def run_planted(plant: Plant, into: Path, seeds: int) -> subprocess.CompletedProcess[str]:
+    """Run the simulator on a planted copy until the first failing schedule."""
+    sim = planted_copy(plant, into)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [sys.executable, str(sim), "--seeds", str(seeds), "--jobs", "1", "--stop-at-first"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )

@@ -1,0 +1,658 @@
+"""The driver (walchannel.driver), tested directly: exact numbers, no gRPC, no loop, no disk."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from walchannel.config import Backoff, GrpcChannelConfig
+from walchannel.driver import (
+    ACK_STORE_AFTER_MS,
+    ACK_STORE_EVERY,
+    CHECKPOINT_EVERY_MS,
+    CHECKPOINT_IDLE_MS,
+    CHECKPOINT_RETRY_MAX_MS,
+    KEEPALIVE_TIMEOUT_MS,
+    MAX_KEEPALIVE_MS,
+    STABLE_STREAM_MS,
+    AckKind,
+    Answer,
+    Call,
+    ChannelState,
+    CheckpointPolicy,
+    Completion,
+    Driver,
+    End,
+    RefusalVerdict,
+    SizeRefusal,
+    StateError,
+    Verdict,
+    describe_end,
+    stream_verdict,
+    unproven_refusal,
+    watchdog_period_ms,
+)
+from walchannel.errors import (
+    ChannelClosedError,
+    EngineBehindError,
+    PayloadError,
+    RunCompletedError,
+    RunExpiredError,
+)
+from walchannel.log_state import (
+    FAILED_DONE_REFUSED,
+    FAILED_ENGINE_BEHIND,
+    LogState,
+    next_seq_after,
+    unverified_at_open,
+    verification_shift,
+)
+
+S = ChannelState
+
+
+def driver(
+    *,
+    high: int = 10,
+    acked: int = 0,
+    stored: int = 0,
+    unverified: int | None = None,
+    done_seq: int | None = None,
+    failed_mark: bool = False,
+    **config: Any,
+) -> Driver:
+    """A driver over a stand-in for ``RunLog`` (it reads only ``state``)."""
+    log = SimpleNamespace(state=LogState("r", high + 1, stored, unverified, done_seq, False))
+    base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
+    d = Driver(GrpcChannelConfig(**{**base, **config}), log, failed_mark=failed_mark, now_ms=0.0)
+    d.acked = max(acked, stored)
+    return d
+
+
+def log_of(d: Driver) -> SimpleNamespace:
+    log = d._log
+    assert isinstance(log, SimpleNamespace)
+    return log
+
+
+def up(d: Driver, replay_from: int, now: float = 0.0) -> None:
+    d.move(S.CONNECTING)
+    d.on_stream_up(replay_from, now)
+
+
+# -- the log's seq rules (log_state) -------------------------------------------------
+
+
+def test_next_seq_never_reuses_after_everything_is_acked() -> None:
+    assert next_seq_after(0, 0) == 1
+    assert next_seq_after(10, 4) == 11
+    assert next_seq_after(0, 10) == 11  # rows gone, cursor remembers
+    assert next_seq_after(7, 10) == 11
+
+
+def test_unverified_from_at_open() -> None:
+    assert unverified_at_open(None, 5) == 5
+    assert unverified_at_open(3, 5) == 3
+    assert unverified_at_open(9, 5) == 5
+
+
+@pytest.mark.parametrize(
+    ("unverified", "h", "shift"),
+    [(None, 50, 0), (5, 4, 0), (5, 5, 1), (5, 10, 6), (1, 0, 0), (1, 1, 1)],
+)
+def test_verification_shift(unverified: int | None, h: int, shift: int) -> None:
+    assert verification_shift(unverified, h) == shift
+
+
+# -- states ----------------------------------------------------------------------------
+
+
+def test_legal_transitions_and_final_states() -> None:
+    d = driver()
+    assert d.state is S.IDLE
+    for state in (S.CONNECTING, S.STREAMING, S.BACKOFF, S.CONNECTING, S.BACKOFF):
+        assert d.move(state)
+    assert not d.move(S.BACKOFF)  # staying put is no change
+    assert d.move(S.FAILED) and d.final
+    with pytest.raises(StateError, match="FAILED -> CONNECTING"):
+        d.move(S.CONNECTING)
+    d.move(S.CLOSED)
+    for state in S:
+        if state is not S.CLOSED:
+            with pytest.raises(StateError):
+                d.move(state)
+
+
+def test_idle_cannot_stream_without_connecting() -> None:
+    with pytest.raises(StateError):
+        driver().move(S.STREAMING)
+
+
+# -- one admission check ----------------------------------------------------------------
+
+
+def test_admission_says_closed_then_done_then_expired_then_failed() -> None:
+    d = driver(hard_deadline=datetime(2030, 1, 1, tzinfo=UTC))
+    deadline = d.deadline_in_s(0.0)
+    assert deadline is not None
+    before, after = 0.0, deadline + 1.0
+    for call in Call:
+        assert d.admit(call, before) is None
+        assert isinstance(d.admit(call, after), RunExpiredError)
+    behind = EngineBehindError("behind")
+    assert d.fail(behind) == FAILED_ENGINE_BEHIND and d.state is S.FAILED
+    for call in Call:
+        assert d.admit(call, before) is behind
+    d.done_sent = True
+    assert "already called" in str(d.admit(Call.DONE, before))
+    assert "no new rows" in str(d.admit(Call.SEND, before))
+    assert d.admit(Call.HANDSHAKE, before) is behind  # a handshake sends no row
+    d.closed = True
+    for call in Call:
+        error = d.admit(call, after)
+        assert isinstance(error, ChannelClosedError) and "closed" in str(error)
+
+
+def test_expiry_moves_to_expired_once_and_never_out_of_a_final_state() -> None:
+    d = driver()
+    assert d.expire() and d.state is S.EXPIRED
+    assert not d.expire()
+    failed = driver()
+    failed.fail(RunCompletedError("done"))
+    assert not failed.expire() and failed.state is S.FAILED
+
+
+def test_a_refused_done_fails_with_its_own_reason() -> None:
+    d = driver()
+    assert d.fail(PayloadError("done", "too big"), done_refused=True) == FAILED_DONE_REFUSED
+    assert driver().fail(RunCompletedError("x")) is None
+
+
+# -- acks ---------------------------------------------------------------------------------
+
+
+def test_acks_are_cumulative_and_stale_ones_change_nothing() -> None:
+    d = driver()
+    assert d.on_ack(4, 0) is AckKind.ADVANCE
+    assert d.on_ack(2, 1) is AckKind.STALE
+    assert d.on_ack(4, 2) is AckKind.STALE
+    assert d.acked == 4 and d.unacked == 6
+    assert d.on_ack(11, 3) is AckKind.ABOVE_HIGH_WATER
+    assert d.acked == 4
+
+
+def test_ack_storage_is_coalesced() -> None:
+    d = driver(high=10_000)
+    d.on_ack(1, 1000.0)
+    assert d.ack_to_store(1000.0) is None
+    d.on_ack(2, 1050.0)
+    assert d.ack_to_store(1050.0) is None
+    assert d.ack_to_store(1000.0 + ACK_STORE_AFTER_MS) == 2
+    plan = log_of(d).state.ack(2)
+    log_of(d).state = plan.state
+    d.on_stored(2)
+    assert d.ack_to_store(5000.0) is None
+    for seq in range(3, 3 + ACK_STORE_EVERY):
+        d.on_ack(seq, 2000.0)
+    assert d.ack_to_store(2000.0) == 2 + ACK_STORE_EVERY
+    assert d.ack_to_store(2000.0, force=True) == 2 + ACK_STORE_EVERY
+
+
+def test_an_unstored_ack_arms_one_timer_of_the_coalescing_window() -> None:
+    d = driver(acked=3, stored=3)
+    assert d.ack_timer_ms(timer_armed=False) is None  # nothing pending
+    d.on_ack(4, 1000.0)
+    assert d.ack_to_store(1000.0) is None  # coalesced
+    assert d.ack_timer_ms(timer_armed=False) == ACK_STORE_AFTER_MS
+    assert d.ack_timer_ms(timer_armed=True) is None  # one timer at a time
+
+
+def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
+    d = driver(high=5)
+    log = log_of(d)
+    log.state = log.state.append(["done"])
+    assert d.done_seq == 6 and d.high_water == 6
+    d.on_ack(5, 0)
+    assert d.ack_to_store(0) is None
+    d.on_ack(6, 0)
+    assert d.ack_to_store(0) == 6
+    assert not d.completed
+    plan = log.state.ack(6)
+    assert plan is not None and plan.completed
+    log.state = plan.state
+    d.on_stored(6)
+    assert d.completed and d.unacked == 0
+
+
+# -- the handshake answer ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind", "replay_from"),
+    [
+        (2, Answer.BEHIND, None),  # below the stored cursor (3)
+        (4, Answer.FORGOT, 5),  # below the received ack (5), not stored
+        (5, Answer.RESUME, 6),
+        (8, Answer.RESUME, 9),
+        (10, Answer.RESUME, 11),
+        (11, Answer.AHEAD, 6),  # above the high-water: replay from the cursor
+    ],
+)
+def test_a_verified_logs_answer_maps_to_one_decision_and_moves_nothing_else(
+    answer: int, kind: Answer, replay_from: int | None
+) -> None:
+    d = driver(acked=5, stored=3)
+    plan = d.on_answer(answer)
+    assert (plan.answer, plan.replay_from) == (kind, replay_from)
+    # The answer's meaning changes no cursor: the caller carries it out.
+    assert (d.acked, d.stored, d.high_water, d.provisional) == (5, 3, 10, None)
+
+
+@pytest.mark.parametrize("answer", [0, 3, 7, 10, 25])
+def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) -> None:
+    # SPEC "Dial": rows at or above unverified_from move to h+1, h+2, ...;
+    # the writer starts right after h either way.
+    d = driver(unverified=4)
+    plan = d.on_answer(answer)
+    assert (plan.answer, plan.replay_from) == (Answer.VERIFY, answer + 1)
+    # What moves: the driver remembers which seqs it handed out are unverified
+    # (4..10), so on_verified can make them provisional; acked does not move yet.
+    assert d.acked == 0 and d.provisional is None
+    plan_log = log_of(d).state.verify(answer)
+    log_of(d).state = plan_log.state
+    d.on_verified(answer, plan_log.shift_by)
+    expected = None if plan_log.shift_by == 0 else (4, 11, plan_log.shift_by)
+    assert d.provisional == expected and d.acked == answer
+
+
+def test_behind_wins_over_verification_and_keeps_the_failed_mark() -> None:
+    d = driver(stored=3, unverified=4, failed_mark=True)
+    plan = d.on_answer(2)
+    assert plan.answer is Answer.BEHIND and not plan.clear_failed_mark and d.failed_mark
+
+
+@pytest.mark.parametrize("answer", [4, 5, 11])
+def test_a_healthy_answer_clears_an_old_failed_mark_once(answer: int) -> None:
+    d = driver(acked=5, stored=3, failed_mark=True)
+    assert d.on_answer(answer).clear_failed_mark and not d.failed_mark
+    assert not d.on_answer(answer).clear_failed_mark
+    assert not driver(acked=5, stored=3).on_answer(answer).clear_failed_mark
+
+
+def test_without_handshake_answers_the_writer_starts_at_the_cursor() -> None:
+    d = driver(acked=5, stored=3, failed_mark=True)
+    plan = d.on_answer(None)
+    assert (plan.answer, plan.replay_from, plan.clear_failed_mark) == (Answer.NO_ANSWER, 6, False)
+
+
+def test_forgotten_acks_are_resent_without_moving_below_the_stored_cursor() -> None:
+    d = driver(acked=8, stored=2)
+    d.on_forgot(5)
+    assert d.acked == 5
+    up(d, 6)
+    assert d.next_to_write() == 6
+    d.on_forgot(1)  # never below what the log stores
+    assert d.acked == 2
+
+
+def test_verification_shift_translates_provisional_seqs() -> None:
+    # Rows 4..10 were logged before the first answer; the engine holds up to 20.
+    d = driver(high=10, acked=3, stored=3, unverified=4, done_seq=10)
+    plan = d.on_answer(20)
+    assert plan.answer is Answer.VERIFY and plan.replay_from == 21
+    verify = log_of(d).state.verify(20)
+    assert verify.shift_by == verification_shift(4, 20) == 17
+    log_of(d).state = verify.state
+    d.on_verified(20, verify.shift_by)
+    assert d.high_water == 27 and d.acked == 20 and d.stored == 20
+    assert d.unverified_from is None and d.done_seq == 27
+    assert [d.translate(s) for s in (3, 4, 10, 11, 28)] == [3, 21, 27, 11, 28]
+    assert [d.untranslate(s) for s in (3, 21, 27, 28)] == [3, 4, 10, 28]
+
+
+# -- the writer ---------------------------------------------------------------------------------
+
+
+def test_writer_position_follows_replay_rewind_and_end() -> None:
+    d = driver(high=5, acked=2, stored=2)
+    assert d.next_to_write() is None  # no stream
+    up(d, 1)  # never below the received ack
+    assert d.state is S.STREAMING and d.next_to_write() == 3
+    d.on_written(3)
+    d.on_written(4)
+    assert d.next_to_write() == 5
+    assert d.rewind() == 3
+    assert d.next_to_write() == 3
+    d.on_written(5)
+    assert d.next_to_write() is None
+    d.on_stream_gone()
+    assert d.next_to_write() is None and d.rewind() == 3
+
+
+def test_an_ack_above_a_rewound_writer_moves_it_past_the_acked_rows() -> None:
+    # Rewound to 3 while 3..4 were in flight; the engine then acks 4: the
+    # writer goes on at 5, never asking the log for rows it may have deleted.
+    d = driver(high=6, acked=2, stored=2)
+    up(d, 3)
+    d.on_written(3)
+    d.on_written(4)
+    d.rewind()
+    assert d.next_to_write() == 3
+    d.on_ack(4, 0.0)
+    assert d.next_to_write() == 5
+    d.on_ack(3, 0.0)  # stale: nothing moves back
+    assert d.next_to_write() == 5
+
+
+def test_a_write_at_or_below_the_highest_written_seq_is_a_replay() -> None:
+    d = driver(high=10)
+    up(d, 1)
+    for seq in (1, 2, 3, 2, 3, 4):
+        d.on_written(seq)
+    assert (d.sent, d.replayed) == (6, 2)
+    assert d.is_replay(4) and not d.is_replay(5)
+
+
+def test_every_stream_after_the_first_is_a_reconnect() -> None:
+    d = driver()
+    up(d, 1)
+    assert d.reconnects == 0
+    for _ in range(2):
+        d.move(S.BACKOFF)
+        up(d, 1)
+    assert d.reconnects == 2
+
+
+def test_a_held_done_is_never_written_and_stops_once_the_rows_before_it_are_acked() -> None:
+    d = driver(high=10, acked=5, stored=5)
+    assert d.held_due() is None  # nothing held
+    up(d, 6)
+    error = PayloadError("done", "too big")
+    d.hold(8, error)
+    written = []
+    while (seq := d.next_to_write()) is not None:
+        written.append(seq)
+        d.on_written(seq)
+    assert written == [6, 7]
+    assert d.held_due() is None
+    d.on_ack(7, 0.0)
+    assert d.held_due() is error and d.held_due() is None  # taken once
+
+
+# -- backoff and reconnecting -----------------------------------------------------------------
+
+
+def test_backoff_delays_follow_the_formula_exactly() -> None:
+    b = Backoff(initial_ms=500, multiplier=2, max_ms=15_000, jitter_ms=0)
+    rng = random.Random(1)
+    assert [b.delay_ms(a, rng) for a in range(8)] == [
+        500,
+        1000,
+        2000,
+        4000,
+        8000,
+        15000,
+        15000,
+        15000,
+    ]
+    assert b.delay_ms(10_000, rng) == 15_000  # no overflow
+
+
+def test_backoff_jitter_comes_from_the_injected_rng() -> None:
+    b = Backoff(initial_ms=100, multiplier=3, max_ms=1000, jitter_ms=250)
+    rng = random.Random(7)
+    twin = random.Random(7)
+    for attempt in range(6):
+        base = min(1000, 100 * 3**attempt)
+        assert b.delay_ms(attempt, rng) == base + twin.uniform(0, 250)
+
+
+@given(st.integers(0, 200), st.integers(0, 2**32))
+def test_backoff_stays_within_bounds(attempt: int, seed: int) -> None:
+    b = Backoff()
+    delay = b.delay_ms(attempt, random.Random(seed))
+    assert b.initial_ms <= delay <= b.max_ms + b.jitter_ms
+
+
+def test_the_attempt_resets_only_on_an_ack_of_a_row_written_on_the_stream() -> None:
+    backoff = Backoff(initial_ms=100, multiplier=2, max_ms=100_000, jitter_ms=0)
+    d = driver(high=60, acked=50, stored=50, backoff=backoff)
+    rng = random.Random(0)
+    delays = [d.next_delay_ms(0, rng)]  # first dial refused
+    up(d, 51, 100)
+    d.on_ack(50, 100)  # nothing written yet
+    d.move(S.BACKOFF)
+    delays.append(d.next_delay_ms(200, rng))  # dropped at once
+    up(d, 51, 300)
+    d.on_written(51)
+    d.on_ack(50, 300)  # covers nothing written on this stream
+    d.move(S.BACKOFF)
+    delays.append(d.next_delay_ms(400, rng))
+    up(d, 51, 500)
+    d.on_written(51)
+    d.on_ack(51, 500)
+    d.move(S.BACKOFF)
+    delays.append(d.next_delay_ms(600, rng))
+    assert delays == [100, 200, 400, 100]
+
+
+def test_the_attempt_resets_after_a_stable_stream() -> None:
+    backoff = Backoff(initial_ms=100, multiplier=2, max_ms=100_000, jitter_ms=0)
+    d = driver(backoff=backoff)
+    d.attempt = 5
+    up(d, 1, 0)
+    assert d.next_delay_ms(STABLE_STREAM_MS - 1, random.Random(0)) == 3200
+    d.move(S.BACKOFF)
+    up(d, 1, 0)
+    assert d.next_delay_ms(STABLE_STREAM_MS, random.Random(0)) == 100
+
+
+def test_a_set_aside_row_or_a_held_done_resets_the_attempt() -> None:
+    d = driver()
+    d.attempt = 4
+    d.on_set_aside()
+    assert d.attempt == 0
+    d.attempt = 4
+    d.hold(3, PayloadError("done", "x"))
+    assert d.attempt == 0
+
+
+# -- ends of stream ------------------------------------------------------------------------
+
+
+def test_too_many_pings_doubles_the_keepalive_up_to_five_minutes() -> None:
+    d = driver(keepalive_ms=25_000)
+    plan = d.on_end("UNAVAILABLE", "Too many pings")
+    assert plan.keepalive_doubled and plan.end is End.RECONNECT and d.keepalive_ms == 50_000
+    plan = d.on_end("UNAVAILABLE", "", 'GOAWAY "too_many_pings"')
+    assert plan.keepalive_doubled and d.keepalive_ms == 100_000
+    d.on_end("UNAVAILABLE", "too_many_pings")
+    d.on_end("UNAVAILABLE", "too_many_pings")
+    assert d.keepalive_ms == MAX_KEEPALIVE_MS
+    assert not d.on_end("UNAVAILABLE", "Socket closed").keepalive_doubled
+
+
+def test_run_completed_ends_the_loop_even_once_the_channel_is_over() -> None:
+    d = driver()
+    assert d.on_end("FAILED_PRECONDITION", "run completed").end is End.RUN_COMPLETED
+    d.fail(EngineBehindError("x"))
+    assert d.on_end("FAILED_PRECONDITION", "Run Completed").end is End.RUN_COMPLETED
+    assert d.on_end("UNAVAILABLE", "x").end is End.ALREADY_OVER
+    assert d.last_end_code == "UNAVAILABLE"
+
+
+def test_every_other_status_reconnects() -> None:
+    d = driver()
+    for code in ("INTERNAL", "UNKNOWN", "UNAVAILABLE", "UNAUTHENTICATED", "CANCELLED", None):
+        assert d.on_end(code, "run completed" if code else "").end is End.RECONNECT
+    assert d.on_end("FAILED_PRECONDITION", "expected seq 4, got 9").end is End.RECONNECT
+
+
+@pytest.mark.parametrize(
+    ("done_seq", "stored", "completion"),
+    [
+        (10, 3, Completion.TOMBSTONE),  # our Done was applied, its ack lost
+        (None, 3, Completion.UNDELIVERABLE),  # rows that can never be delivered
+        (None, 10, Completion.NOTHING),  # nothing left: only the loop ends
+    ],
+)
+def test_run_completed_makes_a_logged_done_a_tombstone_else_marks_what_is_left(
+    done_seq: int | None, stored: int, completion: Completion
+) -> None:
+    d = driver(high=10, stored=stored, done_seq=done_seq)
+    assert d.on_run_completed() is completion
+    error = d.completed_by_engine()
+    assert d.failure is error and d.state is S.FAILED
+
+
+def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -> None:
+    d = driver()
+    plan = d.on_end("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (900 vs. 500)")
+    assert plan.end is End.SIZE_REFUSAL and plan.refusal == SizeRefusal(900, 500)
+    for code, details in [
+        ("RESOURCE_EXHAUSTED", "quota"),
+        ("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (900 vs. 500)"),
+        ("UNAUTHENTICATED", "who?"),
+        ("INTERNAL", "RST_STREAM"),
+        (None, ""),
+    ]:
+        plan = d.on_end(code, details)
+        assert plan.end is End.RECONNECT and plan.refusal is None, (code, details)
+
+
+def test_an_unproven_size_refusal_says_why_nothing_was_set_aside() -> None:
+    refusal = SizeRefusal(received=900, limit=500)
+    none = RefusalVerdict(None)
+    assert unproven_refusal(none, refusal, handshake_size=900).startswith("it is the handshake")
+    assert "no row written" in unproven_refusal(none, refusal, handshake_size=80)
+    other = RefusalVerdict(None, suspect=7, suspect_size=800)
+    assert unproven_refusal(other, refusal, handshake_size=900) == (
+        "the first row over the limit, seq 7 (800 bytes), is not the refused 900-byte message"
+    )
+
+
+def test_the_same_end_again_is_said_once_until_a_stream_comes_up() -> None:
+    d = driver()
+    assert d.first_said("UNAVAILABLE: refused")
+    assert not d.first_said("UNAVAILABLE: refused")
+    assert d.first_said("UNAUTHENTICATED: who")
+    up(d, 1)
+    assert d.first_said("UNAUTHENTICATED: who")
+
+
+def test_describe_end_names_a_status_grpc_aio_lost_to_a_write() -> None:
+    assert describe_end("UNAUTHENTICATED", "unknown run") == "UNAUTHENTICATED: unknown run"
+    lost = describe_end("INTERNAL", "Internal error from Core")
+    assert lost.startswith("INTERNAL: Internal error from Core (")
+    assert "grpc/grpc#36066" in lost
+    # An engine's own INTERNAL with other details is reported as it is.
+    assert describe_end("INTERNAL", "engine bug") == "INTERNAL: engine bug"
+
+
+# -- the watchdog ----------------------------------------------------------------------------
+
+
+def test_the_watchdog_looks_four_times_per_bound_and_at_most_every_50_ms() -> None:
+    assert watchdog_period_ms(None, 25_000) == 25_000 / 4
+    assert watchdog_period_ms(2_000, 25_000) == 500
+    assert watchdog_period_ms(None, 100) == 50
+    assert driver(dead_stream_ms=2_000).watchdog_period_ms() == 500
+
+
+def verdict(now: float, **kw: object) -> Any:
+    args: dict[str, object] = {
+        "last_down_ms": 0.0,
+        "heartbeats_since_down": 0,
+        "write_since_ms": None,
+        "next_beat_ms": 1e18,
+        "dead_stream_ms": 3_000.0,
+        "keepalive_ms": 1_000.0,
+    }
+    args.update(kw)
+    return stream_verdict(now, **args)  # type: ignore[arg-type]
+
+
+def test_a_silent_stream_is_dead_only_while_heartbeats_go_out() -> None:
+    assert verdict(2_999.0, heartbeats_since_down=2) is None
+    assert verdict(3_000.0, heartbeats_since_down=2)[0] is Verdict.DEAD
+    # Idle and healthy (no heartbeat since the last down message): alive.
+    assert verdict(60_000.0, heartbeats_since_down=0) is None
+    # Without dead_stream_ms, silence alone is never death.
+    assert verdict(60_000.0, heartbeats_since_down=5, dead_stream_ms=None) is None
+
+
+def test_a_heartbeat_stuck_behind_a_blocked_write_counts_as_sent() -> None:
+    dead = verdict(3_000.0, write_since_ms=500.0, next_beat_ms=2_000.0)
+    assert dead[0] is Verdict.DEAD and dead[3]  # the beat is overdue behind the write
+    assert verdict(3_000.0, write_since_ms=500.0, next_beat_ms=3_500.0) is None
+
+
+def test_a_write_blocked_past_keepalive_plus_ten_seconds_with_no_down_message_is_stalled() -> None:
+    stall = 1_000.0 + KEEPALIVE_TIMEOUT_MS
+    args: dict[str, object] = {"dead_stream_ms": None, "next_beat_ms": 1e18}
+    assert verdict(stall - 1, write_since_ms=0.0, **args) is None
+    assert verdict(stall, write_since_ms=0.0, **args)[0] is Verdict.STALLED
+    # A down message arrived meanwhile: the engine is alive, only slow.
+    assert verdict(stall, write_since_ms=0.0, last_down_ms=stall - 100, **args) is None
+    # Not in a write: never stalled.
+    assert verdict(10 * stall, **args) is None
+
+
+# -- giving disk back -----------------------------------------------------------------------------
+
+
+def test_checkpoints_wait_for_idle_unless_the_backlog_is_empty_and_it_has_been_a_while() -> None:
+    policy = CheckpointPolicy(now_ms=0.0)
+    assert not policy.on_rows_deleted(100.0, unacked=0)  # too soon
+    assert not policy.on_rows_deleted(200.0, unacked=5)
+    assert not policy.on_rows_deleted(CHECKPOINT_EVERY_MS, unacked=5)
+    assert policy.on_rows_deleted(CHECKPOINT_EVERY_MS, unacked=0)
+
+
+def test_the_idle_timer_waits_for_acks_to_stop() -> None:
+    policy = CheckpointPolicy(now_ms=0.0)
+    assert policy.on_timer(5000.0) is None  # nothing deleted: nothing to do
+    policy.on_rows_deleted(1000.0, unacked=3)
+    policy.on_rows_deleted(1600.0, unacked=3)  # acks still coming
+    assert policy.on_timer(2000.0) == pytest.approx(600.0)
+    assert policy.on_timer(1600.0 + CHECKPOINT_IDLE_MS) == 0.0  # now
+
+
+def test_a_rounding_remainder_of_the_idle_wait_is_now_not_another_timer() -> None:
+    # 2005.792 - 1005.792 is 999.9999999999998 in floats: re-arming a timer for
+    # the 1e-13 ms left fired at the same clock reading forever (found by tools/sim.py).
+    policy = CheckpointPolicy(now_ms=0.0)
+    policy.on_rows_deleted(1005.792, unacked=3)
+    assert policy.on_timer(2005.792) == 0.0
+    assert policy.on_timer(2004.0) == pytest.approx(1.792)  # a real remainder still waits
+
+
+def test_a_held_off_checkpoint_is_retried_less_often_and_a_reclaim_goes_on_at_once() -> None:
+    policy = CheckpointPolicy(now_ms=0.0)
+    policy.on_rows_deleted(0.0, unacked=1)
+    assert policy.on_result(complete=False, shrank=True) == 0.0  # one chunk per turn
+    delays = [policy.on_result(complete=False, shrank=False) for _ in range(8)]
+    assert delays == [1000.0, 2000.0, 4000.0, 8000.0, 16000.0] + [CHECKPOINT_RETRY_MAX_MS] * 3
+    policy.on_rows_deleted(1.0, unacked=1)  # new acks bring the retry forward
+    assert policy.on_result(complete=False, shrank=False) == CHECKPOINT_IDLE_MS
+    assert policy.on_result(complete=True, shrank=False) is None
+    assert policy.on_timer(10_000.0) is None  # done: the timer has nothing to do
+
+
+# -- repeats of down messages -------------------------------------------------------------
+
+
+def test_stop_fires_once_and_decisions_are_kept_by_request_id() -> None:
+    d = driver()
+    assert d.on_stop() is True
+    assert d.on_stop() is False  # re-sent after a handshake
+    assert d.decision("r1") is None
+    d.on_decision("r1", True, "ok")
+    d.on_decision("r1", False, "changed")  # the latest wins
+    assert d.decision("r1") == (False, "changed")

@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""What the simulator executes of the channel: every line, but for an allowlist with reasons.
+
+``tools/sim.py`` runs the real :class:`walchannel.GrpcEngineChannel`; this
+measures, with coverage.py, which lines of ``walchannel/channel/*.py`` and
+``walchannel/row_source.py`` its schedules execute — the grpc.aio and httpx
+adapters (``channel/grpc_transport.py``, ``channel/replica.py``) aside, as
+the simulator replaces them with its world. Every line it does not execute
+must be in :data:`ALLOWED` with the reason the simulated world cannot reach
+it (and the test that does); an allowlist entry that no longer matches a
+missed line is an error too, so the list stays honest.
+
+Usage::
+
+    python tools/sim_coverage.py --seeds 3000          # a sweep from seed 0
+    python tools/sim_coverage.py --corpus              # the seeds of tools/sim_corpus.txt
+    python tools/sim_coverage.py --find-corpus 4000    # pick a small corpus, write it
+
+Exit 0 when every missed line is allowed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The channel's code the simulator must execute (the adapters aside).
+MEASURED = (
+    "walchannel/channel/__init__.py",
+    "walchannel/channel/stream.py",
+    "walchannel/row_source.py",
+)
+CORPUS = ROOT / "tools" / "sim_corpus.txt"
+
+_LOOP = "one event loop per schedule: the channel is never used from another loop or after it"
+_MISUSE = "a wrong argument or call from the harness: tests/test_channel.py tries each"
+_ADAPTER = "the production transport and sidecars, which the simulator replaces with its world"
+_METRICS = "metrics are off in the simulator; tests/test_metrics.py covers the hooks"
+_NO_FILE = (
+    "the simulated log has no file of its own: a checkpoint gives nothing back and is done "
+    "at once; tests/test_log.py and tests/test_disk.py cover retries and the size bound"
+)
+_READ_FAILS = (
+    "SQLite on the simulated disk never fails a read; tests/test_channel.py and "
+    "tests/test_catalogue.py corrupt real files"
+)
+_PROTOCOL = (
+    "the simulated engine keeps the protocol; tests/test_channel.py drives a rogue engine "
+    "that answers above the high-water"
+)
+_BUG = "only a bug in walchannel reaches it (the planted bugs of tests/plants.py do)"
+
+#: Missed lines the simulated world cannot reach: ``file::function`` (every line
+#: of it) or ``file::function::stripped line`` -> why, and what covers it instead.
+ALLOWED: dict[str, str] = {
+    # -- channel/__init__.py --------------------------------------------------------------
+    "walchannel/channel/__init__.py::_check_timeout_ms::raise ValueError(": _MISUSE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    'raise TypeError("config must be a GrpcChannelConfig")': _MISUSE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::log = RunLog.open(": (
+        "the simulator opens the log on its disk (RunLog.on_connection) and passes it as log="
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    'raise ValueError(f"log= must be the open, owned log of run {config.run_id}")': _MISUSE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "from walchannel.channel.grpc_transport import GrpcTransport": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "from walchannel.channel.replica import ReplicaGate": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "transport = GrpcTransport(config)": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "self._replica = ReplicaGate(socket, log, self._note_error)": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._record_error::return": (
+        "an error to record on a closed log: only once the loop is gone (_abandon)"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.stats::self._abandon()": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._loop_gone": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._check_loop::self._abandon()": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._check_loop::raise self._loop_gone()": (
+        _LOOP
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._bind_loop": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._abandon": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._log_rows::"
+    "self._metrics.on_commit(seqs[0])": _METRICS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.send_event::hooks.on_send(started)": (
+        _METRICS
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.send_finding::hooks.on_send(started)": (
+        _METRICS
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.send_findings::hooks.on_send(started)": (
+        _METRICS
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.wait_acked::"
+    'raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")': (
+        _MISUSE
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::"
+    'raise ChannelClosedError(f"run {self._run_id}: the channel is closed")': _MISUSE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::return": (
+        "a second handshake() while streaming: tests/test_channel.py"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::"
+    'raise ChannelClosedError(f"run {self._run_id}: closed during the handshake")': (
+        "close() racing handshake() from another task: the simulated harness is one task; "
+        "tests/test_channel.py"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._start::return": (
+        "a second handshake(): tests/test_channel.py"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::"
+    "except WalchannelError as exc:": (
+        "a full disk at the very instant a healthy answer clears an earlier failure mark; "
+        "the mark and its clearing are tests/test_failed_reason.py's"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::"
+    'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
+        "as above: a full disk as the failure mark is cleared"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
+    'logger.exception("run %s: the connection loop failed", self._run_id)': _BUG,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
+    'self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))': _BUG,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._protocol_error": _PROTOCOL,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::self._protocol_error(": (
+        _PROTOCOL
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::return plan.replay_from": (
+        _PROTOCOL
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._on_ack::self._protocol_error(": (_PROTOCOL),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
+    "except WalchannelError as exc:": _READ_FAILS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::logger.error(": (
+        _READ_FAILS
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
+    'self._record_error(f"{addr}: {text}")': _READ_FAILS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::return": _READ_FAILS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._asked_again::except WalchannelError:": (
+        _READ_FAILS
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._asked_again::return False": _READ_FAILS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._store_ack::return": (
+        "an ack to store on a closed log: only once the loop is gone (_abandon)"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::except RuntimeError:": (
+        _LOOP
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::return": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::"
+    "timer.cancel()  # a long retry wait; new acks bring it forward": _NO_FILE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint_timer_fired::return": (
+        "close() cancels the timer before it marks the channel closed"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint::return": (
+        "a checkpoint of a closed log: close() cancels the timer first"
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint::"
+    "self._arm_checkpoint(delay)": _NO_FILE,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
+    "if loop.is_closed() or not loop.is_running():": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.close::self._abandon()": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.close::return": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
+    "await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))": _LOOP,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._close::self._metrics.close()": _METRICS,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._close::"
+    "with contextlib.suppress(Exception):": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._close::"
+    "await self._replica.aclose()": _ADAPTER,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"
+    "with contextlib.suppress(BaseException):": _BUG,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"
+    "await self._stream.teardown()": _BUG,
+    # -- channel/stream.py --------------------------------------------------------------
+    "walchannel/channel/stream.py::Stream._read_loop::except Exception as exc:": _BUG,
+    "walchannel/channel/stream.py::Stream._read_loop::"
+    'logger.exception("run %s: reading the stream failed", self._run_id)': _BUG,
+    "walchannel/channel/stream.py::Stream._read_loop::self.finish(exc)": _BUG,
+    "walchannel/channel/stream.py::Stream._write_loop::await replica.wait()": _ADAPTER,
+    "walchannel/channel/stream.py::Stream._write_loop::except WalCorruptError as exc:": (
+        _READ_FAILS
+    ),
+    "walchannel/channel/stream.py::Stream._write_loop::self.finish(exc)": _READ_FAILS,
+    "walchannel/channel/stream.py::Stream._write_loop::self._on_fatal(exc)": _READ_FAILS,
+    "walchannel/channel/stream.py::Stream._write_loop::except WalchannelError as exc:": (
+        _READ_FAILS
+    ),
+    "walchannel/channel/stream.py::Stream._write_loop::"
+    'logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)': _READ_FAILS,
+    "walchannel/channel/stream.py::Stream._write_loop::except Exception as exc:": _BUG,
+    "walchannel/channel/stream.py::Stream._write_loop::"
+    'logger.exception("run %s: writing the stream failed", self._run_id)': _BUG,
+    "walchannel/channel/stream.py::Stream.teardown::logger.warning(": _BUG,
+    # -- row_source.py --------------------------------------------------------------------
+    "walchannel/row_source.py::RowSource.on_commit::tail.clear()": (
+        "rows committed out of order with the tail: only after a commit that failed yet "
+        "landed (an I/O error past the commit frame); tests/test_log.py"
+    ),
+    "walchannel/row_source.py::RowSource.on_commit::self.tail_bytes = 0": (
+        "as above: a commit that failed yet landed"
+    ),
+    "walchannel/row_source.py::RowSource.on_commit::"
+    "self.tail_bytes -= len(tail.popleft()[2]) + TAIL_ROW_OVERHEAD": (
+        "a tail over 4 MiB: the simulated scans are small; tests/test_channel.py fills it"
+    ),
+    "walchannel/row_source.py::RowSource.row_bytes::"
+    'raise RowMissingError(f"row seq {seq} is not in the log")': _BUG,
+}
+
+
+def _functions(path: Path) -> list[tuple[int, int, str]]:
+    """``(first line, last line, qualified name)`` of every function in ``path``."""
+    tree = ast.parse(path.read_text())
+    found: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                end = child.end_lineno or child.lineno
+                found.append((child.lineno, end, f"{prefix}{child.name}"))
+                walk(child, f"{prefix}{child.name}.<locals>.")
+
+    walk(tree, "")
+    return found
+
+
+def _where(path: Path, line: int) -> str:
+    """The innermost function holding ``line``, or ``<module>``."""
+    best = "<module>"
+    for first, last, name in _functions(path):
+        if first <= line <= last:
+            best = name  # later (nested) definitions are inner ones
+    return best
+
+
+def measure(seed_args: list[str]) -> dict[str, list[int]]:
+    """Run the simulator under coverage.py; return ``{file: missed lines}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "coverage.data"
+        out = Path(tmp) / "coverage.json"
+        env = {**os.environ, "COVERAGE_FILE": str(data)}
+        include = ",".join(MEASURED)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "coverage",
+                "run",
+                f"--include={include}",
+                str(ROOT / "tools" / "sim.py"),
+                "--jobs",
+                "1",
+                "--quiet",
+                *seed_args,
+            ],
+            cwd=ROOT,
+            env=env,
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            [sys.executable, "-m", "coverage", "json", "-o", str(out), f"--include={include}"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        report = json.loads(out.read_text())
+    missed: dict[str, list[int]] = {}
+    totals = report["totals"]
+    for name, info in report["files"].items():
+        missed[name] = list(info["missing_lines"])
+    missed["__totals__"] = [totals["covered_lines"], totals["num_statements"]]
+    return missed
+
+
+def check(missed: dict[str, list[int]]) -> tuple[list[str], list[str], int]:
+    """Match missed lines with :data:`ALLOWED`.
+
+    Returns:
+        ``(missed lines not allowed, allowlist entries that matched nothing,
+        allowed lines)``.
+    """
+    unexplained: list[str] = []
+    used: set[str] = set()
+    allowed = 0
+    for name in MEASURED:
+        path = ROOT / name
+        lines = path.read_text().splitlines()
+        for line in missed.get(name, []):
+            function = _where(path, line)
+            text = lines[line - 1].strip()
+            for key in (f"{name}::{function}::{text}", f"{name}::{function}"):
+                if key in ALLOWED:
+                    used.add(key)
+                    allowed += 1
+                    break
+            else:
+                unexplained.append(f"{name}:{line} ({function}): {text}")
+    stale = sorted(set(ALLOWED) - used)
+    return unexplained, stale, allowed
+
+
+def find_corpus(seeds: int) -> list[int]:
+    """Pick few seeds of ``0 .. seeds-1`` that execute every line the sweep executes."""
+    import coverage
+
+    cov = coverage.Coverage(include=[str(ROOT / m) for m in MEASURED], data_file=None)
+    cov.start()
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sim  # measured from its import on
+
+    sim._quiet_product()
+    per_seed: dict[int, set[tuple[str, int]]] = {}
+    for seed in range(seeds):
+        cov.switch_context(str(seed))
+        sim.run_schedule(seed)
+    cov.stop()
+    data = cov.get_data()
+    for file in data.measured_files():
+        for line, contexts in data.contexts_by_lineno(file).items():
+            for context in contexts:
+                if context.isdigit():
+                    per_seed.setdefault(int(context), set()).add((file, line))
+    wanted = set().union(*per_seed.values()) if per_seed else set()
+    chosen: list[int] = []
+    covered: set[tuple[str, int]] = set()
+    while covered != wanted:
+        seed = max(per_seed, key=lambda s: len(per_seed[s] - covered))
+        chosen.append(seed)
+        covered |= per_seed.pop(seed)
+    return sorted(chosen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python tools/sim_coverage.py",
+        description="Lines of the channel the simulator never executes, against an allowlist.",
+        epilog="example: python tools/sim_coverage.py --corpus",
+    )
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--seeds", type=int, help="a sweep of seeds 0 .. N-1")
+    group.add_argument("--corpus", action="store_true", help=f"the seeds of {CORPUS.name}")
+    group.add_argument("--find-corpus", type=int, metavar="N", help="pick a corpus from N seeds")
+    args = parser.parse_args(argv)
+    if args.find_corpus is not None:
+        chosen = find_corpus(args.find_corpus)
+        CORPUS.write_text("".join(f"{s}\n" for s in chosen))
+        print(f"{len(chosen)} seeds of {args.find_corpus} written to {CORPUS}")
+        return 0
+    seed_args = ["--seed-list", f"@{CORPUS}"] if args.corpus else ["--seeds", str(args.seeds)]
+    missed = measure(seed_args)
+    covered, statements = missed.pop("__totals__")
+    unexplained, stale, allowed = check(missed)
+    print(
+        f"{covered} of {statements} statements executed ({100 * covered / statements:.1f}%); "
+        f"{allowed} missed lines allowed with a reason, {len(unexplained)} not"
+    )
+    for line in unexplained:
+        print(f"  not executed: {line}")
+    for key in stale:
+        print(f"  allowlist entry matches nothing missed: {key}")
+    return 1 if unexplained or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""The production transport: grpc.aio calls and httpx discovery.
+
+Fills the :class:`~walchannel.transport.Transport` seam for
+:class:`~walchannel.channel.GrpcEngineChannel`: each dial is a fresh grpc.aio
+channel and ``/EngineChannel/Open`` call carrying ``authorization: Bearer
+<run_token>`` metadata, with the keepalive options of SPEC "Dial" and the
+proxy policy of docs/design.md ("Proxies: one policy"); discovery is
+:func:`walchannel.discovery.discover` over the harness's ``http_client`` or
+a client of its own. grpc's errors become
+:class:`~walchannel.transport.StreamEnded` here, with the status they carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+import grpc.aio
+
+from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.address import Proxy, parse_host_port, proxy_for
+from walchannel.discovery import discover, discovery_client
+from walchannel.driver import KEEPALIVE_TIMEOUT_MS
+from walchannel.transport import StreamEnded
+
+if TYPE_CHECKING:
+    import httpx
+
+    from walchannel.config import GrpcChannelConfig
+
+__all__ = [
+    "METHOD",
+    "TOKEN_TRACERS",
+    "GrpcCall",
+    "GrpcTransport",
+    "token_tracers",
+    "warn_grpc_trace",
+]
+
+logger = logging.getLogger(__name__)
+
+METHOD: Final = "/EngineChannel/Open"
+
+_trace_warned = False
+#: Bound on closing a grpc.aio channel (seconds).
+_CLOSE_TIMEOUT_S: Final = 2.0
+
+
+#: gRPC tracers that print call metadata, the bearer token included: found by
+#: running a channel and a local engine under each tracer grpcio 1.85 lists
+#: (``GRPC_TRACE=list_tracers``) and searching the output for the token.
+TOKEN_TRACERS: Final = ("api", "chttp2_hpack_parser")
+
+
+def token_tracers(grpc_trace: str) -> list[str]:
+    """Return which of :data:`TOKEN_TRACERS` a ``GRPC_TRACE`` value enables.
+
+    As gRPC reads it: comma-separated names, case-sensitive, ``all``, glob
+    patterns (``*``, ``?``), and ``-name`` disabling, applied in order.
+    """
+    enabled: set[str] = set()
+    for item in (part.strip() for part in grpc_trace.split(",")):
+        pattern = item.removeprefix("-")
+        named = {t for t in TOKEN_TRACERS if pattern == "all" or fnmatch.fnmatchcase(t, pattern)}
+        if item.startswith("-"):
+            enabled -= named
+        else:
+            enabled |= named
+    return sorted(enabled)
+
+
+def warn_grpc_trace() -> None:
+    """Warn once per process when ``GRPC_TRACE`` enables tracers that print the token.
+
+    SPEC "Secrets": gRPC's :data:`TOKEN_TRACERS` print call metadata from C
+    code, outside this library's reach, so it is said once.
+    """
+    global _trace_warned
+    if _trace_warned:
+        return
+    spec = os.environ.get("GRPC_TRACE", "")
+    leaky = token_tracers(spec)
+    if leaky:
+        _trace_warned = True
+        logger.warning(
+            "GRPC_TRACE=%s enables gRPC's %s tracer(s), which print call metadata, "
+            "including the run token, from C code that walchannel cannot filter; do not "
+            "enable them in production",
+            spec,
+            "/".join(leaky),
+        )
+
+
+def _identity(data: bytes) -> bytes:
+    # Rows arrive already serialized (RowSource.row_bytes): no second encoding.
+    return data
+
+
+def _ended(exc: BaseException) -> StreamEnded:
+    """grpc's error of a call as :class:`StreamEnded` (with its status when it has one)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = exc.code().name
+        details = exc.details() or ""
+        return StreamEnded(f"{code}: {details}", code, details, exc.debug_error_string() or "")
+    return StreamEnded(f"{type(exc).__name__}: {exc}")
+
+
+class GrpcCall:
+    """One grpc.aio channel and its ``/EngineChannel/Open`` call (a :class:`StreamCall`)."""
+
+    def __init__(self, channel: grpc.aio.Channel, call: Any, route: str) -> None:
+        self._channel: grpc.aio.Channel | None = channel
+        self._call: Any = call
+        self.route = route
+
+    async def write(self, message: bytes) -> None:
+        try:
+            await self._call.write(message)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            raise _ended(exc) from None
+
+    async def read(self) -> pb.DownMessage:
+        call = self._call
+        try:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                code = await call.code()
+                details = await call.details() or ""
+                if code is grpc.StatusCode.OK:
+                    raise StreamEnded("the engine ended the stream (status OK)")
+                raise StreamEnded(f"{code.name}: {details}", code.name, details)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            raise _ended(exc) from None
+        return msg  # type: ignore[no-any-return]
+
+    async def done_writing(self) -> None:
+        try:
+            await self._call.done_writing()
+        except Exception as exc:
+            raise _ended(exc) from None
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    async def final_status(self) -> tuple[str, str] | None:
+        call = self._call
+        if call is None or not call.done():
+            return None
+        try:
+            code = await call.code()
+            return code.name, await call.details() or ""
+        except Exception as exc:
+            raise _ended(exc) from None
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        self._call = None
+        if channel is None:
+            return
+        # Even when cancelled: the gRPC channel (its socket) must go, and the
+        # socket closes when the last reference to the channel does.
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(channel.close(grace=None), _CLOSE_TIMEOUT_S)
+
+
+class GrpcTransport:
+    """Dials with grpc.aio and discovers over httpx (a :class:`~walchannel.transport.Transport`).
+
+    Args:
+        config: the run's configuration (address options, credentials,
+            proxies, discovery; the run token goes into call metadata only).
+    """
+
+    def __init__(self, config: GrpcChannelConfig) -> None:
+        warn_grpc_trace()
+        self._config = config
+        self._run_id = config.run_id
+        self._metadata = (("authorization", f"Bearer {config.run_token}"),)
+        self._http: httpx.AsyncClient | None = config.http_client
+        self._own_http = False
+        self.discovery_route = ""
+        # The last (address, proxy) logged, so a route is logged once.
+        self._route: tuple[str, str | None] | None = None
+        self._proxy_scheme_warned = False
+
+    # -- dialing ------------------------------------------------------------------------
+
+    def dial(self, addr: str, *, keepalive_ms: int) -> GrpcCall:
+        """Open a grpc.aio channel and call to ``addr``; nothing is awaited. SPEC "Dial"."""
+        proxy = self._stream_proxy(addr)
+        options = self.channel_options(keepalive_ms, proxy)
+        creds = self._config.credentials
+        if creds is None:
+            channel = grpc.aio.insecure_channel(addr, options=options)
+        else:
+            channel = grpc.aio.secure_channel(addr, creds, options=options)
+        call = channel.stream_stream(
+            METHOD, request_serializer=_identity, response_deserializer=pb.DownMessage.FromString
+        )(metadata=self._metadata)
+        route = f" via proxy {proxy.shown}" if proxy is not None else ""
+        return GrpcCall(channel, call, route)
+
+    def _stream_proxy(self, addr: str) -> Proxy | None:
+        """The proxy a dial to ``addr`` goes through (config ``proxy_from_env``), logged once."""
+        proxy = None
+        if self._config.proxy_from_env:
+            proxy = proxy_for(parse_host_port(addr, what="engine address")[0], "grpc")
+        if proxy is not None and proxy.scheme != "http":
+            if not self._proxy_scheme_warned:
+                self._proxy_scheme_warned = True
+                logger.warning(
+                    "run %s: %s names a %s:// proxy (%s); gRPC can only tunnel through an "
+                    "http:// proxy: dialling %s directly",
+                    self._run_id,
+                    proxy.source,
+                    proxy.scheme,
+                    proxy.shown,
+                    addr,
+                )
+            proxy = None
+        route = (addr, None if proxy is None else f"{proxy.shown} (from {proxy.source})")
+        if route != self._route:
+            if route[1] is not None:
+                logger.info("run %s: dialling %s via proxy %s", self._run_id, addr, route[1])
+            elif self._route is not None and self._route[1] is not None:
+                logger.info("run %s: dialling %s directly (no proxy applies)", self._run_id, addr)
+            self._route = route
+        return proxy
+
+    def channel_options(
+        self, keepalive_ms: int, proxy: Proxy | None = None
+    ) -> list[tuple[str, Any]]:
+        """The gRPC channel options of a dial (SPEC "Dial": keepalive names and values)."""
+        options: list[tuple[str, Any]] = [
+            ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Replay is ours: gRPC's transparent retries would reorder nothing
+            # useful and hide drops.
+            ("grpc.enable_retries", 0),
+            # No send cap: max_message_bytes judges new sends (RowSource.prepare);
+            # a row already logged (under a larger max_message_bytes) is the
+            # engine's to accept or refuse, and a refusal is handled (the
+            # channel sets it aside). A cap here would refuse such a row on
+            # every stream, forever.
+            ("grpc.max_send_message_length", -1),
+        ]
+        if self._config.tls_server_name is not None:
+            options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
+        # The proxy is decided here (_stream_proxy), never by gRPC's own
+        # reading of the environment, so the one logged is the one used.
+        if proxy is not None:
+            options += [("grpc.enable_http_proxy", 1), ("grpc.http_proxy", proxy.url)]
+        else:
+            options.append(("grpc.enable_http_proxy", 0))
+        return options
+
+    # -- discovery ------------------------------------------------------------------------
+
+    async def discover(self, timeout_s: float) -> str:
+        """Ask ``GET {http_addr}/grpc-address`` (SPEC "Reconnect"; :mod:`walchannel.discovery`)."""
+        http_addr = self._config.http_addr
+        assert http_addr is not None
+        if self._http is None:
+            self._http, proxy = discovery_client(
+                http_addr, proxy_from_env=self._config.proxy_from_env
+            )
+            self.discovery_route = f" via proxy {proxy.shown}" if proxy is not None else ""
+            self._own_http = True
+        return await discover(
+            self._http, http_addr, allowed_hosts=self._config.allowed, timeout_s=timeout_s
+        )
+
+    async def aclose(self) -> None:
+        """Close the discovery client this transport made (the harness's own stays open)."""
+        if self._own_http and self._http is not None:
+            http, self._http = self._http, None
+            with contextlib.suppress(Exception):
+                await http.aclose()

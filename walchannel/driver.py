@@ -1,0 +1,1065 @@
+"""The driver: one run's protocol as one object that does no I/O.
+
+h11's ``Connection`` is the model: a test, the simulator (``tools/sim.py``)
+and the channel's asyncio tasks drive this one object alike. Inputs are
+plain values (an engine's answer ``Ack(h)``, an ack, a stream's end status,
+times in milliseconds of any monotonic origin, wall-clock seconds); outputs
+are decisions (an enum, a seq, a delay). Nothing here awaits, reads a clock,
+touches SQLite, sockets or gRPC.
+
+:class:`Driver` holds what a run's channel knows beyond its log: the state
+(:class:`ChannelState` and its legal moves), the cursor (the received ack,
+the write position, provisional seqs after a verification shift), ack
+coalescing, the reconnect policy (backoff attempt and its reset), the
+checkpoint policy, ``send_done`` and the failure that ended the run, a
+``Done`` held back after the engine refused it, ``Stop`` and approval
+decisions (and their repeats), and the counters of ``stats()``. The log's
+own facts — the next seq, the stored ack, ``unverified_from``, the unacked
+``Done`` and completion — have one owner, the log's
+:class:`~walchannel.log_state.LogState`; the driver reads them through
+:class:`StateSource` and never keeps a copy.
+
+:class:`walchannel.channel.GrpcEngineChannel` carries out what the driver
+decides (the log's transactions, writes on the stream, timers, waking
+waiters). On the per-message path (a write, an ack) the driver is called
+directly and allocates nothing. SPEC "The channel"; docs/design.md has the
+table of inputs and decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
+
+from walchannel.errors import (
+    ChannelClosedError,
+    EngineBehindError,
+    RunCompletedError,
+    RunExpiredError,
+    WalchannelError,
+)
+from walchannel.log_state import FAILED_DONE_REFUSED, FAILED_ENGINE_BEHIND, LogState
+
+if TYPE_CHECKING:
+    import random
+
+    from walchannel.config import GrpcChannelConfig
+
+__all__ = [
+    "ACK_STORE_AFTER_MS",
+    "ACK_STORE_EVERY",
+    "CHECKPOINT_EVERY_MS",
+    "CHECKPOINT_IDLE_MS",
+    "CHECKPOINT_RETRY_MAX_MS",
+    "KEEPALIVE_TIMEOUT_MS",
+    "MAX_KEEPALIVE_MS",
+    "STABLE_STREAM_MS",
+    "AckKind",
+    "Answer",
+    "AnswerPlan",
+    "Call",
+    "ChannelState",
+    "CheckpointPolicy",
+    "Completion",
+    "Driver",
+    "End",
+    "EndPlan",
+    "RefusalVerdict",
+    "SizeRefusal",
+    "StateError",
+    "StateSource",
+    "Verdict",
+    "describe_end",
+    "parse_size_refusal",
+    "pick_refused_row",
+    "refusal_sets_aside",
+    "stream_verdict",
+    "unproven_refusal",
+    "watchdog_period_ms",
+]
+
+#: Store a received ack after this many acks ...
+ACK_STORE_EVERY: Final = 256
+#: ... or this long after the first unstored one (ms), whichever comes first.
+ACK_STORE_AFTER_MS: Final = 100.0
+#: A stream up this long resets the backoff attempt counter (ms).
+STABLE_STREAM_MS: Final = 30_000.0
+#: gRPC keepalive ping timeout (ms), as in the design note; also the slack
+#: a blocked write gets beyond ``keepalive_ms`` before it counts as stalled.
+KEEPALIVE_TIMEOUT_MS: Final = 10_000
+#: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
+MAX_KEEPALIVE_MS: Final = 300_000
+#: Quiet time after the last stored ack after which the log is checkpointed
+#: and its freed pages given back (ms).
+CHECKPOINT_IDLE_MS: Final = 1_000
+#: While acks keep being stored, an empty backlog is checkpointed at most this often (ms).
+CHECKPOINT_EVERY_MS: Final = 10_000
+#: Retry delays of a checkpoint a reader held off: doubling up to this (ms).
+CHECKPOINT_RETRY_MAX_MS: Final = 30_000
+
+
+# -- states --------------------------------------------------------------------------------
+
+
+class ChannelState(enum.Enum):
+    """Where a channel is. ``CLOSED`` is final; ``EXPIRED`` and ``FAILED`` only lead to it."""
+
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    BACKOFF = "backoff"
+    EXPIRED = "expired"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+_S = ChannelState
+_LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
+    _S.IDLE: frozenset({_S.CONNECTING, _S.EXPIRED, _S.CLOSED}),
+    _S.CONNECTING: frozenset({_S.STREAMING, _S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.STREAMING: frozenset({_S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.BACKOFF: frozenset({_S.CONNECTING, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
+    _S.EXPIRED: frozenset({_S.CLOSED}),
+    _S.FAILED: frozenset({_S.CLOSED}),
+    _S.CLOSED: frozenset(),
+}
+_FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
+
+
+class StateError(RuntimeError):
+    """An illegal state transition: a bug in walchannel, never a user error."""
+
+
+# -- the decisions' enums ------------------------------------------------------------------
+
+
+class Call(enum.Enum):
+    """What a caller asks to do (:meth:`Driver.admit`): the admission check differs."""
+
+    SEND = "send"  # send_event, send_finding(s), request_approval: a new row
+    DONE = "done"  # send_done
+    HANDSHAKE = "handshake"
+
+
+class Answer(enum.Enum):
+    """What the engine's answer ``Ack(h)`` to a handshake means. SPEC "Dial"."""
+
+    NO_ANSWER = "no_answer"  # engine_acks_handshake=False: replay from the cursor
+    RESUME = "resume"  # an ordinary ack of h: replay from h + 1
+    VERIFY = "verify"  # first answer since open: RunLog.verify(h), then on_verified
+    BEHIND = "behind"  # h below the stored cursor: FAILED, EngineBehindError
+    FORGOT = "forgot"  # h below an ack received, not stored: re-send from h + 1
+    AHEAD = "ahead"  # h above the high-water of a verified log: a protocol error
+
+
+class AckKind(enum.Enum):
+    """What a received ``Ack(seq)`` does. SPEC "Acks"."""
+
+    ADVANCE = "advance"  # moves the cursor
+    STALE = "stale"  # at or below the cursor: nothing to do
+    ABOVE_HIGH_WATER = "above_high_water"  # protocol error: never applied
+
+
+class End(enum.Enum):
+    """What a stream's end means for the run. SPEC "Reconnect"."""
+
+    RECONNECT = "reconnect"  # record the error; back off and dial again
+    RUN_COMPLETED = "run_completed"  # FAILED_PRECONDITION "run completed": the loop ends
+    SIZE_REFUSAL = "size_refusal"  # the engine refused an up-message for its size
+    ALREADY_OVER = "already_over"  # the channel was FAILED/EXPIRED: nothing to record
+
+
+class Completion(enum.Enum):
+    """What the engine's "run completed" does to this run's log (docs/design.md)."""
+
+    TOMBSTONE = "tombstone"  # our Done was applied, its ack lost: RunLog.complete_by_engine
+    UNDELIVERABLE = "undeliverable"  # rows remain that can never go: mark the run failed
+    NOTHING = "nothing"  # nothing left: the loop ends, the log stays as it is
+
+
+class Verdict(enum.Enum):
+    """Why the watchdog ends a live stream."""
+
+    DEAD = "dead"  # dead_stream_ms of silence while heartbeats went out
+    STALLED = "stalled"  # a write blocked past keepalive + 10 s, silent as long
+
+
+# -- what the driver reads: the log's state ------------------------------------------------
+
+
+class StateSource(Protocol):
+    """Where the driver reads the log's facts: ``RunLog`` (its ``state`` property)."""
+
+    @property
+    def state(self) -> LogState:
+        """The log's current :class:`~walchannel.log_state.LogState`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerPlan:
+    """The decision for a handshake answer.
+
+    Attributes:
+        answer: what it means.
+        replay_from: the first seq to write on the stream; None: the stream ends.
+        clear_failed_mark: a healthy answer clears a ``failed_at`` left in
+            the log by an earlier run (``inspect`` no longer says failed).
+    """
+
+    answer: Answer
+    replay_from: int | None
+    clear_failed_mark: bool = False
+
+
+class EndPlan(NamedTuple):
+    """The decision for a stream's end.
+
+    Attributes:
+        end: what it means.
+        keepalive_doubled: the engine sent GOAWAY ``too_many_pings``: the
+            keepalive was doubled (:attr:`Driver.keepalive_ms`).
+        refusal: with :attr:`End.SIZE_REFUSAL`, what the engine said.
+    """
+
+    end: End
+    keepalive_doubled: bool
+    refusal: SizeRefusal | None
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+
+class Driver:
+    """The protocol state of one run's channel, and every decision about it.
+
+    Args:
+        config: the run's configuration (read: run id, backoff, keepalive,
+            ``dead_stream_ms``, ``hard_deadline``, ``engine_acks_handshake``).
+        log: where the log's facts are read (the open ``RunLog``).
+        failed_mark: the log holds ``failed_at`` from an earlier run (a
+            healthy handshake answer clears it).
+        now_ms: the time of creation (ms, monotonic).
+
+    Attributes:
+        state: the :class:`ChannelState`.
+        acked: the highest seq received in an ack; at least the stored cursor.
+        write_pos: the next seq to write on the live stream (0: no stream).
+        provisional: ``(first, end, shift)``: seqs in ``[first, end)`` handed
+            out before a verification shift now live at ``seq + shift``.
+        hold_at: a ``Done`` the engine refused for its size: nothing from
+            this seq on is written; :attr:`held` is raised once the rows
+            before it are acked.
+        held: the error the channel stops with then.
+        closed: ``close()`` was called (or the channel's event loop is gone).
+        done_sent: ``send_done()`` was called: no new rows.
+        failure: the error that ended the run (``FAILED`` or a completed
+            run); sends raise it.
+        attempt: the backoff attempt of the next dial.
+        keepalive_ms: the keepalive of the next dial (doubled after
+            GOAWAY ``too_many_pings``).
+        sent, replayed, reconnects, protocol_errors: ``stats()`` counters.
+        last_error: the last connection or engine error (no token).
+        last_end_code: the gRPC status name of the last stream end.
+        stopped: the engine sent ``Stop`` (callbacks fired).
+        checkpoints: when to give the log's disk back.
+    """
+
+    def __init__(
+        self, config: GrpcChannelConfig, log: StateSource, *, failed_mark: bool, now_ms: float
+    ) -> None:
+        self._log = log
+        self.run_id = config.run_id
+        self._backoff = config.backoff
+        self._dead_stream_ms = config.dead_stream_ms
+        self._acks_handshake = config.engine_acks_handshake
+        deadline = config.hard_deadline
+        self._deadline_s = None if deadline is None else deadline.timestamp()
+        self.state = ChannelState.IDLE
+        self.closed = False
+        self.done_sent = False
+        self.failure: WalchannelError | None = None
+        self.failed_mark = failed_mark
+        # The cursor.
+        self.acked = log.state.last_acked
+        self.write_pos = 0
+        self._pending = 0
+        self._pending_since_ms: float | None = None
+        self.provisional: tuple[int, int, int] | None = None
+        self._verifying: tuple[int, int] | None = None
+        self.hold_at: int | None = None
+        self.held: WalchannelError | None = None
+        # The reconnect policy.
+        self.attempt = 0
+        self._first_written: int | None = None
+        self._up_since_ms: float | None = None
+        self.keepalive_ms = config.keepalive_ms
+        # Counters.
+        self.sent = 0
+        self.replayed = 0
+        self._max_written = 0
+        self._streams_up = 0
+        self.reconnects = 0
+        self.protocol_errors = 0
+        self.last_error: str | None = None
+        self.last_end_code: str | None = None
+        self._repeated_end: str | None = None
+        # Down messages: Stop fires once, decisions are kept by request id.
+        self.stopped = False
+        self._decided: dict[str, tuple[bool, str]] = {}
+        self.checkpoints = CheckpointPolicy(now_ms)
+
+    # -- the log's facts (read, never kept) ------------------------------------------------
+
+    @property
+    def high_water(self) -> int:
+        """The highest committed seq (the log's)."""
+        return self._log.state.next_seq - 1
+
+    @property
+    def stored(self) -> int:
+        """The ack the log stores (rows ``<=`` it are deleted)."""
+        return self._log.state.last_acked
+
+    @property
+    def unverified_from(self) -> int | None:
+        """The log's ``unverified_from``; None once verified."""
+        return self._log.state.unverified_from
+
+    @property
+    def done_seq(self) -> int | None:
+        """The seq of the logged, unacked ``Done``, if any."""
+        return self._log.state.done_seq
+
+    @property
+    def completed(self) -> bool:
+        """The log is a tombstone."""
+        return self._log.state.completed
+
+    @property
+    def unacked(self) -> int:
+        """Rows not covered by a received ack (0 once the run is completed)."""
+        state = self._log.state
+        return 0 if state.completed else state.next_seq - 1 - self.acked
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def final(self) -> bool:
+        """True in ``EXPIRED``, ``FAILED`` and ``CLOSED``: the connection loop is over."""
+        return self.state in _FINAL
+
+    def move(self, new: ChannelState) -> bool:
+        """Move to ``new``; return True when the state changed (staying put is allowed).
+
+        Raises:
+            StateError: the move is not legal (e.g. out of ``CLOSED``).
+        """
+        old = self.state
+        if new is old:
+            return False
+        if new not in _LEGAL[old]:
+            raise StateError(f"illegal channel state change {old.name} -> {new.name}")
+        self.state = new
+        return True
+
+    def expired(self, now_wall_s: float) -> bool:
+        """Tell whether ``hard_deadline`` has passed at ``now_wall_s`` (unix seconds)."""
+        return self._deadline_s is not None and now_wall_s >= self._deadline_s
+
+    def deadline_in_s(self, now_wall_s: float) -> float | None:
+        """Seconds until ``hard_deadline`` (0 when past; None without one)."""
+        return None if self._deadline_s is None else max(0.0, self._deadline_s - now_wall_s)
+
+    def admit(self, call: Call, now_wall_s: float) -> WalchannelError | None:
+        """The one admission check of a call: None to go ahead, else the error to raise.
+
+        The order is SPEC "Buffer first": closed, then ``send_done`` already
+        called (sends and ``send_done``), then — for ``send_done`` on a run
+        whose ``Done`` is acked and stored, nothing more — past ``hard_deadline`` (a
+        :class:`~walchannel.errors.RunExpiredError`: the caller first moves
+        the channel to ``EXPIRED``, see :meth:`expire`; ``send_done`` returns
+        False instead of raising), then the failure that ended the run.
+
+        Args:
+            call: what is asked.
+            now_wall_s: the wall clock (unix seconds), for ``hard_deadline``.
+        """
+        if self.closed:
+            return ChannelClosedError(f"run {self.run_id}: the channel is closed")
+        if self.done_sent and call is not Call.HANDSHAKE:
+            if call is Call.DONE:
+                return ChannelClosedError(f"run {self.run_id}: send_done() was already called")
+            return ChannelClosedError(f"run {self.run_id}: send_done() was called; no new rows")
+        if call is Call.DONE and self.completed:
+            return None  # the run's Done is acked and stored: nothing can fail it now
+        if self._deadline_s is not None and now_wall_s >= self._deadline_s:
+            return RunExpiredError(f"run {self.run_id}: past its hard_deadline")
+        return self.failure
+
+    def expire(self) -> bool:
+        """``hard_deadline`` passed: move to ``EXPIRED``; False when already over."""
+        if self.final:
+            return False
+        self.state = ChannelState.EXPIRED
+        return True
+
+    def fail(self, error: WalchannelError, *, done_refused: bool = False) -> str | None:
+        """The run fails with ``error`` (sends raise it); return the ``failed_reason`` to store.
+
+        Moves to ``FAILED`` unless already over. The reason names why for
+        ``inspect`` (``log_state.FAILED_*``): the engine is behind, or it
+        refused the run's ``Done``; None for other failures.
+        """
+        self.failure = error
+        if not self.final:
+            self.state = ChannelState.FAILED
+        if isinstance(error, EngineBehindError):
+            return FAILED_ENGINE_BEHIND
+        return FAILED_DONE_REFUSED if done_refused else None
+
+    def protocol_error(self, message: str) -> str:
+        """The engine broke the protocol: count it; return the ``last_error`` text (SPEC "Acks")."""
+        self.protocol_errors += 1
+        self.last_error = f"protocol error: {message}"
+        return self.last_error
+
+    # -- the handshake answer --------------------------------------------------------------
+
+    def on_answer(self, engine_high: int | None) -> AnswerPlan:
+        """Decide what the engine's handshake answer ``Ack(h)`` means. SPEC "Dial".
+
+        Args:
+            engine_high: ``h``; None without ``engine_acks_handshake`` (no
+                answer is awaited).
+
+        Returns:
+            The plan. ``VERIFY``: the caller runs ``RunLog.verify(h)`` and then
+            :meth:`on_verified`; ``RESUME``: :meth:`on_ack`; ``FORGOT``:
+            :meth:`on_forgot`; ``BEHIND``: :meth:`fail`; ``AHEAD``:
+            :meth:`protocol_error`.
+        """
+        if engine_high is None:
+            return AnswerPlan(Answer.NO_ANSWER, self.acked + 1)
+        if engine_high < self.stored:
+            return AnswerPlan(Answer.BEHIND, None)
+        clear = self.failed_mark
+        self.failed_mark = False
+        unverified = self.unverified_from
+        if unverified is not None:
+            # After the log's verification the high-water is at least h.
+            self._verifying = (unverified, self.high_water + 1)
+            return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)
+        if engine_high > self.high_water:
+            return AnswerPlan(Answer.AHEAD, self.acked + 1, clear)
+        if engine_high < self.acked:
+            return AnswerPlan(Answer.FORGOT, engine_high + 1, clear)
+        return AnswerPlan(Answer.RESUME, engine_high + 1, clear)
+
+    def on_verified(self, engine_high: int, shift: int) -> None:
+        """The log applied the verification rule for ``h`` with ``shift``; follow it.
+
+        The log moved its rows (``LogState.verify``); the driver only keeps
+        which seqs it handed out before are provisional (:meth:`translate`).
+        """
+        if shift and self._verifying is not None:
+            first, end = self._verifying
+            self.provisional = (first, end, shift)
+        self._verifying = None
+        if engine_high > self.acked:
+            self.acked = engine_high
+        self._clear_pending()
+
+    def on_forgot(self, engine_high: int) -> None:
+        """The engine answered below acks it gave that are not stored yet: re-send them."""
+        self.acked = max(engine_high, self.stored)
+        self._clear_pending()
+
+    def translate(self, seq: int) -> int:
+        """Map a seq handed out before a verification shift to where its row lives now."""
+        if self.provisional is not None:
+            first, end, shift = self.provisional
+            if first <= seq < end:
+                return seq + shift
+        return seq
+
+    def untranslate(self, seq: int) -> int:
+        """Map a row's seq back to the seq handed out for it (:meth:`translate` undone)."""
+        if self.provisional is not None:
+            first, end, shift = self.provisional
+            if first + shift <= seq < end + shift:
+                return seq - shift
+        return seq
+
+    # -- acks ------------------------------------------------------------------------------
+
+    def on_ack(self, seq: int, now_ms: float) -> AckKind:
+        """Apply a received cumulative ``Ack(seq)``: ``acked = max(acked, seq)``. SPEC "Acks".
+
+        A writer standing at or below ``seq`` (rewound by ``replay_unacked``
+        while those rows were in flight) moves to ``seq + 1``: acked rows are
+        not written again, and the log may already have deleted them. An ack
+        covering a row written on this stream resets the backoff attempt.
+
+        Returns:
+            ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
+            ``STALE`` when it did not, ``ABOVE_HIGH_WATER`` for an ack of a
+            seq never logged: a protocol error, never applied.
+        """
+        if seq > self._log.state.next_seq - 1:
+            return AckKind.ABOVE_HIGH_WATER
+        if self._first_written is not None and seq >= self._first_written:
+            self.attempt = 0
+        if seq <= self.acked:
+            return AckKind.STALE
+        self.acked = seq
+        if self.write_pos and self.write_pos <= seq:
+            self.write_pos = seq + 1
+        self._pending += 1
+        if self._pending_since_ms is None:
+            self._pending_since_ms = now_ms
+        return AckKind.ADVANCE
+
+    def ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
+        """Return the ack to store in the log now, or None to keep coalescing.
+
+        Acks are stored every :data:`ACK_STORE_EVERY` acks or
+        :data:`ACK_STORE_AFTER_MS` after the first unstored one; an ack
+        covering ``Done`` is stored at once; ``force`` (close, limits) too.
+        SPEC "The log".
+        """
+        state = self._log.state
+        acked = self.acked
+        if acked <= state.last_acked:
+            return None
+        if (
+            force
+            or self._pending >= ACK_STORE_EVERY
+            or (state.done_seq is not None and acked >= state.done_seq)
+            or (
+                self._pending_since_ms is not None
+                and now_ms - self._pending_since_ms >= ACK_STORE_AFTER_MS
+            )
+        ):
+            return acked
+        return None
+
+    def ack_timer_ms(self, *, timer_armed: bool) -> float | None:
+        """In how many ms a coalesced ack must be stored at the latest; None: no timer to arm.
+
+        Asked when :meth:`ack_to_store` said "not yet": the ack is stored
+        :data:`ACK_STORE_AFTER_MS` after the first unstored one, by a timer armed once.
+        """
+        if self._pending_since_ms is None or timer_armed:
+            return None
+        return ACK_STORE_AFTER_MS
+
+    def on_stored(self, seq: int) -> None:
+        """The log stored ``Ack(seq)`` (its state holds it): stop coalescing what it covers."""
+        if max(self.stored, seq) >= self.acked:
+            self._clear_pending()
+
+    def _clear_pending(self) -> None:
+        self._pending = 0
+        self._pending_since_ms = None
+
+    # -- streams and the writer ------------------------------------------------------------
+
+    def on_stream_up(self, replay_from: int, now_ms: float) -> None:
+        """The handshake was answered (or written, without answers): the stream is up.
+
+        The writer starts at ``replay_from`` (never below the received ack);
+        every stream after the channel's first counts as a reconnect; the
+        backoff attempt resets once the stream lives :data:`STABLE_STREAM_MS`
+        or an ack covers a row written on it. Moves to ``STREAMING``.
+        """
+        self.write_pos = max(replay_from, self.acked + 1)
+        self._up_since_ms = now_ms
+        self._first_written = None
+        self._repeated_end = None
+        self._streams_up += 1
+        if self._streams_up > 1:
+            self.reconnects += 1
+        self.move(ChannelState.STREAMING)
+
+    def on_stream_gone(self) -> None:
+        """The stream is gone: nothing is being written."""
+        self.write_pos = 0
+
+    def next_to_write(self) -> int | None:
+        """Return the next seq to write on the live stream, or None when caught up.
+
+        Nothing at or above :attr:`hold_at` is written.
+        """
+        end = self._log.state.next_seq - 1
+        if self.hold_at is not None and self.hold_at <= end:
+            end = self.hold_at - 1
+        pos = self.write_pos
+        return pos if pos and pos <= end else None
+
+    def is_replay(self, seq: int) -> bool:
+        """Tell whether writing ``seq`` now writes it again (it went out before)."""
+        return seq <= self._max_written
+
+    def on_written(self, seq: int) -> None:
+        """Row ``seq`` was written to the stream."""
+        self.write_pos = seq + 1
+        if self._first_written is None:
+            self._first_written = seq
+        self.sent += 1
+        if seq <= self._max_written:
+            self.replayed += 1
+        else:
+            self._max_written = seq
+
+    def rewind(self) -> int:
+        """Rewind the writer to the received ack; return how many rows it will re-send."""
+        if self.write_pos:
+            self.write_pos = self.acked + 1
+        return self.high_water - self.acked
+
+    # -- ends of stream and reconnecting ---------------------------------------------------
+
+    def on_end(self, code: str | None, details: str, debug: str = "") -> EndPlan:
+        """Decide what a stream's end means, from its gRPC status. SPEC "Reconnect".
+
+        Every status reconnects (INTERNAL and UNKNOWN too: proxies report
+        cuts that way; UNAUTHENTICATED too: a replacement engine may not know
+        the run yet) except FAILED_PRECONDITION "run completed"; a size
+        refusal is handled apart; a GOAWAY ``too_many_pings`` doubles
+        :attr:`keepalive_ms` (capped at :data:`MAX_KEEPALIVE_MS`).
+
+        Args:
+            code: the status name (``"UNAVAILABLE"``), None when none is known.
+            details: the status details.
+            debug: gRPC's debug string (where some GOAWAY reasons show).
+        """
+        self.last_end_code = code
+        doubled = _is_too_many_pings(f"{details} {debug}")
+        if doubled:
+            self.keepalive_ms = min(self.keepalive_ms * 2, MAX_KEEPALIVE_MS)
+        if code == "FAILED_PRECONDITION" and _RUN_COMPLETED in details.lower():
+            return EndPlan(End.RUN_COMPLETED, doubled, None)
+        if self.final:
+            return EndPlan(End.ALREADY_OVER, doubled, None)
+        refusal = parse_size_refusal(code, details)
+        if refusal is not None:
+            return EndPlan(End.SIZE_REFUSAL, doubled, refusal)
+        return EndPlan(End.RECONNECT, doubled, None)
+
+    def first_said(self, text: str) -> bool:
+        """Tell whether ``text`` (a stream's end) differs from the last one since a stream was up.
+
+        The same end again (an engine down, a token refused) while redialing
+        is said once at WARNING, then at INFO until a stream comes up.
+        """
+        first = text != self._repeated_end
+        self._repeated_end = text
+        return first
+
+    def on_run_completed(self) -> Completion:
+        """Decide what FAILED_PRECONDITION "run completed" does to the log. docs/design.md.
+
+        Either way the loop ends (``FAILED``, ``RunCompletedError``): a log
+        holding an unacked ``Done`` becomes a tombstone on the engine's word
+        (it applied the ``Done``, and every row before it; the ack was lost);
+        else rows left above the stored cursor are undeliverable.
+        """
+        state = self._log.state
+        if state.done_seq is not None:
+            return Completion.TOMBSTONE
+        return Completion.UNDELIVERABLE if state.unacked_count > 0 else Completion.NOTHING
+
+    def completed_by_engine(self) -> RunCompletedError:
+        """The log became a tombstone on the engine's word: the loop ends, ``send_done`` is True.
+
+        Returns the error later calls raise (the run is completed).
+        """
+        error = RunCompletedError(f"run {self.run_id}: the engine says the run is completed")
+        self.failure = error
+        if not self.final:
+            self.state = ChannelState.FAILED
+        return error
+
+    def next_delay_ms(self, now_ms: float, rng: random.Random) -> float:
+        """The stream (or dial) ended: return the backoff before the next dial (ms).
+
+        ``Backoff.delay_ms(attempt, rng)``; the attempt counter resets only
+        after an ack covering a seq written on the stream (:meth:`on_ack`) or
+        once it was up :data:`STABLE_STREAM_MS`, so an engine that answers
+        the handshake and drops at once does not make a tight loop. SPEC
+        "Reconnect".
+        """
+        if self._up_since_ms is not None and now_ms - self._up_since_ms >= STABLE_STREAM_MS:
+            self.attempt = 0
+        delay = self._backoff.delay_ms(self.attempt, rng)
+        self.attempt += 1
+        self._up_since_ms = None
+        self._first_written = None
+        return delay
+
+    def watchdog_period_ms(self) -> float:
+        """How often the watchdog looks at a live stream (ms)."""
+        return watchdog_period_ms(self._dead_stream_ms, self.keepalive_ms)
+
+    def stream_verdict(
+        self,
+        now_ms: float,
+        *,
+        last_down_ms: float,
+        heartbeats_since_down: int,
+        write_since_ms: float | None,
+        next_beat_ms: float,
+    ) -> tuple[Verdict, float, float, bool] | None:
+        """:func:`stream_verdict` with this channel's ``dead_stream_ms`` and keepalive."""
+        return stream_verdict(
+            now_ms,
+            last_down_ms=last_down_ms,
+            heartbeats_since_down=heartbeats_since_down,
+            write_since_ms=write_since_ms,
+            next_beat_ms=next_beat_ms,
+            dead_stream_ms=self._dead_stream_ms,
+            keepalive_ms=self.keepalive_ms,
+        )
+
+    # -- a row the engine refused for its size ---------------------------------------------
+
+    def on_set_aside(self) -> None:
+        """A refused row was set aside: the engine is healthy, dial again soon."""
+        self.attempt = 0
+
+    def hold(self, seq: int, error: WalchannelError) -> None:
+        """The engine refused the ``Done`` at ``seq``: write nothing from it on.
+
+        The channel stops with ``error`` once every row before it is acked
+        (:meth:`held_due`): the engine drops what it read ahead, so those rows
+        are delivered first (docs/design.md, ``Done`` is never set aside).
+        """
+        self.hold_at = seq
+        self.held = error
+        self.attempt = 0
+
+    def held_due(self) -> WalchannelError | None:
+        """The held error, once every row before the refused ``Done`` is acked (taken once)."""
+        if self.held is None or self.hold_at is None or self.acked < self.hold_at - 1:
+            return None
+        error, self.held = self.held, None
+        return error
+
+    # -- down messages ---------------------------------------------------------------------
+
+    def on_stop(self) -> bool:
+        """A ``Stop`` arrived: True the first time (fire the callbacks), then False.
+
+        SPEC "Down messages": the engine re-sends it after every handshake.
+        """
+        first = not self.stopped
+        self.stopped = True
+        return first
+
+    def on_decision(self, request_id: str, approved: bool, reason: str) -> None:
+        """An approval decision arrived (new or repeated): keep it; the latest wins."""
+        self._decided[request_id] = (approved, reason)
+
+    def decision(self, request_id: str) -> tuple[bool, str] | None:
+        """``(approved, reason)`` decided for ``request_id``, or None when none came yet."""
+        return self._decided.get(request_id)
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+
+class CheckpointPolicy:
+    """When to checkpoint the log and give its freed pages back (docs/design.md).
+
+    Rows deleted by a stored ack leave free pages. Once acks stop for
+    :data:`CHECKPOINT_IDLE_MS` the log is checkpointed, whatever is still
+    unacked; while acks keep coming and the backlog is empty, at most every
+    :data:`CHECKPOINT_EVERY_MS`. A big reclaim goes one chunk per turn of the
+    event loop; a checkpoint a reader held off is retried, the delay
+    doubling up to :data:`CHECKPOINT_RETRY_MAX_MS`; new acks bring it forward.
+
+    :meth:`on_timer` and :meth:`on_result` return in how many ms to
+    checkpoint (0: now), or None for nothing.
+
+    Args:
+        now_ms: the time of creation (ms).
+    """
+
+    def __init__(self, now_ms: float) -> None:
+        self.last_stored_ms = 0.0
+        self.last_checkpoint_ms = now_ms
+        self.due = False
+        self.retry_ms = float(CHECKPOINT_IDLE_MS)
+
+    def on_rows_deleted(self, now_ms: float, *, unacked: int) -> bool:
+        """An ack was stored (rows deleted): True to checkpoint now, False to arm the idle timer.
+
+        The idle timer fires :data:`CHECKPOINT_IDLE_MS` later (:meth:`on_timer`).
+
+        Args:
+            now_ms: the time (ms).
+            unacked: rows not covered by the received ack.
+        """
+        self.last_stored_ms = now_ms
+        self.due = True
+        self.retry_ms = float(CHECKPOINT_IDLE_MS)
+        return unacked == 0 and now_ms - self.last_checkpoint_ms >= CHECKPOINT_EVERY_MS
+
+    def on_timer(self, now_ms: float) -> float | None:
+        """The timer fired: checkpoint now (0), wait longer (acks still coming), or nothing."""
+        if not self.due:
+            return None
+        remaining = CHECKPOINT_IDLE_MS - (now_ms - self.last_stored_ms)
+        # Less than a millisecond left is a float's rounding of "due now": a
+        # timer armed for it could fire at the same clock reading, forever.
+        return remaining if remaining >= 1.0 else 0.0
+
+    def on_checkpoint(self, now_ms: float) -> None:
+        """A checkpoint step starts now."""
+        self.last_checkpoint_ms = now_ms
+
+    def on_result(self, *, complete: bool, shrank: bool) -> float | None:
+        """A checkpoint step ended: None when done, else the delay before the next step.
+
+        Args:
+            complete: no free page is left (the log gave everything back).
+            shrank: the file got smaller (a step of a big reclaim): go on at once.
+        """
+        if complete:
+            self.due = False
+            self.retry_ms = float(CHECKPOINT_IDLE_MS)
+            return None
+        if shrank:
+            return 0.0
+        # A reader (inspect) held it off, or it failed: try again, less often.
+        delay = self.retry_ms
+        self.retry_ms = min(2 * self.retry_ms, float(CHECKPOINT_RETRY_MAX_MS))
+        return delay
+
+
+# -- the watchdog --------------------------------------------------------------------------
+
+
+def watchdog_period_ms(dead_stream_ms: float | None, keepalive_ms: float) -> float:
+    """How often the watchdog looks (ms): a quarter of the shortest bound, at least 50 ms."""
+    stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
+    return max(50.0, min(dead_stream_ms or stall_ms, keepalive_ms) / 4)
+
+
+def stream_verdict(
+    now_ms: float,
+    *,
+    last_down_ms: float,
+    heartbeats_since_down: int,
+    write_since_ms: float | None,
+    next_beat_ms: float,
+    dead_stream_ms: float | None,
+    keepalive_ms: float,
+) -> tuple[Verdict, float, float, bool] | None:
+    """Decide whether a live stream is dead; None while it looks alive.
+
+    ``dead_stream_ms`` (SPEC "Reconnect"): no down message for that long
+    while heartbeats go out. A heartbeat that falls due while the writer is
+    blocked in a write (flow control: a frozen engine, or a proxy that
+    stopped reading) counts as going out: it is only stuck behind that write.
+
+    Stalled write (always on, docs/design.md): a write blocked for
+    ``keepalive_ms + 10 s`` with no down message for as long. gRPC
+    keepalive cannot catch it: its ping queues behind the blocked bytes.
+
+    Args:
+        now_ms: the time (ms).
+        last_down_ms: when the last down message arrived (ms; the dial's
+            time before the first).
+        heartbeats_since_down: heartbeats written since then.
+        write_since_ms: when the write in progress started, None when the
+            writer is not in a write.
+        next_beat_ms: when the next heartbeat is due (ms).
+        dead_stream_ms: the config's bound (None: off).
+        keepalive_ms: the current keepalive (ms).
+
+    Returns:
+        None, or ``(verdict, silent ms, blocked ms, a heartbeat is overdue
+        behind a blocked write)``.
+    """
+    silent = now_ms - last_down_ms
+    blocked = 0.0 if write_since_ms is None else now_ms - write_since_ms
+    beat_overdue = write_since_ms is not None and now_ms >= next_beat_ms
+    if (
+        dead_stream_ms is not None
+        and silent >= dead_stream_ms
+        and (heartbeats_since_down > 0 or beat_overdue)
+    ):
+        return Verdict.DEAD, silent, blocked, beat_overdue
+    stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
+    if blocked >= stall_ms and silent >= stall_ms:
+        return Verdict.STALLED, silent, blocked, beat_overdue
+    return None
+
+
+# -- how a stream ended --------------------------------------------------------------------
+
+_RUN_COMPLETED: Final = "run completed"
+
+# What grpc.aio reports, in place of the engine's status, when a write was in
+# flight as the stream ended (grpc/grpc#36066; grpcio 1.85 still does).
+LOST_STATUS_DETAILS: Final = "Internal error from Core"
+
+
+def describe_end(code: str | None, details: str | None) -> str:
+    """The text of a stream's end for logs and ``last_error``: ``"CODE: details"``.
+
+    grpc.aio can replace the engine's status with ``INTERNAL: Internal error
+    from Core`` when a write races the end of the call (grpc/grpc#36066): the
+    text says so, so an operator does not chase an engine bug. The channel
+    reconnects either way and the next dial learns the engine's real answer.
+    """
+    text = f"{code}: {details or ''}"
+    if code == "INTERNAL" and (details or "") == LOST_STATUS_DETAILS:
+        text += (
+            " (the stream ended during a write, and gRPC reported this in place"
+            " of the engine's status: grpc/grpc#36066; the next dial learns it)"
+        )
+    return text
+
+
+def _is_too_many_pings(text: str) -> bool:
+    lowered = text.lower()
+    return "too_many_pings" in lowered or "too many pings" in lowered
+
+
+# -- a row the engine refuses for its size -------------------------------------------------
+
+# gRPC C-core (Python, C++, ...; "SERVER: " or "CLIENT: " in front since about
+# 1.60), grpc-go ("grpc: received message larger than max (N vs. M)") and
+# grpc-node: "... larger than max (N vs. M)". grpc-java: "gRPC message exceeds
+# maximum size M: N".
+_LARGER_THAN_MAX = re.compile(r"received message larger than max \((\d+) vs\.? (\d+)\)", re.I)
+_EXCEEDS_MAX = re.compile(r"message exceeds maximum size (\d+): (\d+)", re.I)
+# The client's own receive limit (a down message too large for us) reads the
+# same but for this marker: it says nothing about our rows.
+_CLIENT_SIDE = "client:"
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRefusal:
+    """The engine ended a stream because a message was over its receive limit.
+
+    Attributes:
+        received: the size of the message it refused (bytes).
+        limit: its receive limit (bytes), below ``received``.
+    """
+
+    received: int
+    limit: int
+
+
+def parse_size_refusal(code: str | None, details: str | None) -> SizeRefusal | None:
+    """Read a stream's end as the engine refusing an up-message for its size, or None.
+
+    Only RESOURCE_EXHAUSTED whose details give both sizes, the received one
+    over the limit, and that is not the client's own receive limit
+    (``CLIENT:``, a down message too large for us) counts.
+
+    Args:
+        code: the gRPC status name (``"RESOURCE_EXHAUSTED"``).
+        details: the status details.
+    """
+    if code != "RESOURCE_EXHAUSTED" or not details:
+        return None
+    text = details.lower()
+    if _CLIENT_SIDE in text:
+        return None
+    found = _LARGER_THAN_MAX.search(text)
+    if found is not None:
+        received, limit = int(found.group(1)), int(found.group(2))
+    else:
+        found = _EXCEEDS_MAX.search(text)
+        if found is None:
+            return None
+        limit, received = int(found.group(1)), int(found.group(2))
+    if received <= limit:
+        return None
+    return SizeRefusal(received, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalVerdict:
+    """Which in-flight row a :class:`SizeRefusal` proves refused.
+
+    Attributes:
+        seq: the row to set aside, or None when no row is proven.
+        suspect: the first in-flight row over the limit (the one the engine
+            met first), or None when no in-flight row is over it.
+        suspect_size: its encoded size (bytes), or None.
+    """
+
+    seq: int | None
+    suspect: int | None = None
+    suspect_size: int | None = None
+
+
+def pick_refused_row(in_flight: Iterable[tuple[int, int]], refusal: SizeRefusal) -> RefusalVerdict:
+    """Decide which row the engine refused, so that no acceptable row is ever set aside.
+
+    The engine reads a stream's messages in order and refuses the first one
+    over its limit; every row written before it on the stream was no larger
+    than the limit. So the refused row is the first in-flight row (written
+    on the stream, not acked), in seq order, whose encoded size is over
+    ``refusal.limit`` — and it counts as proven only when its size is
+    exactly ``refusal.received``. Anything else (no row over the limit, or
+    a size that differs: a proxy's limit, compression) proves nothing.
+
+    Args:
+        in_flight: ``(seq, encoded UpMessage size in bytes)`` of the rows
+            above the received ack up to the highest seq written on the
+            stream, in seq order; read lazily, up to the first row over the
+            limit.
+        refusal: what the engine said.
+    """
+    for seq, size in in_flight:
+        if size > refusal.limit:
+            if size == refusal.received:
+                return RefusalVerdict(seq, seq, size)
+            return RefusalVerdict(None, seq, size)
+    return RefusalVerdict(None)
+
+
+def refusal_sets_aside(kind: str) -> bool:
+    """Tell whether a refused row of ``kind`` is set aside (True) or stops the channel.
+
+    Every kind is set aside into the quarantine, with a ``walchannel.row_lost``
+    event at its seq so later rows flow — except ``done``: it is the last
+    row, nothing waits behind it, and replacing it would leave the run
+    never completing; the channel stops with a clear error instead and the
+    row stays in the log (docs/design.md).
+    """
+    return kind != "done"
+
+
+def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake_size: int) -> str:
+    """Say why a size refusal proves no row refused, so nothing is set aside.
+
+    For the ERROR line and ``last_error`` when :func:`pick_refused_row`
+    found no proven row (``verdict.seq`` is None): the refused size is the
+    handshake's, no row written on the stream is over the limit, or the
+    first one over it has another size.
+
+    Args:
+        verdict: what ``pick_refused_row`` decided.
+        refusal: what the engine said (sizes in bytes).
+        handshake_size: the encoded handshake's size (bytes).
+    """
+    if verdict.suspect is None and handshake_size == refusal.received:
+        return "it is the handshake: shorten connector_version, harness_name or harness_version"
+    if verdict.suspect is None:
+        return f"no row written on the stream is over the engine's limit of {refusal.limit} bytes"
+    return (
+        f"the first row over the limit, seq {verdict.suspect} "
+        f"({verdict.suspect_size} bytes), is not the refused "
+        f"{refusal.received}-byte message"
+    )

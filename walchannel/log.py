@@ -1,0 +1,1251 @@
+"""RunLog: the writer of a run's write-ahead log, SQLite in WAL mode with msgpack rows.
+
+One database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log");
+its tables, header and row encoding are :mod:`walchannel.log_format`, which
+the read-only tools share. :class:`RunLog` is the one writer, one class read
+top to bottom: opening (the owner lock, creation under a temporary name,
+the pragmas, the claim at open), its state, the one commit path, the
+transactions (append, ack, verify, complete, meta), the quarantine of
+damaged rows and of rows set aside, the reads, the checkpoints that keep
+the file small, closing. Every decision about seqs, acks and completion is
+:class:`~walchannel.log_state.LogState`'s; ``RunLog`` carries it out in SQL.
+A row is committed before a seq is handed out; an ack deletes every row
+``<= seq`` and stores the cursor in one transaction; the ack that deletes
+the ``done`` row turns the log into a tombstone. The log knows nothing of
+gRPC.
+
+Durability (https://sqlite.org/pragma.html#pragma_synchronous):
+``"process"`` is ``synchronous=NORMAL`` — a commit survives the process
+being killed, but a power loss may roll back the last commits (rows and
+progress marker together); ``"power"`` is ``synchronous=FULL`` — a commit
+survives power loss too. The folder must be on a local file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol, Self, TypeVar
+
+from walchannel import files
+from walchannel.errors import (
+    ChannelClosedError,
+    PayloadError,
+    WalCorruptError,
+    WalLockedError,
+    WalWriteError,
+)
+from walchannel.lock import OwnerLock
+from walchannel.log_format import (
+    APPLICATION_ID,
+    OPTIONAL_META_FIELDS,
+    ROW_LOST_TYPE,
+    ROWS_AFTER,
+    SCHEMA,
+    SCHEMA_VERSION,
+    Row,
+    RunMeta,
+    body_crc,
+    check_header,
+    decode_row,
+    encode_body,
+    quick_check,
+    read_meta,
+    row_lost_body,
+)
+from walchannel.log_state import AckPlan, LogState
+
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "JOURNAL_SIZE_LIMIT",
+    "SYNCHRONOUS",
+    "WRITABLE_META",
+    "CommitHook",
+    "Durability",
+    "RunLog",
+]
+
+logger = logging.getLogger(__name__)
+
+Durability = Literal["process", "power"]
+
+_T = TypeVar("_T")
+
+#: ``PRAGMA synchronous`` for each durability.
+SYNCHRONOUS: Final = {"process": "NORMAL", "power": "FULL"}
+# Keep the -wal file from staying large after a burst (bytes).
+JOURNAL_SIZE_LIMIT: Final = 4 * 1024 * 1024
+BUSY_TIMEOUT_MS: Final = 5000
+# How long a checkpoint waits for readers to leave the -wal (ms): short, as
+# it runs on the channel's event loop; a held-off checkpoint is retried.
+# Litestream holds a read transaction for good: this bounds the stall.
+_CHECKPOINT_BUSY_MS: Final = 250
+_INSERT: Final = "INSERT INTO rows VALUES (?, ?, ?, ?, ?)"
+# Rows read from SQLite at a time by unacked().
+_BATCH: Final = 512
+
+#: Meta fields callers may set with update_meta(); the rest are the log's own.
+WRITABLE_META: Final = frozenset(
+    {
+        "correlation_id",
+        "connector_version",
+        "harness_name",
+        "harness_version",
+        "token_sha256",
+        "last_engine_addr",
+        "last_ack_at",
+        "last_error",
+        "last_error_at",
+        "reconnects",
+        "failed_at",
+        "failed_reason",
+    }
+)
+
+
+class CommitHook(Protocol):
+    """Watches every transaction of a :class:`RunLog` opened with :meth:`RunLog.on_connection`.
+
+    ``tools/sim.py`` plugs one in to model its disk: ``before_commit`` may
+    raise ``sqlite3.Error`` (a full disk: the transaction rolls back and the
+    caller gets ``WalWriteError``, as in production) or kill the simulated
+    process; ``after_commit`` snapshots the committed database. ``what``
+    names the transaction: ``claim``, ``append``, ``ack``, ``verify``,
+    ``complete``, ``meta``, ``quarantine`` or ``set_aside``.
+    """
+
+    def before_commit(self, what: str) -> None:
+        """Called inside the transaction, just before ``COMMIT``."""
+
+    def after_commit(self, what: str) -> None:
+        """Called once the transaction committed."""
+
+
+def _encode_progress(progress: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(progress, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError("progress", f"not JSON-like: {exc}") from None
+
+
+class RunLog:
+    """The write-ahead log of one run. Open it with :meth:`RunLog.open`.
+
+    One owner at a time (an OFD lock on ``<log>.lock``); use it from one
+    thread. Every write returns only once committed. Context manager:
+    ``with RunLog.open(...) as wal: ...`` closes it.
+
+    SPEC "The log".
+    """
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        wal_dir: str | os.PathLike[str] | None,
+        run_id: str,
+        *,
+        correlation_id: str,
+        durability: Durability = "process",
+    ) -> Self:
+        """Create or re-open the log of ``run_id`` and take its owner lock.
+
+        A new log is built under a temporary name (schema and meta
+        committed), then linked into place, so a crash never leaves a
+        half-made log; stale temporaries of this run are removed first.
+        Completed logs (tombstones) open too: refusing them is the channel's
+        job.
+
+        Args:
+            wal_dir: the log folder (None: the default, see
+                :func:`walchannel.files.default_wal_dir`); created 0700.
+            run_id: the run; must be a safe file name.
+            correlation_id: stored; a different one on reopen is logged at
+                WARNING and stored.
+            durability: ``"process"`` (``synchronous=NORMAL``) or
+                ``"power"`` (``synchronous=FULL``).
+
+        Returns:
+            The open log, owned by this process.
+
+        Raises:
+            ValueError: unsafe ``run_id``, empty ``correlation_id`` or
+                unknown ``durability``; nothing is created.
+            WalLockedError: another owner holds the log (names its pid).
+            WalCorruptError: the file is a symlink, not a walchannel log,
+                of a newer schema, another run's, or broken.
+            WalWriteError: the folder or file cannot be created or written.
+        """
+        files.check_run_id(run_id)
+        if not isinstance(correlation_id, str) or not correlation_id:
+            raise ValueError("correlation_id must be a non-empty str")
+        if durability not in SYNCHRONOUS:
+            raise ValueError(f"durability must be 'process' or 'power', got {durability!r}")
+        try:
+            folder = files.ensure_wal_dir(wal_dir)
+        except OSError as exc:
+            raise WalWriteError(f"cannot create the log folder: {exc}", path=str(wal_dir)) from None
+        path = files.log_path(folder, run_id)
+        try:
+            lock = OwnerLock.acquire(files.lock_path(path), log=path)
+        except WalLockedError:
+            raise
+        except OSError as exc:
+            raise WalWriteError(f"cannot take the owner lock: {exc}", path=str(path)) from None
+        try:
+            return cls._open_locked(path, lock, run_id, correlation_id, durability)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def on_connection(
+        cls,
+        conn: sqlite3.Connection,
+        *,
+        run_id: str,
+        correlation_id: str,
+        create: bool = False,
+        commit_hook: CommitHook | None = None,
+    ) -> Self:
+        """Run the log's transactions on a given connection: the storage seam, without the file.
+
+        No owner lock, no pragmas, no file modes, no fsync, no checkpoints:
+        only the transactions (append, ack, verify, complete, meta and
+        progress, reads), exactly as :meth:`open` runs them. For
+        ``sqlite3.connect(":memory:", isolation_level=None)`` in tests and
+        in ``tools/sim.py``, whose disk is this database serialized after
+        every commit. Production opens logs with :meth:`open`.
+
+        Args:
+            conn: an autocommit connection (``isolation_level=None``).
+            run_id: the run the database belongs to.
+            correlation_id: stored, as in :meth:`open`.
+            create: lay out a new log first (:meth:`initialize`).
+            commit_hook: called around every commit (see :class:`CommitHook`).
+
+        Raises:
+            WalCorruptError: the database is not this run's log.
+            WalWriteError: the open's own transaction (the claim) failed.
+        """
+        path = Path(":memory:")
+        if create:
+            cls.initialize(conn, run_id, correlation_id)
+        check_header(conn, path, run_id)
+        wal = cls(conn, path, None, read_meta(conn, path), "process", commit_hook)
+        wal._claim(wal.meta(), correlation_id)
+        return wal
+
+    @staticmethod
+    def initialize(conn: sqlite3.Connection, run_id: str, correlation_id: str) -> None:
+        """Lay out a new log in an empty database: header, tables and meta, in one transaction.
+
+        SPEC "The log" (the schema of :mod:`walchannel.log_format`). The
+        file's own settings (WAL mode, synchronous) are :meth:`open`'s.
+
+        Raises:
+            sqlite3.Error: SQLite failed; nothing is committed.
+        """
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            now = time.time()
+            conn.execute(
+                "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
+                " created_at, updated_at) VALUES (1, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, run_id, correlation_id, now, now),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        lock: OwnerLock | None,
+        meta: RunMeta,
+        durability: Durability,
+        hook: CommitHook | None = None,
+    ) -> None:
+        self._conn = conn
+        self._path = path
+        self._lock = lock
+        self._hook = hook
+        self._durability = durability
+        self._run_id = meta.run_id
+        self._progress = meta.progress
+        top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
+        # Every decision about seqs, acks and completion is the state's.
+        self._state = LogState.at_open(
+            meta.run_id,
+            high_water=meta.high_water,
+            last_acked=meta.last_acked_seq,
+            stored_unverified=meta.unverified_from,
+            completed=meta.completed_at is not None,
+            top_seq=top[0] if top else None,
+            top_is_done=bool(top) and top[1] == "done",
+        )
+        self._unacked_bytes: int | None = None
+        self._quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
+        self._closed = False
+
+    @classmethod
+    def _open_locked(
+        cls,
+        path: Path,
+        lock: OwnerLock,
+        run_id: str,
+        correlation_id: str,
+        durability: Durability,
+    ) -> Self:
+        cls._remove_stale_temporaries(path)
+        if path.is_symlink():
+            raise WalCorruptError(str(path), "is a symbolic link; refusing to follow it")
+        if not path.exists():
+            cls._create(path, run_id, correlation_id)
+        try:
+            conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            if not os.access(path, os.R_OK | os.W_OK):
+                raise WalWriteError(
+                    f"cannot open the log for writing (permission denied): {exc}", path=str(path)
+                ) from None
+            raise WalCorruptError(str(path), f"cannot open: {exc}") from None
+        try:
+            check_header(conn, path, run_id)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise WalCorruptError(str(path), f"cannot use WAL mode (journal_mode={mode})")
+            conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
+            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+            meta = read_meta(conn, path)
+            wal = cls(conn, path, lock, meta, durability)
+            wal._claim(meta, correlation_id)
+            return wal
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+
+    @staticmethod
+    def _remove_stale_temporaries(path: Path) -> None:
+        # Called with the owner lock held: no other opener is building this log.
+        for candidate in path.parent.glob(f".{path.name}*"):
+            if files.is_temporary_for(candidate, path):
+                logger.info("removing stale temporary %s of an interrupted log creation", candidate)
+                with contextlib.suppress(FileNotFoundError):
+                    candidate.unlink()
+
+    @staticmethod
+    def _create(path: Path, run_id: str, correlation_id: str) -> None:
+        tmp = files.temporary_path(path, f"{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            # Create the file 0600 ourselves (the umask cannot widen it);
+            # SQLite gives its -wal and -shm the same mode.
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+            conn = sqlite3.connect(str(tmp), isolation_level=None)
+            try:
+                # auto_vacuum must precede the first table; WAL mode is the file's.
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                RunLog.initialize(conn, run_id, correlation_id)
+            finally:
+                conn.close()  # checkpoints and removes the temporary's -wal
+            # link() fails if the name exists: a log is never clobbered.
+            os.link(tmp, path)
+            os.unlink(tmp)
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except (OSError, sqlite3.Error) as exc:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+            raise WalWriteError(f"cannot create the log: {exc}", path=str(path)) from None
+
+    def _claim(self, meta: RunMeta, correlation_id: str) -> None:
+        """Record the owner and ``unverified_from`` at open (one transaction)."""
+        if meta.correlation_id != correlation_id:
+            logger.warning(
+                "run %s: correlation_id changed from %r to %r on reopen; storing the new one",
+                self._run_id,
+                meta.correlation_id,
+                correlation_id,
+            )
+        owner = self._lock.owner if self._lock is not None else None
+        params = (
+            correlation_id,
+            self._state.unverified_from,
+            owner.pid if owner is not None else None,
+            owner.host if owner is not None else None,
+            time.time(),
+        )
+        present = {r[1] for r in self._conn.execute("PRAGMA table_info(meta)")}
+        # A log made before an optional column existed gets it now (NULL).
+        missing = sorted(OPTIONAL_META_FIELDS - present)
+
+        def work(conn: sqlite3.Connection) -> None:
+            for name in missing:
+                conn.execute(f"ALTER TABLE meta ADD COLUMN {name} TEXT")
+            conn.execute(
+                "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
+                " owner_host = ?, updated_at = ? WHERE id = 1",
+                params,
+            )
+
+        self._commit("claim", "record the owner at open", work, single=not missing)
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The log file, ``<wal_dir>/<run_id>.wal.sqlite3``."""
+        return self._path
+
+    @property
+    def run_id(self) -> str:
+        """The run this log belongs to."""
+        return self._run_id
+
+    @property
+    def durability(self) -> Durability:
+        """``"process"`` or ``"power"`` (see the module doc)."""
+        return self._durability
+
+    @property
+    def state(self) -> LogState:
+        """What the log has decided (seqs, cursor, verification, completion), as a value.
+
+        Its one owner; ``protocol.Cursor`` reads it instead of keeping copies.
+        """
+        return self._state
+
+    @property
+    def last_acked_seq(self) -> int:
+        """The stored ack cursor: every seq ``<=`` it is deleted."""
+        return self._state.last_acked
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next committed row gets."""
+        return self._state.next_seq
+
+    @property
+    def high_water(self) -> int:
+        """The highest seq ever used by this log (0 for a new one)."""
+        return self._state.next_seq - 1
+
+    @property
+    def unverified_from(self) -> int | None:
+        """Rows at or above it were never written after an answered handshake.
+
+        None once the first answered handshake verified them.
+        """
+        return self._state.unverified_from
+
+    @property
+    def unacked_count(self) -> int:
+        """Rows not yet covered by the stored cursor (from seqs, not a scan); 0 for a tombstone."""
+        return self._state.unacked_count
+
+    @property
+    def unacked_bytes(self) -> int:
+        """Total msgpack size of the unacked rows (bytes).
+
+        Summed from disk on first use, then kept current in memory.
+
+        Raises:
+            ChannelClosedError: the log is closed (and the sum not yet known).
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        if self._unacked_bytes is None:
+            self._check_open()
+            try:
+                total = self._conn.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ?",
+                    (self._state.last_acked,),
+                ).fetchone()[0]
+            except sqlite3.Error as exc:
+                raise WalCorruptError(
+                    str(self._path), f"cannot read the rows' sizes: {exc}"
+                ) from None
+            self._unacked_bytes = int(total)
+        return self._unacked_bytes
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The last committed harness progress marker (None for a new run)."""
+        return self._progress
+
+    @property
+    def completed(self) -> bool:
+        """True once the ack covering the ``done`` row was stored (a tombstone)."""
+        return self._state.completed
+
+    @property
+    def done_seq(self) -> int | None:
+        """The seq of the unacked ``done`` row, if one is logged."""
+        return self._state.done_seq
+
+    @property
+    def quarantined_count(self) -> int:
+        """How many rows the ``quarantine`` table holds (damaged or set aside)."""
+        return self._quarantined
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    @property
+    def writable(self) -> bool:
+        """True while open and owned by this process (False in a forked child)."""
+        return not self._closed and not self._forked
+
+    @property
+    def _forked(self) -> bool:
+        return self._lock is not None and self._lock.forked
+
+    @property
+    def unacked_bytes_known(self) -> int | None:
+        """:attr:`unacked_bytes` when it is already in memory, else None.
+
+        Never touches SQLite, so a metrics reader on another thread may read it.
+        """
+        return self._unacked_bytes
+
+    def meta(self) -> RunMeta:
+        """Return the meta row as stored now.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: the meta row cannot be read.
+        """
+        self._check_open()
+        try:
+            return read_meta(self._conn, self._path)
+        except sqlite3.DatabaseError as exc:
+            raise WalCorruptError(str(self._path), f"cannot read meta: {exc}") from None
+
+    # -- the commit path: the one way the log writes ---------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"run {self._run_id}: the log {self._path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._lock is not None and self._lock.forked:
+            raise WalLockedError(
+                f"{self._path}: this process is a forked child of the log's owner "
+                f"({self._lock.owner.describe()}); it may not write",
+                path=str(self._path),
+                pid=self._lock.owner.pid,
+                host=self._lock.owner.host,
+            )
+
+    def _commit(
+        self,
+        label: str,
+        what: str | Callable[[], str],
+        work: Callable[[sqlite3.Connection], _T],
+        *,
+        single: bool = False,
+    ) -> _T:
+        """Run ``work`` in one transaction and commit it; the one way the log writes.
+
+        ``what`` names the transaction in an error ("cannot <what>"); a
+        callable is only called then (the append path formats nothing when
+        it succeeds). ``single``: ``work`` is one statement, run in
+        autocommit mode (its own transaction) when no :class:`CommitHook`
+        watches.
+
+        Raises:
+            WalWriteError: SQLite failed; the transaction is rolled back.
+        """
+        conn = self._conn
+        hook = self._hook
+        try:
+            if single and hook is None:
+                return work(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            result = work(conn)
+            if hook is not None:
+                hook.before_commit(label)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._fail_transaction(exc, what if isinstance(what, str) else what()) from None
+        if hook is not None:
+            hook.after_commit(label)
+        return result
+
+    def _fail_transaction(self, exc: sqlite3.Error, what: str) -> WalWriteError:
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+        self._resync_next_seq()
+        return WalWriteError(
+            f"run {self._run_id}: cannot {what} in {self._path}: {exc}", path=str(self._path)
+        )
+
+    def _resync_next_seq(self) -> None:
+        # A failed commit may, on an I/O error after the commit frame reached
+        # the WAL, still have landed: never hand out a seq the disk holds.
+        try:
+            top = self._conn.execute("SELECT max(seq) FROM rows").fetchone()[0]
+        except sqlite3.Error:
+            return
+        state = self._state.after_failed_commit(top)
+        if state is not self._state:
+            logger.error(
+                "run %s: a failed commit landed rows up to seq %d; continuing after it",
+                self._run_id,
+                top,
+            )
+            self._state = state
+            self._unacked_bytes = None
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def append(
+        self, kind: str, body: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
+    ) -> int:
+        """Commit one row (and the progress marker, if given) and return its seq.
+
+        Args:
+            kind: ``event``, ``finding``, ``approval_request`` or ``done``.
+            body: the body mapping (SPEC "Control vs data").
+            progress: the harness's resume marker, committed in the same
+                transaction; None leaves it unchanged.
+
+        Returns:
+            The row's seq, once committed. A failed commit uses no seq.
+
+        Raises:
+            ValueError: unknown ``kind``.
+            PayloadError: msgpack cannot encode the body, or ``progress`` is
+                not JSON-like.
+            ChannelClosedError: the log is closed or holds an unacked ``done``.
+            RunCompletedError: the log is a tombstone.
+            WalLockedError: this process is a forked child of the owner.
+            WalWriteError: the commit failed (disk full, I/O error).
+        """
+        return self.append_encoded(((kind, encode_body(kind, body)),), progress=progress)[0]
+
+    def append_many(
+        self,
+        items: Iterable[tuple[str, Mapping[str, Any]]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Commit several rows in one transaction: all of them, or none.
+
+        Args:
+            items: ``(kind, body)`` pairs, in order.
+            progress: as in :meth:`append`.
+
+        Returns:
+            Their seqs, consecutive, once committed. No ``items`` with a
+            ``progress`` commits the marker alone and returns ``[]`` (a
+            stretch of the scan with nothing to report).
+
+        Raises:
+            As :meth:`append`; ``ValueError`` for no ``items`` and no ``progress``.
+        """
+        # append_encoded checks the log and each kind.
+        encoded = [(kind, encode_body(kind, body)) for kind, body in items]
+        return self.append_encoded(encoded, progress=progress)
+
+    def append_encoded(
+        self,
+        items: Sequence[tuple[str, bytes]],
+        *,
+        progress: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """:meth:`append_many` for bodies already encoded with :func:`encode_body`.
+
+        Lets a caller that needs the encoded size (the channel's message-size
+        and backlog checks) encode each body once.
+
+        Args:
+            items: ``(kind, msgpack body)`` pairs, in order.
+            progress: as in :meth:`append`.
+
+        Returns:
+            Their seqs, consecutive, once committed.
+
+        Raises:
+            As :meth:`append_many`.
+        """
+        self._check_writable()
+        old = self._state
+        first = old.next_seq
+        now = time.time()
+        if progress is None and len(items) == 1:
+            # The send path: one row, one autocommit statement. Kept apart from
+            # the general path below, which costs ~1.3 µs more per row
+            # (docs/performance.md, the append row).
+            kind, blob = items[0]
+            state = old.append((kind,))
+            row = (first, kind, blob, body_crc(blob), now)
+            self._commit(
+                "append",
+                lambda: f"append 1 row at seq {first}",
+                lambda conn: conn.execute(_INSERT, row),
+                single=True,
+            )
+            self._state = state
+            if self._unacked_bytes is not None:
+                self._unacked_bytes += len(blob)
+            return [first]
+        state = old.append([kind for kind, _ in items])
+        rows = [
+            (seq, kind, blob, body_crc(blob), now)
+            for seq, (kind, blob) in enumerate(items, start=first)
+        ]
+        if not rows and progress is None:
+            raise ValueError(f"run {self._run_id}: append_many() got no rows and no progress")
+        marker = _encode_progress(progress) if progress is not None else None
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany(_INSERT, rows)
+            if marker is not None:
+                conn.execute(
+                    "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1", (marker, now)
+                )
+
+        what = f"append {len(rows)} row(s) at seq {first}" if rows else "store progress"
+        self._commit("append", what, work)
+        self._state = state
+        if marker is not None:
+            # A copy the caller cannot mutate afterwards.
+            self._progress = json.loads(marker)
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += sum(len(r[2]) for r in rows)
+        return list(range(first, state.next_seq))
+
+    def ack(self, seq: int) -> int:
+        """Store a cumulative ack: delete every row ``<= seq`` and the cursor, in one transaction.
+
+        The ack that covers the ``done`` row also sets ``completed_at``: the
+        log becomes a tombstone (rows gone, meta kept). An ack at or below
+        the stored cursor changes nothing.
+
+        Args:
+            seq: the acked seq.
+
+        Returns:
+            How many rows were deleted.
+
+        Raises:
+            ValueError: ``seq`` is above the high-water mark (never applied).
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        plan = self._state.ack(seq)
+        if plan is None:
+            return 0  # at or below the stored cursor; a tombstone takes no more writes
+        return self._carry_out(plan, "ack", f"store ack {seq}")
+
+    def verify(self, engine_high: int) -> int:
+        """Apply the verification rule for the first answered handshake ``Ack(h)``.
+
+        In one transaction: when the engine holds seqs at or above
+        ``unverified_from``, the unverified rows move to ``h+1, h+2, …``
+        (a constant shift, order kept) and the high-water becomes at least
+        ``h``; ``unverified_from`` is cleared; then ``Ack(h)`` is stored as
+        any ack is. The caller checks first that ``h`` is not below the
+        stored cursor (the engine-behind rule). SPEC "Dial"; the decision
+        is :meth:`LogState.verify <walchannel.log_state.LogState.verify>`.
+
+        Args:
+            engine_high: ``h``, the engine's answer.
+
+        Returns:
+            The shift applied to the unverified rows (0 for none).
+
+        Raises:
+            ValueError: ``h`` is below the stored cursor, or the log is
+                already verified (``unverified_from`` is None).
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        plan = self._state.verify(engine_high)
+        self._carry_out(plan, "verify", f"store ack {engine_high}")
+        return plan.shift_by
+
+    def _carry_out(self, plan: AckPlan, label: str, what: str) -> int:
+        """Carry out an :class:`~walchannel.log_state.AckPlan` in one transaction; rows deleted."""
+        now = time.time()
+        count_gone = self._unacked_bytes is not None and plan.advanced
+
+        def work(conn: sqlite3.Connection) -> tuple[int, int]:
+            if plan.shift_from is not None:
+                # Two passes keep the primary key unique at every step.
+                args = (plan.shift_by, plan.shift_from)
+                conn.execute("UPDATE rows SET seq = -(seq + ?) WHERE seq >= ?", args)
+                conn.execute("UPDATE rows SET seq = -seq WHERE seq < 0")
+                conn.execute("UPDATE quarantine SET seq = -(seq + ?) WHERE seq >= ?", args)
+                conn.execute("UPDATE quarantine SET seq = -seq WHERE seq < 0")
+            gone_bytes = 0
+            if count_gone:
+                gone_bytes = conn.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq <= ?",
+                    (plan.delete_through,),
+                ).fetchone()[0]
+            deleted = conn.execute(
+                "DELETE FROM rows WHERE seq <= ?", (plan.delete_through,)
+            ).rowcount
+            conn.execute(
+                "UPDATE meta SET last_acked_seq = ?, high_water = max(high_water, ?),"
+                " unverified_from = CASE WHEN ? THEN NULL ELSE unverified_from END,"
+                " completed_at = CASE WHEN ? THEN ? ELSE completed_at END,"
+                # An answer that covers no new row (a handshake's Ack(h)) is
+                # not progress: last_ack_at says when rows were last acked.
+                " last_ack_at = CASE WHEN ? THEN ? ELSE last_ack_at END,"
+                " updated_at = ? WHERE id = 1",
+                (
+                    plan.state.last_acked,
+                    plan.high_water,
+                    plan.clear_unverified,
+                    plan.completed,
+                    now,
+                    plan.advanced,
+                    now,
+                    now,
+                ),
+            )
+            return deleted, int(gone_bytes)
+
+        deleted, gone_bytes = self._commit(label, what, work)
+        self._state = plan.state
+        if self._unacked_bytes is not None:
+            self._unacked_bytes -= gone_bytes
+        return deleted
+
+    def complete_by_engine(self) -> int:
+        """Turn a log holding an unacked ``Done`` into a tombstone on the engine's word.
+
+        For the engine's FAILED_PRECONDITION "run completed" answer when this
+        log holds ``Done``: the engine applied a ``Done`` of this run (it takes
+        seqs in order, so everything before it too), but its ack was lost. In
+        one transaction every row is deleted and ``completed_at`` set; the
+        stored cursor does not move (after a rollback the engine's ``Done``
+        may sit at another seq). The decision is
+        :meth:`LogState.complete_by_engine <walchannel.log_state.LogState.complete_by_engine>`.
+
+        Returns:
+            How many rows were deleted.
+
+        Raises:
+            ValueError: the log holds no unacked ``Done``.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        state = self._state.complete_by_engine()
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> int:
+            deleted = conn.execute("DELETE FROM rows").rowcount
+            conn.execute(
+                "UPDATE meta SET completed_at = ?, last_error = ?, last_error_at = ?,"
+                " updated_at = ? WHERE id = 1",
+                (now, "the engine says the run is completed; the log is a tombstone", now, now),
+            )
+            return deleted
+
+        deleted = self._commit("complete", "mark the run completed", work)
+        self._state = state
+        self._unacked_bytes = 0
+        return deleted
+
+    def update_meta(self, **values: Any) -> None:
+        """Store meta fields (one transaction); names as in :class:`RunMeta`.
+
+        Only the caller-owned fields may be set: the handshake fields,
+        ``correlation_id``, ``token_sha256``, ``last_engine_addr``,
+        ``last_ack_at``, ``last_error``, ``last_error_at``, ``reconnects``
+        and ``failed_at``. The cursor, high-water, progress and completion
+        belong to the log's own operations.
+
+        Raises:
+            ValueError: an unknown or log-owned field name.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        bad = sorted(set(values) - WRITABLE_META)
+        if bad:
+            raise ValueError(f"update_meta(): not a writable meta field: {', '.join(bad)}")
+        if not values:
+            return
+        self._check_writable()
+        names = sorted(values)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        params = (*(values[name] for name in names), time.time())
+        sql = f"UPDATE meta SET {assignments}, updated_at = ? WHERE id = 1"  # noqa: S608
+        self._commit(
+            "meta",
+            f"update meta ({', '.join(names)})",
+            lambda conn: conn.execute(sql, params),
+            single=True,
+        )
+
+    # -- the quarantine: damaged rows and rows set aside -----------------------------------
+
+    def _quarantine(self, raw: tuple[Any, ...], substitute: Row, reason: str) -> Row:
+        seq = raw[0]
+        logger.error(
+            "run %s: row seq %d in %s is damaged (%s); quarantined, sending %s instead",
+            self._run_id,
+            seq,
+            self._path,
+            reason,
+            ROW_LOST_TYPE,
+        )
+        if self._forked:
+            return substitute
+        blob = encode_body("event", substitute.body)
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*raw, reason, now),
+            )
+            conn.execute(
+                "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
+                (blob, body_crc(blob), seq),
+            )
+
+        try:
+            self._commit("quarantine", f"quarantine seq {seq}", work)
+        except WalWriteError as exc:
+            # The substitute still goes out; the damaged row stays for next time.
+            logger.error("run %s: cannot quarantine seq %d: %s", self._run_id, seq, exc)
+            return substitute
+        self._quarantined += 1
+        self._state = self._state.row_replaced(seq)
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
+        return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
+
+    def set_aside(self, seq: int, reason: str, **details: str | int) -> Row:
+        """Move a good row that can never be delivered into the quarantine.
+
+        For a row the engine refuses for its size (docs/design.md): in one
+        transaction the row, body and all, goes to the ``quarantine`` table
+        with ``reason`` (recoverable with ``walchannel export --quarantined``)
+        and its place in ``rows`` is taken by a ``walchannel.row_lost`` event
+        (severity ``error``, payload: ``seq``, ``reason`` and ``details``) at
+        the same seq, so the engine's sequence goes on and the loss is
+        visible. The caller logs it. Never for ``done``: a log keeps its
+        ``Done``.
+
+        Args:
+            seq: an unacked row's seq.
+            reason: why (stored and sent).
+            details: more payload fields, e.g. ``kind``, ``size``, ``limit``.
+
+        Returns:
+            The substitute row.
+
+        Raises:
+            ValueError: no unacked row ``seq``, or it is the ``done`` row.
+            WalCorruptError: SQLite cannot read the row.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        conn = self._conn
+        try:
+            raw = conn.execute(
+                "SELECT seq, kind, body, crc32, appended_at FROM rows WHERE seq = ? AND seq > ?",
+                (seq, self._state.last_acked),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read row seq {seq}: {exc}") from None
+        if raw is None:
+            raise ValueError(f"run {self._run_id}: no unacked row at seq {seq} to set aside")
+        if raw[1] == "done":
+            raise ValueError(
+                f"run {self._run_id}: seq {seq} is the run's Done; it is never set aside"
+            )
+        body = row_lost_body(seq, reason, **details)
+        blob = encode_body("event", body)
+        now = time.time()
+
+        def work(conn: sqlite3.Connection) -> None:
+            # Plain INSERT: an earlier quarantined body at this seq is never replaced.
+            conn.execute("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", (*raw, reason, now))
+            conn.execute(
+                "UPDATE rows SET kind = 'event', body = ?, crc32 = ? WHERE seq = ?",
+                (blob, body_crc(blob), seq),
+            )
+
+        self._commit("set_aside", f"set aside seq {seq}", work)
+        self._quarantined += 1
+        if self._unacked_bytes is not None:
+            self._unacked_bytes += len(blob) - len(raw[2])
+        return Row(seq, "event", body, float(raw[4]), len(blob))
+
+    def quarantined(self) -> list[tuple[int, str]]:
+        """Return ``(seq, reason)`` of every quarantined row.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the ``quarantine`` table.
+        """
+        self._check_open()
+        try:
+            held = self._conn.execute("SELECT seq, reason FROM quarantine ORDER BY seq").fetchall()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read the quarantine: {exc}") from None
+        return [(int(s), str(r)) for s, r in held]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def unacked(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Row]:
+        """Yield the unacked rows above ``after_seq`` in seq order, a batch at a time.
+
+        A row whose CRC, msgpack or kind does not check out is moved to the
+        ``quarantine`` table, logged at ERROR, and comes out as its
+        ``walchannel.row_lost`` substitute at the same seq (SPEC "The log").
+
+        Args:
+            after_seq: yield rows with ``seq > after_seq`` (and above the
+                stored cursor).
+            limit: stop after this many rows (None: all).
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        self._check_open()
+        cursor = self._state.read_after(after_seq)
+        remaining = math.inf if limit is None else limit
+        while remaining > 0:
+            size = int(min(_BATCH, remaining))
+            try:
+                batch = self._conn.execute(ROWS_AFTER, (cursor, size)).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
+            for raw in batch:
+                row, reason = decode_row(*raw)
+                if reason is not None:
+                    row = self._quarantine(raw, row, reason)
+                yield row
+            if len(batch) < size:
+                return
+            remaining -= len(batch)
+            cursor = batch[-1][0]
+
+    def unacked_bytes_above(self, seq: int) -> int:
+        """:attr:`unacked_bytes` without the rows up to ``seq`` (bytes); reads only.
+
+        For a caller that received an ack it has not stored yet (the channel
+        coalesces acks, SPEC "The log"): the backlog as it counts it, with
+        no write to the log.
+
+        Args:
+            seq: the received ack; at or below the stored cursor it changes
+                nothing.
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        total = self.unacked_bytes
+        stored = self._state.last_acked
+        if seq <= stored:
+            return total
+        self._check_open()
+        try:
+            gone = self._conn.execute(
+                "SELECT coalesce(sum(length(body)), 0) FROM rows WHERE seq > ? AND seq <= ?",
+                (stored, seq),
+            ).fetchone()[0]
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read the rows' sizes: {exc}") from None
+        return max(0, total - int(gone))
+
+    def oldest_appended_at(self, after_seq: int = 0) -> float | None:
+        """When the oldest unacked row above ``after_seq`` was committed; reads only.
+
+        Unlike :meth:`unacked`, a damaged row is not quarantined here (that
+        is a write): only its ``appended_at`` is read.
+
+        Args:
+            after_seq: look at rows with ``seq > after_seq`` (and above the
+                stored cursor).
+
+        Returns:
+            Unix seconds, or None when there is no such row (or its time
+            is not a number).
+
+        Raises:
+            ChannelClosedError: the log is closed.
+            WalCorruptError: SQLite cannot read the rows.
+        """
+        self._check_open()
+        try:
+            row = self._conn.execute(
+                "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
+                (self._state.read_after(after_seq),),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
+        if row is None or not isinstance(row[0], int | float):
+            return None
+        return float(row[0])
+
+    def quick_check(self) -> list[str]:
+        """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.
+
+        Returns:
+            An empty list when the file is sound, else SQLite's messages.
+        """
+        self._check_open()
+        try:
+            return quick_check(self._conn)
+        except sqlite3.DatabaseError as exc:
+            return [str(exc)]
+
+    # -- giving disk back ------------------------------------------------------------------
+
+    def checkpoint(self, *, max_pages: int | None = None) -> bool:
+        """Checkpoint the WAL, give freed pages back to the file system, truncate the ``-wal``.
+
+        Disk stays bounded by the unacked backlog, not by the run's length
+        (SPEC "The log"). Pages freed by acks are released with ``PRAGMA
+        incremental_vacuum``, a chunk the size of ``journal_size_limit`` at
+        a time, each followed by a ``TRUNCATE`` checkpoint: the file shrinks
+        as the chunks land and the ``-wal`` never grows past one chunk. A
+        reader's snapshot (``walchannel inspect``) holds a checkpoint off;
+        it waits for readers at most 250 ms and then stops, leaving the
+        rest to the next call. Changes no data; errors are logged, never
+        raised.
+
+        Args:
+            max_pages: give back at most this many pages (4 KiB each) in
+                this call, so a caller on an event loop can spread a big
+                reclaim over several calls; None: all of them.
+
+        Returns:
+            True when done: no free pages are left and the ``-wal`` is
+            empty, or the log has no file of its own
+            (:meth:`on_connection`: nothing to give back). False when
+            ``max_pages`` were given back and more are left (the file has
+            shrunk: call again), a reader held it off, an error stopped it,
+            or the log is closed or not this process's (a forked child).
+
+        Raises:
+            ValueError: ``max_pages`` is below 1.
+        """
+        if self._closed or self._forked:
+            return False
+        if self._lock is None:
+            return True  # no file of its own (on_connection): nothing to give back
+        if max_pages is not None and max_pages < 1:
+            raise ValueError(f"max_pages must be >= 1 or None, got {max_pages!r}")
+        budget = math.inf if max_pages is None else max_pages
+        conn = self._conn
+        try:
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            chunk = max(1, JOURNAL_SIZE_LIMIT // page_size)
+            # Our logs are made with auto_vacuum=INCREMENTAL (2); another
+            # mode has no incremental_vacuum, only the -wal is truncated.
+            reclaims = conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+            last_free: int | None = None
+            conn.execute(f"PRAGMA busy_timeout = {_CHECKPOINT_BUSY_MS}")
+            try:
+                while True:
+                    busy, wal_frames, copied = conn.execute(
+                        "PRAGMA wal_checkpoint(TRUNCATE)"
+                    ).fetchone()
+                    if busy:
+                        logger.debug(
+                            "run %s: a reader holds off the checkpoint of %s (%d of %d frames"
+                            " copied); retried later",
+                            self._run_id,
+                            self._path,
+                            copied,
+                            wal_frames,
+                        )
+                        return False
+                    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+                    if not free or not reclaims:
+                        return True
+                    if last_free is not None and free >= last_free:
+                        logger.warning(
+                            "run %s: incremental_vacuum freed nothing in %s (%d free pages)",
+                            self._run_id,
+                            self._path,
+                            free,
+                        )
+                        return False
+                    if budget <= 0:
+                        return False
+                    last_free = free
+                    pages = int(min(free, chunk, budget))
+                    budget -= pages
+                    # Each step of incremental_vacuum frees one page, and
+                    # execute() steps a statement once (it returns no
+                    # columns); executescript() steps it to the end.
+                    conn.executescript(f"PRAGMA incremental_vacuum({pages})")
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            logger.warning("run %s: checkpoint of %s failed: %s", self._run_id, self._path, exc)
+            return False
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Checkpoint (see :meth:`checkpoint`), close the database and release the owner lock.
+
+        Idempotent. In a forked child the parent's database handle is left
+        alone.
+        """
+        if self._closed:
+            return
+        if not self._forked:
+            self.checkpoint()
+        self._closed = True
+        if not self._forked:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"next_seq={self._state.next_seq}"
+        return f"<RunLog run_id={self._run_id!r} {state} acked={self._state.last_acked}>"
