@@ -251,6 +251,14 @@ PLANTS: tuple[Plant, ...] = (
         "            _, kind, blob = tail[max(0, seq - tail[0][0] - 1)]\n",
         ("two contents", "applied 2 times", *LOST),
     ),
+    # -- ages across clock steps (walchannel/log.py) ---------------------------------
+    Plant(
+        "age_read_off_the_wall_clock",
+        "log.py",
+        "        boot_at = float(row[1]) if isinstance(row[1], int | float) else None\n",
+        "        boot_at = None\n",
+        ("older than the boot",),
+    ),
 )
 
 

@@ -612,7 +612,7 @@ def test_corrupt_foreign_and_empty_files_are_listed_beside_good_runs(tmp_path: P
     with contextlib.closing(sqlite3.connect(wal_dir / "foreign.wal.sqlite3")) as other:
         other.execute("CREATE TABLE t (x)")
         other.commit()
-    (wal_dir / f".{run_id}.wal.sqlite3.creating-1-abcd").write_bytes(b"half made")
+    (wal_dir / f".{run_id}.~0001abcd").write_bytes(b"half made")
     (wal_dir / "notes.txt").write_text("not a log")
     nested = wal_dir / "nested"
     make_log(nested, "deeper", 1)
@@ -826,7 +826,7 @@ def test_json_keys_show_and_export(tmp_path: Path) -> None:
         "run_id", "file", "state", "reason", "next_seq", "last_acked_seq",
         "unacked_count", "unacked_bytes", "oldest_unacked_age_s", "last_ack_at",
         "last_engine_addr", "last_error", "last_error_at", "locked_by",
-        "quarantined", "file_bytes",
+        "quarantined", "file_bytes", "next_step",
     }  # fmt: skip
     assert item["run_id"] == run_id and item["file"] == str(log)
     assert item["unacked_bytes"] > 4 * 120 and item["file_bytes"] >= log.stat().st_size
@@ -928,9 +928,10 @@ def test_unreadable_paths_exit_2_naming_them(tmp_path: Path) -> None:
     assert listed.rc == 0 and "no run logs" in listed.out
     # A fresh machine: the default folder does not exist yet. That is "no
     # runs" (exit 0, saying where it looked), not an error; nothing is created.
+    # (An explicit $WALCHANNEL_DIR that is missing is an error: test_inspect_next_step.)
     fresh = tmp_path / "fresh" / "walchannel"
     for args in (["inspect"], ["inspect", "--json"], ["prune", "--older-than", "1"]):
-        result = cli(*args, env=child_env(WALCHANNEL_DIR=str(fresh)))
+        result = cli(*args, env=child_env(WALCHANNEL_DIR="", XDG_STATE_HOME=str(fresh.parent)))
         assert result.rc == 0, result
         assert str(fresh) in result.out or result.out.strip() == "[]", result
     assert not fresh.exists() and not fresh.parent.exists()

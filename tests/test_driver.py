@@ -42,6 +42,7 @@ from walchannel.errors import (
     ChannelClosedError,
     EngineBehindError,
     PayloadError,
+    RowRefusedError,
     RunCompletedError,
     RunExpiredError,
 )
@@ -170,7 +171,8 @@ def test_expiry_moves_to_expired_once_and_never_out_of_a_final_state() -> None:
 
 def test_a_refused_done_fails_with_its_own_reason() -> None:
     d = driver()
-    assert d.fail(PayloadError("done", "too big"), done_refused=True) == FAILED_DONE_REFUSED
+    refused = RowRefusedError("too big", run_id="r", seq=3, kind="done", size=9, limit=8, path="p")
+    assert d.fail(refused, reason=FAILED_DONE_REFUSED) == FAILED_DONE_REFUSED
     assert driver().fail(RunCompletedError("x")) is None
 
 

@@ -67,12 +67,16 @@ def test_log_and_sidecar_names(fs: FakeFilesystem) -> None:
     log = files.log_path(Path("/w"), "run:42.a-b_c")
     assert log == Path("/w/run:42.a-b_c.wal.sqlite3")
     assert files.lock_path(log) == Path("/w/run:42.a-b_c.wal.sqlite3.lock")
-    tmp = files.temporary_path(log, "7-abcd")
+    tmp = files.temporary_path(log, "0123abcd")
     assert tmp.parent == log.parent and tmp.name.startswith(".")
+    # Never longer than the log's name: a path the log fits in fits it too.
+    assert len(tmp.name) < len(log.name)
     assert files.is_temporary_for(tmp, log)
     assert not files.is_temporary_for(log, log)
-    other = files.log_path(Path("/w"), "run:42.a-b_c2")
-    assert not files.is_temporary_for(files.temporary_path(other, "1-x"), log)
+    for other_run in ("run:42.a-b_c2", "run:42.a-b_c.", "run:42.a-b_"):
+        other = files.log_path(Path("/w"), other_run)
+        assert not files.is_temporary_for(files.temporary_path(other, "0123abcd"), log)
+        assert not files.is_temporary_for(tmp, other)
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def test_new_log_is_0600_in_a_0700_folder_with_our_header(wal_dir: Path) -> None
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     cols = [r[1] for r in conn.execute("PRAGMA table_info(rows)")]
-    assert cols == ["seq", "kind", "body", "crc32", "appended_at"]
+    assert cols == ["seq", "kind", "body", "crc32", "appended_at", "appended_boot"]
     conn.close()
 
 
@@ -549,10 +549,10 @@ def test_symlink_where_the_log_should_be_is_refused(wal_dir: Path, tmp_path: Pat
 
 def test_stale_temporaries_are_removed_and_never_mistaken_for_a_log(wal_dir: Path) -> None:
     wal_dir.mkdir()
-    stale = wal_dir / ".run-1.wal.sqlite3.creating-999-dead"
+    stale = wal_dir / ".run-1.~deadbeef"
     stale.write_bytes(b"half made")
     Path(f"{stale}-wal").write_bytes(b"x")
-    unrelated = wal_dir / ".run-10.wal.sqlite3.creating-1-beef"
+    unrelated = wal_dir / ".run-10.~0000beef"
     unrelated.write_bytes(b"someone else's")
     with open_log(wal_dir) as wal:
         assert wal.next_seq == 1
@@ -632,9 +632,10 @@ def test_backlog_figures_above_a_received_ack_only_read(wal_dir: Path) -> None:
         assert wal.unacked_bytes_above(0) == wal.unacked_bytes == sum(sizes)
         assert wal.unacked_bytes_above(3) == sum(sizes[2:])
         assert wal.unacked_bytes_above(5) == 0
-        assert wal.oldest_appended_at() == rows[0].appended_at
-        assert wal.oldest_appended_at(3) == rows[2].appended_at
-        assert wal.oldest_appended_at(5) is None
+        for after in (0, 3):
+            age = wal.oldest_unacked_age_s(after)
+            assert age is not None and 0 <= age < 60
+        assert wal.oldest_unacked_age_s(5) is None
         assert wal._conn.total_changes == changes and wal.last_acked_seq == 1
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import PYTHON, ROOT, child_env, new_run
+from walchannel.inspection import inspect_log
 from walchannel.testing import LocalEngine
 
 
@@ -38,11 +40,17 @@ def test_the_local_engine_example_runs_without_a_warning(tmp_path: Path) -> None
 _SCANNER = """
 def scan(path: str) -> list[dict]:
     # Blocks on the last file until the engine holds earlier findings: it
-    # returns at once only if the stream flows while the scanner runs.
+    # returns at once only if the stream flows while the scanner runs. With
+    # $AT_LAST set, it says it reached the last file and waits for $GO first.
     import time
     from walchannel.testing import LocalEngine
 
     if path != "last":
+        return [{"path": path}]
+    if os.environ.get("AT_LAST"):
+        open(os.environ["AT_LAST"], "w").close()
+        while not os.path.exists(os.environ["GO"]):
+            time.sleep(0.02)
         return [{"path": path}]
     store, run = LocalEngine(store_path=os.environ["STORE"]), os.environ["RUN_ID"]
     deadline = time.monotonic() + 20
@@ -51,18 +59,62 @@ def scan(path: str) -> list[dict]:
     return [{"path": path, "accepted_before": len(store.accepted(run))}]
 """
 
+# The README's config, with the test's engine, folder and (shorter) waits:
+# configuration, as a user would shorten them, not dropped steps.
+_ADDRESS = """grpc_addr="engine:50051",
+        http_addr="https://engines.internal","""
+_TEST_CONFIG = """grpc_addr=os.environ["GRPC_ADDR"],
+        wal_dir=os.environ["WAL"],
+        connect_timeout_ms=int(os.environ.get("CONNECT_MS", "10000")),
+        done_ack_timeout_ms=int(os.environ.get("DONE_ACK_MS", "5000")),"""
+
+
+def async_example() -> str:
+    """The README's asyncio harness, runnable here (scanner and config swapped)."""
+    code = _python_block_after("## Use it in your harness")
+    scanner = code[code.index("def scan(") : code.index("def work_list(")]
+    assert _ADDRESS in code and "return []" in scanner
+    assert "DRAIN_TIMEOUT_MS = 600_000" in code
+    code = code.replace(_ADDRESS, _TEST_CONFIG)
+    code = code.replace(
+        "DRAIN_TIMEOUT_MS = 600_000", 'DRAIN_TIMEOUT_MS = int(os.environ.get("DRAIN_MS", "600000"))'
+    )
+    return code.replace(scanner, _SCANNER + "\n\n")
+
+
+def blocking_example() -> str:
+    """The README's blocking harness: its ``run`` with the asyncio example's helpers."""
+    helpers = async_example()
+    helpers = helpers[: helpers.index("async def main(")]
+    blocking = _python_block_after("The same without asyncio")
+    config = _TEST_CONFIG.replace("\n        ", " ")
+    main = f"""
+from walchannel import GrpcChannelConfig
+
+config = GrpcChannelConfig(
+    {config}
+    run_id=os.environ["RUN_ID"], correlation_id=os.environ["CORR_ID"],
+    run_token=os.environ["RUN_TOKEN"],
+)
+sys.exit(run(config, sys.argv[1:]))
+"""
+    return helpers + blocking + main
+
+
+async def wait_for_file(path: Path, proc: asyncio.subprocess.Process) -> None:
+    deadline = asyncio.get_running_loop().time() + 60
+    while not path.exists():
+        assert proc.returncode is None, "the harness exited early"
+        assert asyncio.get_running_loop().time() < deadline, f"no {path.name}"
+        await asyncio.sleep(0.02)
+
 
 @pytest.mark.asyncio
 async def test_the_harness_example_streams_while_its_blocking_scanner_runs(
     tmp_path: Path,
 ) -> None:
-    code = _python_block_after("## Use it in your harness")
-    address = 'grpc_addr="engine:50051", http_addr="https://engines.internal",'
-    scanner = code[code.index("def scan(") : code.index("async def main(")]
-    assert address in code and "return []" in scanner
-    code = code.replace(address, 'grpc_addr=os.environ["GRPC_ADDR"], wal_dir=os.environ["WAL"],')
     script = tmp_path / "harness.py"
-    script.write_text(code.replace(scanner, _SCANNER + "\n\n"))
+    script.write_text(async_example())
     store = tmp_path / "store.sqlite3"
     async with LocalEngine(store_path=store) as engine:
         run_id, token = new_run(engine)
@@ -84,3 +136,88 @@ async def test_the_harness_example_streams_while_its_blocking_scanner_runs(
         assert last["path"] == "last" and last["accepted_before"] >= 1, last
         done = engine.done(run_id)
         assert done is not None and done["findings"] == 3
+        # Coverage is the roots given, a bounded summary.
+        assert done["coverage"] == ["a.py", "b.py", "last"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.asyncio
+async def test_the_harness_example_waits_for_an_engine_that_comes_up_late(
+    tmp_path: Path,
+) -> None:
+    # No engine for longer than connect_timeout_ms: handshake() raises
+    # EngineUnavailableError; the example scans on and the late engine gets it all.
+    script = tmp_path / "harness.py"
+    script.write_text(async_example())
+    port = free_port()
+    store = tmp_path / "store.sqlite3"
+    run_id, token = f"run-late-{port}", "tok-late-engine-readme"
+    env = child_env(
+        RUN_ID=run_id,
+        CORR_ID="corr-readme",
+        RUN_TOKEN=token,
+        GRPC_ADDR=f"127.0.0.1:{port}",
+        WAL=str(tmp_path / "wal"),
+        STORE=str(store),
+        CONNECT_MS="1000",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON, str(script), "a.py", "b.py", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    said = b""
+    while b"scanning on; rows wait in the log" not in said:  # the channel's warnings first
+        line = await asyncio.wait_for(proc.stderr.readline(), 60)
+        assert line, f"the harness ended: {said.decode()[-2000:]}"
+        said += line
+    async with LocalEngine(store_path=store, grpc_port=port) as engine:
+        engine.register_run(run_id, token)
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert engine.accepted(run_id) == [1, 2, 3]  # two findings and the Done, once
+        assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
+
+
+@pytest.mark.asyncio
+async def test_the_blocking_example_exits_non_zero_when_done_is_not_acked(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "blocking.py"
+    script.write_text(blocking_example())
+    store = tmp_path / "store.sqlite3"
+    at_last, go = tmp_path / "at-last", tmp_path / "go"
+    engine = LocalEngine(store_path=store)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        env = child_env(
+            RUN_ID=run_id,
+            CORR_ID="corr-readme",
+            RUN_TOKEN=token,
+            GRPC_ADDR=engine.grpc_addr,
+            WAL=str(tmp_path / "wal"),
+            STORE=str(store),
+            AT_LAST=str(at_last),
+            GO=str(go),
+            DONE_ACK_MS="1000",
+            DRAIN_MS="1500",
+        )
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, str(script), "a.py", "last", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        await wait_for_file(at_last, proc)
+    finally:
+        await engine.stop()  # the engine goes away just before Done
+    go.touch()
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 1, err.decode()[-3000:]
+    # The Done is in the log, not lost: a restart or `walchannel flush` delivers it.
+    (log,) = (tmp_path / "wal").glob("*.wal.sqlite3")
+    report = inspect_log(log)
+    assert report.unacked_count is not None and report.unacked_count >= 1
+    assert report.state == "orphaned"

@@ -28,6 +28,7 @@ from walchannel import (
     EngineUnavailableError,
     GrpcEngineChannel,
     PayloadError,
+    RowRefusedError,
     RunLog,
     cli,
     messages,
@@ -210,9 +211,11 @@ async def test_a_done_the_engine_refuses_stops_the_channel_with_a_clear_error(
         try:
             await ch.handshake("1", "h", "1")
             ch.send_finding({"n": 0})
-            with pytest.raises(PayloadError, match=r"seq 2 .*65536") as info:
+            with pytest.raises(RowRefusedError, match=r"seq 2 .*65536") as info:
                 await asyncio.wait_for(ch.send_done("completed", 1, ["p" * 80_000], ""), timeout=20)
-            assert info.value.path == "done"
+            assert (info.value.kind, info.value.seq, info.value.limit) == ("done", 2, LIMIT)
+            assert info.value.size > LIMIT and info.value.path == str(ch.log.path)
+            assert not isinstance(info.value, PayloadError)  # it was logged
             assert run_id in str(info.value)
             assert ch.state is ChannelState.FAILED
             assert ch.stats().last_error is not None and "seq 2" in ch.stats().last_error
@@ -236,12 +239,12 @@ async def test_an_approval_request_the_engine_refuses_fails_its_wait_and_rows_fl
         ch = channel_for(engine, tmp_path / "wal", run_id, token)
         try:
             await ch.handshake("1", "h", "1")
-            with pytest.raises(PayloadError, match="seq 1") as info:
+            with pytest.raises(RowRefusedError, match="seq 1") as info:
                 await asyncio.wait_for(
                     ch.request_approval("deploy", {"blob": "y" * 100_000}, request_id="r1"),
                     timeout=20,
                 )
-            assert info.value.path == "approval_request"
+            assert (info.value.kind, info.value.seq) == ("approval_request", 1)
             assert "r1" in str(info.value)
             ch.send_finding({"n": 1})
             assert await ch.wait_acked(2, timeout_ms=15_000)
@@ -393,7 +396,10 @@ def test_a_held_seq_is_never_written() -> None:
     driver = Driver(config, log, failed_mark=False, now_ms=0.0)
     driver.move(ChannelState.CONNECTING)
     driver.on_stream_up(1, 0.0)
-    driver.hold(3, PayloadError("done", "refused"))
+    driver.hold(
+        3,
+        RowRefusedError("refused", run_id="r", seq=3, kind="done", size=9, limit=8, path="p"),
+    )
     written = []
     while (seq := driver.next_to_write()) is not None:
         written.append(seq)
@@ -402,7 +408,7 @@ def test_a_held_seq_is_never_written() -> None:
     assert driver.held_due() is None  # rows 1 and 2 are not acked yet
     assert driver.on_ack(2, 1.0) is AckKind.ADVANCE
     error = driver.held_due()
-    assert isinstance(error, PayloadError) and driver.held_due() is None
+    assert isinstance(error, RowRefusedError) and driver.held_due() is None
 
 
 # -- the log ----------------------------------------------------------------------

@@ -98,8 +98,8 @@ def test_file_replica_restores_a_log_another_folder_resumes_from(tmp_path: Path)
     assert (restored.next_seq - 1, restored.meta.last_acked_seq) == (high, acked)
     assert restored.meta.progress == {"i": 299}
     assert restored.unacked_count == high - acked
-    # Only the log: no lock sidecar, no temporary, no -wal/-shm from the restore.
-    assert sorted(p.name for p in new_dir.iterdir()) == ["r1.wal.sqlite3"]
+    # The log and the owner lock restore held: no temporary, no -wal/-shm.
+    assert sorted(p.name for p in new_dir.iterdir()) == ["r1.wal.sqlite3", "r1.wal.sqlite3.lock"]
     with RunLog.open(new_dir, "r1", correlation_id="corr") as wal:
         rows = list(wal.unacked())
         assert [r.seq for r in rows] == list(range(acked + 1, high + 1))

@@ -202,6 +202,7 @@ def test_detail_dates_the_last_error_and_says_when_rows_were_acked_after_it() ->
         "last error (5m00s ago): 10.0.0.1:50051: UNAVAILABLE: connection refused"
     )
     assert replace(stale, state="active").detail(now) == "2 unacked rows, no owner"
-    assert replace(base, state="unreadable").last_ack_text(now) == "-"
-    assert base.last_ack_text(now) == "never"
-    assert replace(base, last_ack_at=now - 65).last_ack_text(now) == "1m05s ago"
+    assert replace(base, state="unreadable").last_ack_text() == "-"
+    assert base.last_ack_text() == "never"
+    acked = replace(base, last_ack_at=now - 65, last_ack_age_s=65.0)
+    assert acked.last_ack_text() == "1m05s ago"

@@ -128,7 +128,9 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
     'logger.exception("run %s: the connection loop failed", self._run_id)': _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
-    'self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))': _BUG,
+    'what = f"{type(exc).__name__}: {exc}"': _BUG,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
     "walchannel/channel/__init__.py::GrpcEngineChannel._protocol_error": _PROTOCOL,
     "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::self._protocol_error(": (
         _PROTOCOL

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from walchannel import __version__, files
 from walchannel.cli_logs import err, export_command, inspect_command, prune_command
-from walchannel.errors import WalchannelError
+from walchannel.errors import WalchannelError, WalLockedError
 from walchannel.flush import DEFAULT_FLUSH_TIMEOUT_S, flush_command
 from walchannel.inspection import DEFAULT_STUCK_AFTER_S
 
@@ -97,6 +97,17 @@ done-pending, active, idle, completed. Exit 0 when all is well, 1 when a run
 is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
 2 on bad usage or an unreadable PATH. --watch exits 0 on Ctrl-C; with
 --watch-count N, as inspect would for the last refresh.
+
+a failed run's reason names its cause: "engine behind" (the engine lost
+acked rows: restore its store; export the rest), "Done refused" (raise the
+engine's limit, then flush), "the log file is damaged" (as corrupt: --verify,
+export, move it aside), "walchannel stopped the run: its own invariant broke"
+(a walchannel bug: report the text; rows are kept: restart the harness or
+flush). A stuck run's last error of "discovery (keeping ...)", "dialing ..."
+or "callback ..." is an error raised outside walchannel (the harness's own
+http client, a proxy variable, a callback): the run keeps dialing; fix the
+harness or its environment. Ages are measured by the boot clock, so a
+wall-clock step does not change them (docs/operations.md, clock steps).
 """
 
 
@@ -512,10 +523,15 @@ examples:
 
 Restores the run's log from the replica URL given to 'walchannel replicate'
 (the folder's URL, not the file's) into --wal-dir: mode 0600 in a 0700
-folder, never over an existing log. Then start the harness as usual: its
-first answered handshake renumbers past what the engine holds, and it
-resumes from the restored progress marker. Exit 0 restored, 1 no replica
-or Litestream failed, 2 a log is already there or bad usage.
+folder, never over an existing log and never beside another file's -wal or
+-shm: it refuses, listing the run's files and the commands that move them
+aside together. It holds the run's owner lock throughout and refuses a live
+owner (pid and host named). The restored file is checked (quick_check) and
+given a new file id before it is linked into place. Then start the harness
+as usual: its first answered handshake renumbers past what the engine
+holds, and it resumes from the restored progress marker. Exit 0 restored,
+1 no replica, Litestream failed or the replica is damaged, 2 a log or its
+sidecars are already there, a live owner, or bad usage.
 """
 
 
@@ -538,7 +554,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
     try:
         restored = replication.restore(args.run_id, args.source, args.wal_dir)
-    except (ValueError, FileExistsError) as exc:
+    except (ValueError, FileExistsError, WalLockedError) as exc:
         err("restore", str(exc))
         return 2
     except (replication.ReplicationError, OSError) as exc:
@@ -546,9 +562,11 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         return 1
     meta = restored.meta
     state = "a tombstone (the run completed)" if meta.completed_at is not None else "resumable"
+    # The last seq logged is the top row's (or the high-water mark's): what
+    # inspect's next_seq and export show, less one.
     print(
         f"restored run {meta.run_id} to {restored.path}: {state}; seqs up to "
-        f"{meta.high_water} logged, up to {meta.last_acked_seq} acked, "
+        f"{restored.next_seq - 1} logged, up to {meta.last_acked_seq} acked, "
         f"{restored.unacked_count} unacked; progress {json.dumps(meta.progress)}"
     )
     return 0

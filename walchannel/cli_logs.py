@@ -71,10 +71,16 @@ def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
     """The folder (default: the default log folder) and its logs, or None after an error.
 
     The default folder not existing yet means no run has logged on this
-    machine: no logs, not an error. A PATH given and missing is an error.
+    machine: no logs, not an error. A PATH given and missing is an error, as
+    is a ``$WALCHANNEL_DIR`` that names no folder (it was set on purpose).
     """
     folder = Path(path).expanduser() if path else files.default_wal_dir()
     if not path and not os.path.lexists(folder):
+        explicit = os.environ.get("WALCHANNEL_DIR")
+        if explicit:
+            # Set on purpose, like PATH: a typo must not read as "no runs".
+            err(command, f"WALCHANNEL_DIR={explicit}: no such folder")
+            return None
         return folder, []
     try:
         return folder, list_logs(folder)
@@ -97,6 +103,7 @@ _COLUMNS: Final = (
     ("OWNER", False),
     ("DISK", True),
     ("DETAIL", False),
+    ("NEXT STEP", False),
 )
 
 
@@ -107,10 +114,11 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
         "-" if report.unacked_count is None else str(report.unacked_count),
         format_size(report.unacked_bytes),
         format_age(report.oldest_unacked_age_s),
-        report.last_ack_text(now),
+        report.last_ack_text(),
         report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
+        report.next_step,
     )
 
 
@@ -153,9 +161,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     now = time.time()
     reports = sorted(
         (
-            inspect_log(
-                log, now=now, stuck_after_s=args.stuck_after, verify=args.verify, show=args.show
-            )
+            inspect_log(log, stuck_after_s=args.stuck_after, verify=args.verify, show=args.show)
             for log in logs
         ),
         key=lambda r: r.sort_key,

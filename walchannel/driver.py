@@ -41,7 +41,7 @@ from walchannel.errors import (
     RunExpiredError,
     WalchannelError,
 )
-from walchannel.log_state import FAILED_DONE_REFUSED, FAILED_ENGINE_BEHIND, LogState
+from walchannel.log_state import FAILED_ENGINE_BEHIND, LogState
 
 if TYPE_CHECKING:
     import random
@@ -407,19 +407,20 @@ class Driver:
         self.state = ChannelState.EXPIRED
         return True
 
-    def fail(self, error: WalchannelError, *, done_refused: bool = False) -> str | None:
+    def fail(self, error: WalchannelError, *, reason: str | None = None) -> str | None:
         """The run fails with ``error`` (sends raise it); return the ``failed_reason`` to store.
 
         Moves to ``FAILED`` unless already over. The reason names why for
-        ``inspect`` (``log_state.FAILED_*``): the engine is behind, or it
-        refused the run's ``Done``; None for other failures.
+        ``inspect`` (``log_state.FAILED_*``): ``reason`` when given (a
+        refused ``Done``, a damaged file, a broken invariant), the engine
+        behind for an :class:`~walchannel.errors.EngineBehindError`, else None.
         """
         self.failure = error
         if not self.final:
             self.state = ChannelState.FAILED
-        if isinstance(error, EngineBehindError):
+        if reason is None and isinstance(error, EngineBehindError):
             return FAILED_ENGINE_BEHIND
-        return FAILED_DONE_REFUSED if done_refused else None
+        return reason
 
     def protocol_error(self, message: str) -> str:
         """The engine broke the protocol: count it; return the ``last_error`` text (SPEC "Acks")."""

@@ -33,6 +33,7 @@ __all__ = [
     "EngineUnavailableError",
     "InsecureDiscoveryWarning",
     "PayloadError",
+    "RowRefusedError",
     "RunCompletedError",
     "RunExpiredError",
     "WalCorruptError",
@@ -48,10 +49,6 @@ class WalchannelError(Exception):
 
 class PayloadError(WalchannelError, ValueError):
     """A payload cannot travel: refused before it is logged and before a seq is used.
-
-    Also raised by ``send_done`` and ``request_approval`` for a logged
-    ``Done`` or ``ApprovalRequest`` that the engine refused for its size
-    (``path`` is ``done`` or ``approval_request``; docs/design.md).
 
     Attributes:
         path: where the bad value sits, e.g. ``finding.evidence[3].id``.
@@ -134,7 +131,8 @@ class WalWriteError(WalchannelError):
 
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
-        super().__init__(message)
+        # Every such error names its file (a message may already).
+        super().__init__(message if path in message else f"{path}: {message}")
 
 
 class BacklogFullError(WalchannelError):
@@ -152,8 +150,44 @@ class DiscoveryError(WalchannelError):
     """``GET {http_addr}/grpc-address`` gave no usable address (the last one is kept)."""
 
 
-class ApprovalTimeoutError(WalchannelError):
-    """No ``ApprovalDecision`` arrived within the request's ``timeout_ms``."""
+class RowRefusedError(WalchannelError):
+    """The engine refused a row already logged, for its size (a ``RESOURCE_EXHAUSTED``).
+
+    Unlike :class:`PayloadError` (refused before it is logged), the row is
+    in the log with its seq. Raised by ``send_done`` when the engine refuses
+    the run's ``Done`` (the channel then fails, every later send raises
+    this error and the row stays for a resume or ``flush`` once the engine's
+    limit is raised), and by ``request_approval`` when its request was
+    refused and set aside (the engine will never decide it). SPEC "The
+    channel"; docs/design.md "Rows the engine refuses".
+
+    Attributes:
+        run_id: the run.
+        seq: the refused row's seq.
+        kind: its kind, ``done`` or ``approval_request``.
+        size: its size as the engine received it (bytes).
+        limit: the engine's receive limit (bytes).
+        path: the log file that keeps it.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, seq: int, kind: str, size: int, limit: int, path: str
+    ) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.kind = kind
+        self.size = size
+        self.limit = limit
+        self.path = path
+        super().__init__(message)
+
+
+class ApprovalTimeoutError(WalchannelError, TimeoutError):
+    """No ``ApprovalDecision`` arrived within the request's ``timeout_ms``.
+
+    Also a :class:`TimeoutError`, so ``except TimeoutError`` (asyncio's
+    timeouts are that class too) catches it.
+    """
 
 
 class InsecureDiscoveryWarning(UserWarning):

@@ -11,23 +11,31 @@ memory that network file systems do not provide (https://sqlite.org/wal.html).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import resource
 import stat
 from pathlib import Path
+from typing import Final
 
 __all__ = [
     "LOG_SUFFIX",
     "LOCK_SUFFIX",
     "MAX_RUN_ID_BYTES",
+    "SQLITE_MAX_PATH_BYTES",
+    "check_path_length",
     "check_run_id",
     "default_wal_dir",
+    "describe_os_error",
     "disk_bytes",
     "ensure_wal_dir",
+    "file_kind",
     "file_size",
     "is_temporary_for",
     "lock_path",
     "log_path",
+    "open_failure",
     "temporary_path",
 ]
 
@@ -35,7 +43,15 @@ LOG_SUFFIX = ".wal.sqlite3"
 LOCK_SUFFIX = ".lock"
 MAX_RUN_ID_BYTES = 200
 _SAFE_RUN_ID = re.compile(r"[A-Za-z0-9._:-]+")
-_TMP_MARK = ".creating-"
+# "~" is not allowed in a run id, so ".<run_id>.~" prefixes only that run's
+# temporaries; with 8 hex digits the name is a byte shorter than the log's.
+_TMP_MARK = ".~"
+#: The longest absolute path (bytes) SQLite opens as a database: its unix
+#: VFS holds 512 bytes (``MAX_PATHNAME``) and the pager refuses a name that
+#: leaves no room for the 8 bytes of ``-journal`` (``nPathname+8 >
+#: mxPathname``: SQLITE_CANTOPEN, which names no cause). Measured here: 504
+#: opens, 505 does not.
+SQLITE_MAX_PATH_BYTES: Final = 504
 
 
 def check_run_id(run_id: object) -> str:
@@ -124,6 +140,25 @@ def disk_bytes(log: Path) -> int:
     return total
 
 
+def file_kind(path: Path) -> str:
+    """Say what is at ``path`` without following a link: ``"missing"``, ``"file"``,
+    ``"symlink"``, ``"folder"`` or ``"special file"``.
+
+    Raises:
+        OSError: it cannot be looked at (a folder on the path not searchable,
+            a part of the path that is a file).
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "folder" if stat.S_ISDIR(mode) else "special file"
+
+
 def file_size(path: Path) -> int:
     """Return the size of the file at ``path`` (bytes; symlinks followed), 0 if unreadable.
 
@@ -136,11 +171,136 @@ def file_size(path: Path) -> int:
         return 0
 
 
+def _run_of(log: Path) -> str:
+    return log.name.removesuffix(LOG_SUFFIX)
+
+
 def temporary_path(log: Path, token: str) -> Path:
-    """Return the name a new log is built under before it is renamed into place."""
-    return log.with_name(f".{log.name}{_TMP_MARK}{token}")
+    """Return the name a new log is built (or restored) under before it is linked into place.
+
+    ``.<run_id>.~<token>``: hidden, so ``inspect`` and ``prune`` skip it, and
+    with an 8-character ``token`` a byte shorter than the log's own name, so
+    a path the log fits in fits its temporary too (:func:`check_path_length`).
+    """
+    return log.with_name(f".{_run_of(log)}{_TMP_MARK}{token}")
 
 
 def is_temporary_for(candidate: Path, log: Path) -> bool:
     """Tell whether ``candidate`` is a (possibly stale) temporary of ``log`` or its sidecars."""
-    return candidate.name.startswith(f".{log.name}{_TMP_MARK}")
+    return candidate.name.startswith(f".{_run_of(log)}{_TMP_MARK}")
+
+
+def check_path_length(path: Path) -> None:
+    """Raise ``OSError(ENAMETOOLONG)`` when SQLite could not open ``path`` for its length.
+
+    Measured on the absolute path with symbolic links resolved, as SQLite's
+    unix VFS does. The error names the length and the limit
+    (:data:`SQLITE_MAX_PATH_BYTES`); callers wrap it in their own error.
+
+    Raises:
+        OSError: ``ENAMETOOLONG``, the path over the limit; ``ELOOP``, a
+            symbolic link loop on the way.
+    """
+    real = _real_path(path)
+    size = len(os.fsencode(real))
+    if size > SQLITE_MAX_PATH_BYTES:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"its path is {size} bytes long (links resolved) and SQLite opens paths of up to "
+            f"{SQLITE_MAX_PATH_BYTES} bytes: use a shorter folder",
+            str(path),
+        )
+
+
+def _real_path(path: Path) -> str:
+    try:
+        return os.path.realpath(path, strict=False)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise OSError(errno.ELOOP, f"its path cannot be resolved: {exc}", str(path)) from None
+
+
+def describe_os_error(exc: OSError) -> str:
+    """Say what an ``OSError`` means for a log, in words an operator can act on.
+
+    The errno names the cause (``EMFILE`` gives the open-file limit too);
+    the path is left to the caller's error, which names it once.
+    """
+    code = exc.errno
+    said = exc.strerror or str(exc)
+    if code == errno.ENAMETOOLONG and exc.strerror and "SQLite" in exc.strerror:
+        return exc.strerror
+    if code in (errno.EMFILE, errno.ENFILE):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        whose = "this process" if code == errno.EMFILE else "the system"
+        return f"{said}: {whose} has no file descriptor left (RLIMIT_NOFILE {soft}; EMFILE)"
+    name = errno.errorcode.get(code or 0)
+    what = {
+        errno.ENOENT: "it or a folder on its path does not exist",
+        errno.ENOTDIR: "a part of its path is a file, not a folder",
+        errno.EISDIR: "it is a folder, not a file",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.EROFS: "the file system is read-only",
+        errno.ENOSPC: "no space left on the device",
+        errno.ELOOP: "too many symbolic links on its path",
+        errno.ENAMETOOLONG: "a name on its path is too long",
+    }.get(code or 0)
+    detail = f"{what} ({said})" if what else said
+    return f"{detail}; {name}" if name else detail
+
+
+#: Descriptors SQLite holds for a log in WAL mode: the file, its -wal, its -shm.
+_SQLITE_FDS: Final = 3
+
+
+def _descriptors_short() -> str | None:
+    """Say so when this process has too few file descriptors left to open a log."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return describe_os_error(exc)
+        return None  # not Linux, or /proc hidden: cannot tell
+    if soft == resource.RLIM_INFINITY or soft - in_use > _SQLITE_FDS:
+        return None
+    return (
+        f"this process has {in_use} of its {soft} file descriptors open (RLIMIT_NOFILE) and "
+        f"SQLite needs {_SQLITE_FDS} for a log (the file, its -wal and -shm); EMFILE"
+    )
+
+
+def open_failure(path: Path, *, write: bool) -> str | None:
+    """Ask the OS why SQLite could not open ``path``; None when the OS sees nothing wrong.
+
+    Python's ``sqlite3`` reports only SQLITE_CANTOPEN ("unable to open
+    database file") for a path too long, a missing folder, a folder where the
+    file should be, permissions, no descriptor left: this checks the path's
+    length (:func:`check_path_length`), opens the file the way SQLite would
+    (read-write for the owner), and, for the owner, that the folder lets
+    SQLite create the ``-wal`` and ``-shm``.
+
+    Args:
+        path: the log file.
+        write: the owner's open (read-write, sidecars created) rather than a reader's.
+
+    Returns:
+        The cause in words (:func:`describe_os_error`), or None.
+    """
+    try:
+        check_path_length(path)
+        fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
+        os.close(fd)
+    except OSError as exc:
+        return describe_os_error(exc)
+    short = _descriptors_short()
+    if short is not None:
+        return short
+    if write:
+        folder = path.parent
+        for sidecar in (f"{path}-wal", f"{path}-shm"):
+            if os.path.lexists(sidecar) and not os.access(sidecar, os.R_OK | os.W_OK):
+                return f"its {sidecar[len(str(path)) :]} is not writable (permission denied)"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"SQLite cannot create its -wal and -shm in {folder} (permission denied)"
+    return None

@@ -13,14 +13,15 @@ This module imports neither grpc nor httpx.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import stat
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from walchannel import files
+from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
@@ -31,7 +32,14 @@ from walchannel.log_reader import (
     Snapshot,
     run_id_from_name,
 )
-from walchannel.log_state import FAILED_ENGINE_BEHIND, next_seq_after
+from walchannel.log_state import (
+    FAILED_CORRUPT,
+    FAILED_DONE_REFUSED,
+    FAILED_ENGINE_BEHIND,
+    FAILED_INTERNAL,
+    FAILED_UNDELIVERABLE,
+    next_seq_after,
+)
 
 __all__ = [
     "ALERT_STATES",
@@ -81,6 +89,7 @@ JSON_KEYS: Final = (
     "locked_by",
     "quarantined",
     "file_bytes",
+    "next_step",
 )
 
 
@@ -92,7 +101,7 @@ def list_logs(path: Path) -> list[Path]:
     """Return the logs to look at: ``path`` itself, or the logs directly in the folder.
 
     A folder is not searched recursively; only names ending in
-    ``.wal.sqlite3`` count, and hidden names (the ``.<log>.creating-*``
+    ``.wal.sqlite3`` count, and hidden names (the ``.<run_id>.~*``
     temporaries of a log being built, and anything else starting with a
     dot) are skipped. A file is returned as it is, whatever its name.
 
@@ -149,8 +158,9 @@ class ShownRow:
 class RunReport:
     """What ``inspect`` says about one log. Times are unix seconds, sizes bytes.
 
-    The attributes up to ``file_bytes`` are exactly the ``--json`` keys
-    (SPEC "Operating tools"); ``locked_by`` is the live owner or None.
+    The attributes named in :data:`JSON_KEYS` are exactly the ``--json``
+    keys (SPEC "Operating tools"); ``next_step`` says what to do (every
+    state has one); ``locked_by`` is the live owner or None.
     ``shown`` holds the rows ``--show N`` decoded and ``shown_quarantined``
     the quarantined rows it lists (human output only).
     """
@@ -173,6 +183,12 @@ class RunReport:
     file_bytes: int = 0
     shown: tuple[ShownRow, ...] = field(default=())
     shown_quarantined: tuple[QuarantinedRow, ...] = field(default=())
+    #: What the operator does next (SPEC "Operating tools"; a ``--json`` key).
+    next_step: str = ""
+    #: How long ago the last ack was stored (s; None: never), across
+    #: wall-clock steps when the log's boot times allow (``last_ack_at`` is
+    #: the JSON's).
+    last_ack_age_s: float | None = None
 
     @property
     def urgency(self) -> int:
@@ -184,14 +200,10 @@ class RunReport:
         """Most urgent state first; within a state, the oldest backlog first."""
         return (self.urgency, -(self.oldest_unacked_age_s or 0.0), self.file)
 
-    def last_ack_text(self, now: float) -> str:
-        """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread.
-
-        Args:
-            now: the time to measure from (unix seconds).
-        """
-        if self.last_ack_at is not None:
-            return f"{format_age(now - self.last_ack_at)} ago"
+    def last_ack_text(self) -> str:
+        """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread."""
+        if self.last_ack_age_s is not None:
+            return f"{format_age(self.last_ack_age_s)} ago"
         return "-" if self.state in ("corrupt", "unreadable") else "never"
 
     def owner_text(self) -> str:
@@ -204,20 +216,31 @@ class RunReport:
             return f"{pid}@{owner.host}"
         return pid
 
+    @property
+    def current_error(self) -> bool:
+        """True when the last error came after the last ack: the channel is not past it."""
+        if self.last_error is None:
+            return False
+        if self.last_ack_at is None or self.last_error_at is None:
+            return True
+        return self.last_error_at >= self.last_ack_at
+
     def detail(self, now: float) -> str:
         """The DETAIL cell: ``reason``, plus the last error where the state calls for it.
 
         The last error is added for a run that needs attention (an alert
-        state, or ``done-pending``), with its age, and says so when rows
-        were acked after it (an error the channel got past), so an old
-        error is not read as the current one.
+        state, or ``done-pending``), and for an ``active`` run whose error
+        came after its last ack (an outage shorter than ``--stuck-after``),
+        with its age, and says so when rows were acked after it (an error
+        the channel got past), so an old error is not read as the current one.
 
         Args:
             now: the time to measure from (unix seconds).
         """
         detail = self.reason or ""
         error = self.last_error
-        if not error or self.state not in _ERROR_STATES or error in detail:
+        shown = self.state in _ERROR_STATES or (self.state == "active" and self.current_error)
+        if not error or not shown or error in detail:
             return detail
         when = ""
         if self.last_error_at is not None:
@@ -253,6 +276,78 @@ def _unread(
         locked_by=owner,
         file_bytes=files.disk_bytes(path),
     )
+
+
+def next_step(report: RunReport) -> str:
+    """What the operator does about a run in ``report.state`` (SPEC "Operating tools").
+
+    Every state has one; commands name the report's file. docs/operations.md
+    "States, and what to do about each" gives the reasoning.
+    """
+    log = shlex.quote(report.file)
+    reason = report.reason or ""
+    state = report.state
+    if state == "corrupt":
+        return (
+            f"move {log} aside and keep it ('walchannel export {log}' may read what is "
+            "left); the harness then starts a new log for the run"
+        )
+    if state == "unreadable":
+        if "bytes long" in reason:
+            return "move the log's folder to a shorter path (a symlink does not help)"
+        if "EMFILE" in reason:
+            return "raise this process's open-file limit (ulimit -n) and inspect again"
+        return "inspect as the log's owner or root; do not move it (nothing says it is damaged)"
+    if state == "failed":
+        if reason.startswith(FAILED_ENGINE_BEHIND[:13]):
+            return (
+                f"the engine lost acked rows: restore its store; 'walchannel export {log}' "
+                "saves the rows still here"
+            )
+        if reason.startswith(FAILED_DONE_REFUSED[:12]):
+            return f"raise the engine's receive limit, then 'walchannel flush {log}'"
+        if reason.startswith(FAILED_UNDELIVERABLE[:40]):
+            return (
+                f"'walchannel export {log}' saves the rows the engine will not take; "
+                "then remove the log"
+            )
+        if reason.startswith(FAILED_CORRUPT[:25]):
+            return f"move {log} aside and keep it; 'walchannel export {log}' saves what is readable"
+        if reason.startswith(FAILED_INTERNAL):
+            return (
+                "a walchannel bug: report the reason's text; the rows are kept: restart "
+                f"the harness or 'walchannel flush {log}'"
+            )
+        return f"read the last error; restart the harness or 'walchannel flush {log}'"
+    if state == "orphaned":
+        run = report.run_id or "the run"
+        return (
+            f"restart the harness for {run} (it resumes from this log), or "
+            f"'walchannel flush {log}' if it will not come back"
+        )
+    if state == "stuck":
+        if report.last_error:
+            return (
+                "fix what the last error names (engine, discovery, proxy, token, "
+                "the harness's environment); the harness delivers by itself once the engine answers"
+            )
+        return "check that the engine is up and reachable from the harness"
+    if state == "done-pending":
+        return "wait (usually seconds); if it stays, treat it as stuck"
+    if state == "active":
+        if report.current_error:
+            return (
+                "the engine is not answering (last error): the harness keeps dialing; "
+                "check the engine if it lasts"
+            )
+        return "nothing"
+    if state == "idle":
+        return (
+            "nothing is at risk; the run has no Done: restart the harness to finish it, "
+            "or remove the log if the run is abandoned"
+        )
+    folder = shlex.quote(str(Path(report.file).parent))
+    return f"nothing; 'walchannel prune --older-than DAYS {folder}' removes old tombstones"
 
 
 def _probe(path: Path) -> LockOwner | None:
@@ -305,21 +400,24 @@ def _state(
 def inspect_log(
     path: Path,
     *,
-    now: float | None = None,
     stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
     verify: bool = False,
     show: int = 0,
+    clock: Clock | None = None,
 ) -> RunReport:
     """Look at one log without disturbing it and say what state its run is in.
 
     Args:
         path: the log file.
-        now: the reference time (unix seconds; default: now).
         stuck_after_s: an owned run whose oldest unacked row is older than
             this is ``stuck`` (seconds).
         verify: also run ``PRAGMA quick_check`` (reads every page).
         show: decode this many of the oldest unacked rows into ``shown``,
             and as many quarantined rows into ``shown_quarantined``.
+        clock: the clocks ages are read with (default the system's): the
+            oldest unacked row's age and the last ack's are measured by boot
+            time within the boot that wrote them, so a wall-clock step
+            changes neither (:func:`walchannel.clock.age_s`).
 
     Returns:
         The report; a file that cannot be read as a walchannel log is
@@ -327,7 +425,12 @@ def inspect_log(
         permissions, a lock) is ``unreadable`` with the reason (never an
         exception).
     """
-    now = time.time() if now is None else now
+    report = _inspect(path, stuck_after_s, verify, show, clock or SYSTEM_CLOCK)
+    return replace(report, next_step=next_step(report))
+
+
+def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: Clock) -> RunReport:
+    now = clock.wall_s()
     named = run_id_from_name(path)
     owner = _probe(path)
     try:
@@ -361,9 +464,21 @@ def inspect_log(
             complaints = reader.quick_check() if verify else []
         except (WalCorruptError, LogUnreadableError) as exc:
             return _unread(path, named, exc, owner)
-    oldest_age = (
-        max(0.0, now - snap.oldest_appended_at) if snap.oldest_appended_at is not None else None
-    )
+    # Ages by boot time within the boot that wrote them (a wall-clock step
+    # changes nothing), else by the wall clock (walchannel.clock.age_s).
+    oldest_age = None
+    if snap.oldest_appended_at is not None:
+        oldest_age = age_s(
+            clock,
+            wall_at=snap.oldest_appended_at,
+            boot_at=snap.oldest_appended_boot,
+            boot_id=meta.boot_id,
+        )
+    last_ack_age = None
+    if meta.last_ack_at is not None:
+        last_ack_age = age_s(
+            clock, wall_at=meta.last_ack_at, boot_at=meta.last_ack_boot, boot_id=meta.boot_id
+        )
     reason: str | None
     if complaints:
         more = f" (+{len(complaints) - 1} more)" if len(complaints) > 1 else ""
@@ -398,4 +513,5 @@ def inspect_log(
         file_bytes=files.disk_bytes(path),
         shown=shown,
         shown_quarantined=shown_quarantined,
+        last_ack_age_s=last_ack_age,
     )

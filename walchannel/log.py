@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol, Self, TypeVar
 
 from walchannel import files
+from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import (
     ChannelClosedError,
     PayloadError,
@@ -46,7 +47,8 @@ from walchannel.errors import (
 from walchannel.lock import OwnerLock
 from walchannel.log_format import (
     APPLICATION_ID,
-    OPTIONAL_META_FIELDS,
+    OPTIONAL_META_TYPES,
+    OPTIONAL_ROW_TYPES,
     ROW_LOST_TYPE,
     ROWS_AFTER,
     SCHEMA,
@@ -57,7 +59,10 @@ from walchannel.log_format import (
     check_header,
     decode_row,
     encode_body,
+    new_file_id,
+    not_damage,
     quick_check,
+    read_file_id,
     read_meta,
     row_lost_body,
 )
@@ -88,7 +93,10 @@ BUSY_TIMEOUT_MS: Final = 5000
 # it runs on the channel's event loop; a held-off checkpoint is retried.
 # Litestream holds a read transaction for good: this bounds the stall.
 _CHECKPOINT_BUSY_MS: Final = 250
-_INSERT: Final = "INSERT INTO rows VALUES (?, ?, ?, ?, ?)"
+_INSERT: Final = (
+    "INSERT INTO rows (seq, kind, body, crc32, appended_at, appended_boot)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
 # Rows read from SQLite at a time by unacked().
 _BATCH: Final = 512
 
@@ -156,6 +164,7 @@ class RunLog:
         *,
         correlation_id: str,
         durability: Durability = "process",
+        clock: Clock | None = None,
     ) -> Self:
         """Create or re-open the log of ``run_id`` and take its owner lock.
 
@@ -181,28 +190,54 @@ class RunLog:
             ValueError: unsafe ``run_id``, empty ``correlation_id`` or
                 unknown ``durability``; nothing is created.
             WalLockedError: another owner holds the log (names its pid).
-            WalCorruptError: the file is a symlink, not a walchannel log,
-                of a newer schema, another run's, or broken.
-            WalWriteError: the folder or file cannot be created or written.
+            WalCorruptError: the file's content proves it is not this run's
+                usable log: a symlink or a folder where the file should be,
+                not a walchannel log, a newer schema, another run's, broken.
+            WalWriteError: the folder or file cannot be created, opened or
+                written, the cause named from the OS (SPEC "The log"): its
+                path longer than SQLite opens
+                (:data:`walchannel.files.SQLITE_MAX_PATH_BYTES`, checked before
+                anything is written), no file descriptor left, a file where
+                a folder should be, permissions, a read-only file system.
         """
         files.check_run_id(run_id)
         if not isinstance(correlation_id, str) or not correlation_id:
             raise ValueError("correlation_id must be a non-empty str")
         if durability not in SYNCHRONOUS:
             raise ValueError(f"durability must be 'process' or 'power', got {durability!r}")
-        try:
-            folder = files.ensure_wal_dir(wal_dir)
-        except OSError as exc:
-            raise WalWriteError(f"cannot create the log folder: {exc}", path=str(wal_dir)) from None
+        folder = Path(wal_dir).expanduser() if wal_dir is not None else files.default_wal_dir()
         path = files.log_path(folder, run_id)
+        try:
+            # Before anything is written: the log's name is the longest SQLite opens.
+            files.check_path_length(path)
+        except OSError as exc:
+            raise WalWriteError(
+                f"run {run_id}: cannot open its log: {files.describe_os_error(exc)}",
+                path=str(path),
+            ) from None
+        try:
+            folder = files.ensure_wal_dir(folder)
+        except OSError as exc:
+            raise WalWriteError(
+                f"cannot create the log folder: {files.describe_os_error(exc)}", path=str(path)
+            ) from None
         try:
             lock = OwnerLock.acquire(files.lock_path(path), log=path)
         except WalLockedError:
             raise
         except OSError as exc:
-            raise WalWriteError(f"cannot take the owner lock: {exc}", path=str(path)) from None
+            raise WalWriteError(
+                f"cannot take the owner lock: {files.describe_os_error(exc)}", path=str(path)
+            ) from None
         try:
-            return cls._open_locked(path, lock, run_id, correlation_id, durability)
+            return cls._open_locked(
+                path, lock, run_id, correlation_id, durability, clock or SYSTEM_CLOCK
+            )
+        except OSError as exc:
+            lock.release()
+            raise WalWriteError(
+                f"cannot open the log: {files.describe_os_error(exc)}", path=str(path)
+            ) from None
         except BaseException:
             lock.release()
             raise
@@ -216,6 +251,7 @@ class RunLog:
         correlation_id: str,
         create: bool = False,
         commit_hook: CommitHook | None = None,
+        clock: Clock | None = None,
     ) -> Self:
         """Run the log's transactions on a given connection: the storage seam, without the file.
 
@@ -232,6 +268,7 @@ class RunLog:
             correlation_id: stored, as in :meth:`open`.
             create: lay out a new log first (:meth:`initialize`).
             commit_hook: called around every commit (see :class:`CommitHook`).
+            clock: the clocks its records are dated with (default the system's).
 
         Raises:
             WalCorruptError: the database is not this run's log.
@@ -241,8 +278,9 @@ class RunLog:
         if create:
             cls.initialize(conn, run_id, correlation_id)
         check_header(conn, path, run_id)
-        wal = cls(conn, path, None, read_meta(conn, path), "process", commit_hook)
-        wal._claim(wal.meta(), correlation_id)
+        meta = read_meta(conn, path)
+        wal = cls(conn, path, None, meta, "process", clock or SYSTEM_CLOCK, commit_hook)
+        wal._claim(meta, correlation_id)
         return wal
 
     @staticmethod
@@ -265,8 +303,8 @@ class RunLog:
             now = time.time()
             conn.execute(
                 "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
-                " created_at, updated_at) VALUES (1, ?, ?, ?, ?, ?)",
-                (SCHEMA_VERSION, run_id, correlation_id, now, now),
+                " created_at, updated_at, file_id) VALUES (1, ?, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, run_id, correlation_id, now, now, new_file_id()),
             )
             conn.execute("COMMIT")
         except BaseException:
@@ -281,12 +319,16 @@ class RunLog:
         lock: OwnerLock | None,
         meta: RunMeta,
         durability: Durability,
+        clock: Clock,
         hook: CommitHook | None = None,
     ) -> None:
         self._conn = conn
         self._path = path
         self._lock = lock
         self._hook = hook
+        self._clock = clock
+        # The boot its rows' boot times belong to (the claim makes it this one).
+        self._boot_id = clock.boot_id()
         self._durability = durability
         self._run_id = meta.run_id
         self._progress = meta.progress
@@ -313,22 +355,27 @@ class RunLog:
         run_id: str,
         correlation_id: str,
         durability: Durability,
+        clock: Clock,
     ) -> Self:
         cls._remove_stale_temporaries(path)
-        if path.is_symlink():
+        kind = files.file_kind(path)
+        if kind == "symlink":
             raise WalCorruptError(str(path), "is a symbolic link; refusing to follow it")
-        if not path.exists():
+        if kind == "missing":
             cls._create(path, run_id, correlation_id)
+        elif kind != "file":
+            raise WalCorruptError(str(path), f"is a {kind}, not a log file")
+        else:
+            try:
+                cls._check_wal_is_its_own(path)
+            except sqlite3.Error as exc:
+                raise cls._cannot_open(path, exc) from None
         try:
             conn = sqlite3.connect(
                 f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None
             )
         except sqlite3.Error as exc:
-            if not os.access(path, os.R_OK | os.W_OK):
-                raise WalWriteError(
-                    f"cannot open the log for writing (permission denied): {exc}", path=str(path)
-                ) from None
-            raise WalCorruptError(str(path), f"cannot open: {exc}") from None
+            raise cls._cannot_open(path, exc) from None
         try:
             check_header(conn, path, run_id)
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -338,20 +385,81 @@ class RunLog:
             conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             meta = read_meta(conn, path)
-            wal = cls(conn, path, lock, meta, durability)
+            wal = cls(conn, path, lock, meta, durability, clock)
             wal._claim(meta, correlation_id)
             return wal
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             conn.close()
+            if not_damage(exc):
+                raise cls._cannot_open(path, exc) from None
             raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
         except BaseException:
             conn.close()
             raise
 
     @staticmethod
+    def _check_wal_is_its_own(path: Path) -> None:
+        """Refuse a ``-wal`` left by another file, before anything is written.
+
+        SQLite cannot tell: a WAL's salts bind its frames to the WAL, not to
+        the database, so a stale ``-wal`` beside a restored or copied file
+        is replayed onto it (and ``quick_check`` may still say ok). Every log
+        file carries a random ``file_id`` written when it is made and never
+        after: read from the main file alone (``immutable=1``: the ``-wal``
+        unread) and through the ``-wal``, the two must agree. Both reads are
+        read-only connections: neither checkpoints the ``-wal`` into the file
+        when it closes, as the owner's read-write one would (SQLite may
+        rebuild the ``-shm``, its index of the ``-wal``).
+
+        Raises:
+            WalCorruptError: they differ, or the pair cannot be read as one log.
+            sqlite3.Error: SQLite cannot open the file (the caller names why).
+        """
+        size = files.file_size(Path(f"{path}-wal"))
+        if size == 0:
+            return
+        uri = path.resolve().as_uri()
+
+        def file_id(query: str) -> str | None:
+            conn = sqlite3.connect(f"{uri}?{query}", uri=True)
+            try:
+                return read_file_id(conn)
+            finally:
+                conn.close()
+
+        try:
+            alone = file_id("mode=ro&immutable=1")
+        except sqlite3.Error as exc:
+            if not_damage(exc):
+                raise
+            raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+        try:
+            through = file_id("mode=ro")
+        except sqlite3.Error as exc:
+            if not_damage(exc):
+                raise
+            through = f"unreadable ({exc})"
+        if alone != through:
+            raise WalCorruptError(
+                str(path),
+                f"its -wal ({size} bytes) belongs to another log file: the file's id is "
+                f"{alone}, the -wal's {through}. Nothing was written. A restore or a move "
+                "left the -wal of another file beside it: move this file, its -wal and its "
+                "-shm aside together, or the -wal and -shm back beside the file they belong to",
+            )
+
+    @staticmethod
+    def _cannot_open(path: Path, exc: sqlite3.Error) -> WalWriteError:
+        """SQLite could not open a log for a reason other than its content: name the cause."""
+        cause = files.open_failure(path, write=True)
+        said = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+        why = f"{cause} (SQLite: {exc}, {said})" if cause else f"{exc} ({said})"
+        return WalWriteError(f"cannot open the log: {why}", path=str(path))
+
+    @staticmethod
     def _remove_stale_temporaries(path: Path) -> None:
         # Called with the owner lock held: no other opener is building this log.
-        for candidate in path.parent.glob(f".{path.name}*"):
+        for candidate in path.parent.glob(files.temporary_path(path, "*").name):
             if files.is_temporary_for(candidate, path):
                 logger.info("removing stale temporary %s of an interrupted log creation", candidate)
                 with contextlib.suppress(FileNotFoundError):
@@ -359,7 +467,7 @@ class RunLog:
 
     @staticmethod
     def _create(path: Path, run_id: str, correlation_id: str) -> None:
-        tmp = files.temporary_path(path, f"{os.getpid()}-{secrets.token_hex(4)}")
+        tmp = files.temporary_path(path, secrets.token_hex(4))
         try:
             # Create the file 0600 ourselves (the umask cannot widen it);
             # SQLite gives its -wal and -shm the same mode.
@@ -383,10 +491,15 @@ class RunLog:
             finally:
                 os.close(dir_fd)
         except (OSError, sqlite3.Error) as exc:
+            if isinstance(exc, OSError):
+                why = files.describe_os_error(exc)
+            else:
+                cause = files.open_failure(tmp, write=True)
+                why = f"{cause} (SQLite: {exc})" if cause else str(exc)
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
-            raise WalWriteError(f"cannot create the log: {exc}", path=str(path)) from None
+            raise WalWriteError(f"cannot create the log: {why}", path=str(path)) from None
 
     def _claim(self, meta: RunMeta, correlation_id: str) -> None:
         """Record the owner and ``unverified_from`` at open (one transaction)."""
@@ -403,22 +516,41 @@ class RunLog:
             self._state.unverified_from,
             owner.pid if owner is not None else None,
             owner.host if owner is not None else None,
-            time.time(),
+            self._boot_id,
+            self._clock.wall_s(),
         )
-        present = {r[1] for r in self._conn.execute("PRAGMA table_info(meta)")}
+        conn = self._conn
+        present = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
+        row_columns = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
         # A log made before an optional column existed gets it now (NULL).
-        missing = sorted(OPTIONAL_META_FIELDS - present)
+        missing = [
+            f"ALTER TABLE meta ADD COLUMN {name} {kind}"
+            for name, kind in sorted(OPTIONAL_META_TYPES.items())
+            if name not in present
+        ] + [
+            f"ALTER TABLE rows ADD COLUMN {name} {kind}"
+            for name, kind in sorted(OPTIONAL_ROW_TYPES.items())
+            if name not in row_columns
+        ]
+        # Boot times of another boot cannot be compared with this one's.
+        other_boot = meta.boot_id != self._boot_id
 
         def work(conn: sqlite3.Connection) -> None:
-            for name in missing:
-                conn.execute(f"ALTER TABLE meta ADD COLUMN {name} TEXT")
+            for statement in missing:
+                conn.execute(statement)
+            if other_boot and "appended_boot" in row_columns:
+                conn.execute("UPDATE rows SET appended_boot = NULL")
             conn.execute(
                 "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
-                " owner_host = ?, updated_at = ? WHERE id = 1",
-                params,
+                " owner_host = ?, boot_id = ?,"
+                " last_ack_boot = CASE WHEN ? THEN NULL ELSE last_ack_boot END,"
+                " updated_at = ? WHERE id = 1",
+                (*params[:5], other_boot, params[5]),
             )
 
-        self._commit("claim", "record the owner at open", work, single=not missing)
+        self._commit(
+            "claim", "record the owner at open", work, single=not missing and not other_boot
+        )
 
     # -- state -----------------------------------------------------------------------------
 
@@ -705,14 +837,16 @@ class RunLog:
         self._check_writable()
         old = self._state
         first = old.next_seq
-        now = time.time()
+        clock = self._clock
+        now = clock.wall_s()
+        boot = clock.boot_s()
         if progress is None and len(items) == 1:
             # The send path: one row, one autocommit statement. Kept apart from
             # the general path below, which costs ~1.3 µs more per row
             # (docs/performance.md, the append row).
             kind, blob = items[0]
             state = old.append((kind,))
-            row = (first, kind, blob, body_crc(blob), now)
+            row = (first, kind, blob, body_crc(blob), now, boot)
             self._commit(
                 "append",
                 lambda: f"append 1 row at seq {first}",
@@ -725,7 +859,7 @@ class RunLog:
             return [first]
         state = old.append([kind for kind, _ in items])
         rows = [
-            (seq, kind, blob, body_crc(blob), now)
+            (seq, kind, blob, body_crc(blob), now, boot)
             for seq, (kind, blob) in enumerate(items, start=first)
         ]
         if not rows and progress is None:
@@ -801,7 +935,8 @@ class RunLog:
 
     def _carry_out(self, plan: AckPlan, label: str, what: str) -> int:
         """Carry out an :class:`~walchannel.log_state.AckPlan` in one transaction; rows deleted."""
-        now = time.time()
+        now = self._clock.wall_s()
+        boot = self._clock.boot_s()
         count_gone = self._unacked_bytes is not None and plan.advanced
 
         def work(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -828,6 +963,7 @@ class RunLog:
                 # An answer that covers no new row (a handshake's Ack(h)) is
                 # not progress: last_ack_at says when rows were last acked.
                 " last_ack_at = CASE WHEN ? THEN ? ELSE last_ack_at END,"
+                " last_ack_boot = CASE WHEN ? THEN ? ELSE last_ack_boot END,"
                 " updated_at = ? WHERE id = 1",
                 (
                     plan.state.last_acked,
@@ -837,6 +973,8 @@ class RunLog:
                     now,
                     plan.advanced,
                     now,
+                    plan.advanced,
+                    boot,
                     now,
                 ),
             )
@@ -868,7 +1006,7 @@ class RunLog:
         """
         self._check_writable()
         state = self._state.complete_by_engine()
-        now = time.time()
+        now = self._clock.wall_s()
 
         def work(conn: sqlite3.Connection) -> int:
             deleted = conn.execute("DELETE FROM rows").rowcount
@@ -905,7 +1043,7 @@ class RunLog:
         self._check_writable()
         names = sorted(values)
         assignments = ", ".join(f"{name} = ?" for name in names)
-        params = (*(values[name] for name in names), time.time())
+        params = (*(values[name] for name in names), self._clock.wall_s())
         sql = f"UPDATE meta SET {assignments}, updated_at = ? WHERE id = 1"  # noqa: S608
         self._commit(
             "meta",
@@ -929,7 +1067,7 @@ class RunLog:
         if self._forked:
             return substitute
         blob = encode_body("event", substitute.body)
-        now = time.time()
+        now = self._clock.wall_s()
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -995,7 +1133,7 @@ class RunLog:
             )
         body = row_lost_body(seq, reason, **details)
         blob = encode_body("event", body)
-        now = time.time()
+        now = self._clock.wall_s()
 
         def work(conn: sqlite3.Connection) -> None:
             # Plain INSERT: an earlier quarantined body at this seq is never replaced.
@@ -1091,19 +1229,22 @@ class RunLog:
             raise WalCorruptError(str(self._path), f"cannot read the rows' sizes: {exc}") from None
         return max(0, total - int(gone))
 
-    def oldest_appended_at(self, after_seq: int = 0) -> float | None:
-        """When the oldest unacked row above ``after_seq`` was committed; reads only.
+    def oldest_unacked_age_s(self, after_seq: int = 0) -> float | None:
+        """How old the oldest unacked row above ``after_seq`` is (seconds); reads only.
 
-        Unlike :meth:`unacked`, a damaged row is not quarantined here (that
-        is a write): only its ``appended_at`` is read.
+        Dated by its ``CLOCK_BOOTTIME`` reading when it was committed in this
+        boot, so a wall-clock step (NTP, a VM resume) changes nothing; a row
+        of an earlier boot, or of a writer before boot times were stored, is
+        dated by its wall-clock time (:func:`walchannel.clock.age_s`). Unlike
+        :meth:`unacked`, a damaged row is not quarantined here (that is a
+        write): only its times are read.
 
         Args:
             after_seq: look at rows with ``seq > after_seq`` (and above the
                 stored cursor).
 
         Returns:
-            Unix seconds, or None when there is no such row (or its time
-            is not a number).
+            Seconds, or None when there is no such row (or its time is not a number).
 
         Raises:
             ChannelClosedError: the log is closed.
@@ -1112,14 +1253,15 @@ class RunLog:
         self._check_open()
         try:
             row = self._conn.execute(
-                "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
+                "SELECT appended_at, appended_boot FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
                 (self._state.read_after(after_seq),),
             ).fetchone()
         except sqlite3.Error as exc:
             raise WalCorruptError(str(self._path), f"cannot read rows: {exc}") from None
         if row is None or not isinstance(row[0], int | float):
             return None
-        return float(row[0])
+        boot_at = float(row[1]) if isinstance(row[1], int | float) else None
+        return age_s(self._clock, wall_at=float(row[0]), boot_at=boot_at, boot_id=self._boot_id)
 
     def quick_check(self) -> list[str]:
         """Run ``PRAGMA quick_check`` (reads every page) and return its complaints.

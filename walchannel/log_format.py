@@ -3,7 +3,7 @@
 One SQLite database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log")::
 
     rows       (seq INTEGER PRIMARY KEY, kind TEXT, body BLOB, crc32 INTEGER,
-                appended_at REAL)                  -- the unacked messages
+                appended_at REAL, appended_boot REAL)  -- the unacked messages
     quarantine (seq, kind, body, crc32, appended_at, reason, quarantined_at)
     meta       (one row: run identity, handshake, cursor, progress, status)
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import sqlite3
 import zlib
 from collections.abc import Mapping
@@ -44,6 +45,8 @@ __all__ = [
     "KINDS",
     "META_FIELDS",
     "OPTIONAL_META_FIELDS",
+    "OPTIONAL_META_TYPES",
+    "OPTIONAL_ROW_TYPES",
     "ROWS_AFTER",
     "ROW_LOST_TYPE",
     "Row",
@@ -55,6 +58,9 @@ __all__ = [
     "decode_row",
     "encode_body",
     "quick_check",
+    "new_file_id",
+    "not_damage",
+    "read_file_id",
     "read_meta",
     "row_lost_body",
 ]
@@ -77,7 +83,8 @@ SCHEMA: Final = (
         kind TEXT NOT NULL,
         body BLOB NOT NULL,
         crc32 INTEGER NOT NULL,
-        appended_at REAL NOT NULL)""",
+        appended_at REAL NOT NULL,
+        appended_boot REAL)""",
     """CREATE TABLE quarantine (
         seq INTEGER PRIMARY KEY,
         kind TEXT,
@@ -110,7 +117,10 @@ SCHEMA: Final = (
         completed_at REAL,
         failed_reason TEXT,
         created_at REAL NOT NULL,
-        updated_at REAL NOT NULL)""",
+        updated_at REAL NOT NULL,
+        boot_id TEXT,
+        last_ack_boot REAL,
+        file_id TEXT)""",
 )
 
 _ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
@@ -149,7 +159,13 @@ class RunMeta:
     ``token_sha256`` is the sha256 of the run token, never the token;
     ``failed_at`` is set when the channel stopped for good, and
     ``failed_reason`` says why (one of the ``log_state.FAILED_*`` texts; None in a
-    log written before the field existed).
+    log written before the field existed). ``boot_id`` is the boot of the
+    log's last owner: its rows' ``appended_boot`` and ``last_ack_boot`` are
+    ``CLOCK_BOOTTIME`` readings of that boot (:mod:`walchannel.clock`), so an
+    age holds across a wall-clock step; None in a log written before them.
+    ``file_id`` is random, written when the file is made (created or
+    restored) and never changed after: a ``-wal`` whose frames say another
+    id belongs to another file (:func:`read_file_id`).
     """
 
     schema_version: int
@@ -175,6 +191,9 @@ class RunMeta:
     created_at: float
     updated_at: float
     failed_reason: str | None = None
+    boot_id: str | None = None
+    last_ack_boot: float | None = None
+    file_id: str | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
@@ -182,7 +201,15 @@ META_FIELDS: Final = tuple(f.name for f in fields(RunMeta))
 #: Columns added after schema version 1 shipped, without a version bump (so
 #: an older walchannel still reads a newer log): a log may lack them. The
 #: writer adds them at open; readers take None for a missing one.
-OPTIONAL_META_FIELDS: Final = frozenset({"failed_reason"})
+OPTIONAL_META_TYPES: Final = {
+    "failed_reason": "TEXT",
+    "boot_id": "TEXT",
+    "last_ack_boot": "REAL",
+    "file_id": "TEXT",
+}
+OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
+#: Row columns added the same way (NULL in the rows of an older writer).
+OPTIONAL_ROW_TYPES: Final = {"appended_boot": "REAL"}
 
 
 def _now_iso() -> str:
@@ -298,7 +325,70 @@ def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> No
         if run_id is not None and stored_run != run_id:
             raise WalCorruptError(str(path), f"belongs to run {stored_run!r}, not {run_id!r}")
     except sqlite3.DatabaseError as exc:
+        if not_damage(exc):
+            raise  # the caller names the cause (a lock, permissions, no descriptor)
         raise WalCorruptError(str(path), f"not a usable SQLite database: {exc}") from None
+
+
+def new_file_id() -> str:
+    """A random id for a log file made now (16 hex digits; meta ``file_id``)."""
+    return secrets.token_hex(8)
+
+
+def read_file_id(conn: sqlite3.Connection) -> str | None:
+    """Read meta's ``file_id`` (None in a log made before it existed).
+
+    Raises:
+        sqlite3.Error: SQLite cannot read it.
+    """
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
+    if "file_id" not in columns:
+        return None
+    row = conn.execute("SELECT file_id FROM meta WHERE id = 1").fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def not_damage(exc: sqlite3.Error) -> bool:
+    """True when SQLite's error is about access, locks or resources, not the file's content.
+
+    Only content proves a log damaged (``WalCorruptError``): SQLITE_CANTOPEN,
+    BUSY, PERM, READONLY, NOMEM, FULL and the IOERR codes of locks, shared
+    memory and access say nothing about the bytes in the file
+    (https://sqlite.org/rescode.html).
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(code, int):
+        # Python raises some errors without a code: "unable to open" is one.
+        return isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc)
+    return (code & 0xFF) in _NOT_DAMAGE or code in _IOERR_NOT_DAMAGE
+
+
+# SQLite result codes (primary, low byte) that mean "cannot read here", not damage.
+_NOT_DAMAGE: Final = frozenset(
+    {
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_AUTH,
+        sqlite3.SQLITE_FULL,
+    }
+)
+# IOERR extended codes about locks, shared memory and access, not the data.
+_IOERR_NOT_DAMAGE: Final = frozenset(
+    {
+        sqlite3.SQLITE_IOERR_ACCESS,
+        sqlite3.SQLITE_IOERR_LOCK,
+        sqlite3.SQLITE_IOERR_RDLOCK,
+        sqlite3.SQLITE_IOERR_SHMOPEN,
+        sqlite3.SQLITE_IOERR_SHMSIZE,
+        sqlite3.SQLITE_IOERR_SHMMAP,
+        sqlite3.SQLITE_IOERR_SHMLOCK,
+        sqlite3.SQLITE_IOERR_NOMEM,
+    }
+)
 
 
 def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:

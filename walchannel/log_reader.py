@@ -80,6 +80,7 @@ from walchannel.log_format import (
     RunMeta,
     check_header,
     decode_row,
+    not_damage,
     quick_check,
     read_meta,
 )
@@ -98,32 +99,6 @@ _VIEW_ATTEMPTS: Final = 5
 _SQLITE_SHARED_FIRST: Final = 0x40000000 + 2
 _SQLITE_SHARED_SIZE: Final = 510
 _FLOCK: Final = "hhqqi4x"  # struct flock on Linux; l_pid 0 for OFD locks
-# SQLite result codes (primary, low byte) that mean "cannot read here", not damage.
-_NOT_DAMAGE: Final = frozenset(
-    {
-        sqlite3.SQLITE_PERM,
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_NOMEM,
-        sqlite3.SQLITE_READONLY,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_AUTH,
-    }
-)
-# IOERR extended codes about locks, shared memory and access, not the data.
-_IOERR_NOT_DAMAGE: Final = frozenset(
-    {
-        sqlite3.SQLITE_IOERR_ACCESS,
-        sqlite3.SQLITE_IOERR_LOCK,
-        sqlite3.SQLITE_IOERR_RDLOCK,
-        sqlite3.SQLITE_IOERR_SHMOPEN,
-        sqlite3.SQLITE_IOERR_SHMSIZE,
-        sqlite3.SQLITE_IOERR_SHMMAP,
-        sqlite3.SQLITE_IOERR_SHMLOCK,
-        sqlite3.SQLITE_IOERR_NOMEM,
-    }
-)
-
 # os.access() asks for the effective uid (sudo, setuid) where it can.
 _EFFECTIVE_IDS: Final = os.access in os.supports_effective_ids
 
@@ -171,10 +146,8 @@ class Snapshot:
     quarantined: int
     # (seq, reason) of the row quarantined last, if any.
     last_quarantined: tuple[int, str] | None = None
-
-
-def _strerror(exc: OSError) -> str:
-    return exc.strerror or str(exc)
+    # The oldest unacked row's CLOCK_BOOTTIME reading (the boot in meta.boot_id).
+    oldest_appended_boot: float | None = None
 
 
 # (inode, size, mtime in ns) of a file, or None when it does not exist.
@@ -187,14 +160,6 @@ def _file_id(path: str | Path) -> _FileId:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _not_damage(exc: sqlite3.Error) -> bool:
-    """True when SQLite's error is about access or locks, not the file's content."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if not isinstance(code, int):
-        return False
-    return (code & 0xFF) in _NOT_DAMAGE or code in _IOERR_NOT_DAMAGE
 
 
 class LogReader:
@@ -232,7 +197,9 @@ class LogReader:
         try:
             st = path.lstat()
         except OSError as exc:
-            raise LogUnreadableError(str(path), f"cannot read: {_strerror(exc)}") from None
+            raise LogUnreadableError(
+                str(path), f"cannot read: {files.describe_os_error(exc)}"
+            ) from None
         if stat.S_ISLNK(st.st_mode):
             raise WalCorruptError(str(path), "is a symbolic link; refusing to follow it")
         if not stat.S_ISREG(st.st_mode):
@@ -268,7 +235,7 @@ class LogReader:
     # -- the view -----------------------------------------------------------
 
     def _denied(self, what: str, exc: OSError) -> LogUnreadableError:
-        reason = f"{what}: {_strerror(exc)}"
+        reason = f"{what}: {files.describe_os_error(exc)}"
         if exc.errno in (errno.EACCES, errno.EPERM):
             reason += f" (the log belongs to uid {self._owner_uid}; run as that user or root)"
         return LogUnreadableError(str(self.path), reason)
@@ -287,7 +254,8 @@ class LogReader:
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise LogUnreadableError(
-                        str(self.path), f"cannot lock it for reading: {_strerror(exc)}"
+                        str(self.path),
+                        f"cannot lock it for reading: {files.describe_os_error(exc)}",
                     ) from None
             # A writer holds SQLite's exclusive lock only while it checkpoints at close.
             if time.monotonic() >= deadline:
@@ -377,7 +345,7 @@ class LogReader:
                 "its -wal holds commits but its -shm is missing (the writer died and the -shm "
                 "was removed, or the files were copied without it); reading it in place would "
                 "create the -shm, and copying it to read the copy failed: "
-                f"{where}{_strerror(exc)}",
+                f"{where}{files.describe_os_error(exc)}",
             ) from None
         return copy
 
@@ -427,9 +395,12 @@ class LogReader:
         )
 
     def _fail(self, what: str, exc: sqlite3.Error) -> WalCorruptError | LogUnreadableError:
-        if _not_damage(exc):
-            name = getattr(exc, "sqlite_errorname", "")
-            return LogUnreadableError(str(self.path), f"cannot read {what}: {exc} ({name})")
+        if not_damage(exc):
+            name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+            # SQLite names no cause for CANTOPEN: ask the OS (files.open_failure).
+            cause = files.open_failure(self.path, write=False)
+            said = f"{cause} (SQLite: {exc}, {name})" if cause else f"{exc} ({name})"
+            return LogUnreadableError(str(self.path), f"cannot read {what}: {said}")
         if what == "header":
             return WalCorruptError(str(self.path), f"not a usable SQLite database: {exc}")
         return WalCorruptError(str(self.path), f"cannot read {what}: {exc}")
@@ -452,8 +423,11 @@ class LogReader:
             conn.execute("BEGIN")
             meta = read_meta(conn, self.path)
             top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchall()
+            # appended_boot: an optional column, absent from older logs.
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
+            boot = "appended_boot" if "appended_boot" in columns else "NULL"
             oldest = conn.execute(
-                "SELECT appended_at FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",
+                f"SELECT appended_at, {boot} FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",  # noqa: S608
                 (meta.last_acked_seq,),
             ).fetchall()
             quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
@@ -466,6 +440,11 @@ class LogReader:
                 top_seq=int(top[0][0]) if top else None,
                 top_kind=str(top[0][1]) if top else None,
                 oldest_appended_at=float(oldest[0][0]) if oldest else None,
+                oldest_appended_boot=(
+                    float(oldest[0][1])
+                    if oldest and isinstance(oldest[0][1], int | float)
+                    else None
+                ),
                 quarantined=int(quarantined),
                 last_quarantined=(int(last_q[0][0]), str(last_q[0][1])) if last_q else None,
             )

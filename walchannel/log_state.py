@@ -22,8 +22,10 @@ from typing import Final, NamedTuple
 from walchannel.errors import ChannelClosedError, RunCompletedError
 
 __all__ = [
+    "FAILED_CORRUPT",
     "FAILED_DONE_REFUSED",
     "FAILED_ENGINE_BEHIND",
+    "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
     "AckPlan",
@@ -49,6 +51,15 @@ FAILED_UNDELIVERABLE: Final = (
     "run completed with undeliverable rows: the engine says the run is completed while "
     "this log still holds unacked rows (walchannel export saves them)"
 )
+#: ``failed_reason``: the log file turned out damaged where the channel read it.
+FAILED_CORRUPT: Final = (
+    "the log file is damaged: the channel stopped reading it (walchannel inspect --verify; "
+    "walchannel export saves what is readable)"
+)
+#: ``failed_reason`` begins so when walchannel's own invariant broke (a bug in
+#: walchannel, never a condition of the network or the engine): the run
+#: stopped, every row stays in the log; the type and message follow.
+FAILED_INTERNAL: Final = "walchannel stopped the run: its own invariant broke"
 #: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
 FAILED_DONE_REFUSED: Final = (
     "Done refused: the engine refuses the run's Done for its size; raise the engine's "

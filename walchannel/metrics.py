@@ -103,7 +103,8 @@ LOG_SIZE: Final = "walchannel.log.size"
 STATE: Final = "walchannel.channel.state"
 #: Time of one ``send_event``/``send_finding``/``send_findings`` call: checks,
 #: encoding, the commit; at most one call per 5 ms per channel is recorded
-#: (:data:`SEND_SAMPLE_NS`). Histogram, ``us``, no attributes.
+#: (:data:`SEND_SAMPLE_NS`). Histogram, ``us``; attributes: the run id and
+#: the send operation, as ``walchannel.sent``.
 SEND_DURATION: Final = "walchannel.send.duration"
 
 #: The run of a per-channel point. One series per open channel: see
@@ -280,7 +281,7 @@ class ChannelMetrics:
             return
         self._sampled_ns = started_ns
         try:
-            self._histogram.record((self.clock_ns() - started_ns) / 1000)
+            self._histogram.record((self.clock_ns() - started_ns) / 1000, self.sent_attributes)
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
 

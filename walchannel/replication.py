@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -52,7 +53,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from walchannel import files
 from walchannel.errors import WalchannelError, WalCorruptError
-from walchannel.log_format import RunMeta, check_header, read_meta
+from walchannel.lock import OwnerLock
+from walchannel.log_format import RunMeta, check_header, new_file_id, quick_check, read_meta
 from walchannel.log_state import next_seq_at_open
 
 __all__ = [
@@ -76,7 +78,6 @@ SOCKET_ENV: Final = "WALCHANNEL_LITESTREAM_SOCKET"
 #: The WAL size (pages) past which Litestream truncates the ``-wal``: ~4 MiB, the
 #: bound walchannel's own ``journal_size_limit`` keeps without Litestream.
 TRUNCATE_PAGES: Final = 1024
-_RESTORING = "restoring"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -457,30 +458,105 @@ def restore(
             or restored something that is not this run's walchannel log.
     """
     source = replica_url(url, run_id)
-    folder = files.ensure_wal_dir(wal_dir)
+    folder = Path(wal_dir).expanduser() if wal_dir is not None else files.default_wal_dir()
     target = files.log_path(folder, run_id)
-    if target.exists() or target.is_symlink():
-        raise FileExistsError(
-            f"{target} already exists: a restore never overwrites a log (move it away first)"
-        )
-    tmp = files.temporary_path(target, f"{_RESTORING}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        _run_restore(source, tmp, env, timeout_s)
-        # Litestream creates with the umask; a log is 0600 (SPEC "The log").
-        os.chmod(tmp, stat.S_IRUSR | stat.S_IWUSR)
-        meta, unacked, next_seq = _check_restored(tmp, run_id, source)
+        files.check_path_length(target)
+    except OSError as exc:
+        raise ValueError(f"{target}: {files.describe_os_error(exc)}") from None
+    folder = files.ensure_wal_dir(folder)
+    # The owner lock for the whole restore, as flush holds it: no harness
+    # opens the run meanwhile, and a live owner is refused by pid and host.
+    lock_file = files.lock_path(target)
+    made_lock = not os.path.lexists(lock_file)
+    lock = OwnerLock.acquire(lock_file, log=target)
+    restored = False
+    try:
+        _refuse_beside_sidecars(target)
+        tmp = files.temporary_path(target, secrets.token_hex(4))
         try:
-            os.link(tmp, target)  # fails if a log appeared meanwhile: never clobbered
-        except FileExistsError:
-            raise FileExistsError(
-                f"{target} already exists: a restore never overwrites a log (move it away first)"
-            ) from None
-        _fsync_dir(folder)
+            _run_restore(source, tmp, env, timeout_s)
+            # Litestream creates with the umask; a log is 0600 (SPEC "The log").
+            os.chmod(tmp, stat.S_IRUSR | stat.S_IWUSR)
+            meta, unacked, next_seq = _check_restored(tmp, run_id, source)
+            # Checked again at the last moment: nothing appeared meanwhile.
+            _refuse_beside_sidecars(target, tmp)
+            try:
+                os.link(tmp, target)  # fails if a log appeared meanwhile: never clobbered
+            except FileExistsError:
+                _refuse_beside_sidecars(target, tmp)
+                raise
+            _fsync_dir(folder)
+            restored = True
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
     finally:
-        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
+        if made_lock and not restored:
+            # Leave the folder as found. Safe while held: an opener that
+            # locks the unlinked file sees another inode and retries (lock.py).
+            with contextlib.suppress(OSError):
+                lock_file.unlink()
+        lock.release()
     return RestoredLog(target, meta, unacked, next_seq)
+
+
+def _refuse_beside_sidecars(target: Path, ours: Path | None = None) -> None:
+    """Refuse when the run's log, its ``-wal`` or ``-shm``, or a temporary of it is there.
+
+    A restored file never lands beside sidecars it did not make: SQLite
+    would replay a stale ``-wal`` onto it (its frames are bound to the WAL,
+    not to the database). The error lists every file of the run and the
+    commands that move each with the file it belongs to. Stale temporaries
+    alone (not ``ours``, the restore's own) are removed, as ``RunLog.open``
+    removes them: the caller holds the owner lock.
+
+    Raises:
+        FileExistsError: naming the files and the commands.
+    """
+    folder = target.parent
+    log = target if os.path.lexists(target) else None
+    sidecars = [Path(f"{target}{end}") for end in ("-wal", "-shm")]
+    sidecars = [p for p in sidecars if os.path.lexists(p)]
+    temporaries = sorted(
+        p
+        for p in folder.glob(files.temporary_path(target, "*").name)
+        if files.is_temporary_for(p, target)
+    )
+    temporaries = [p for p in temporaries if p.name != getattr(ours, "name", None)]
+    if log is None and not sidecars:
+        # Stale temporaries of an interrupted creation or restore: under the
+        # owner lock nobody else is building this log (RunLog.open does the same).
+        for stale in temporaries:
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        return
+    lock = files.lock_path(target)
+    aside = folder / f"aside-{target.name.removesuffix(files.LOG_SUFFIX)}-{int(time.time())}"
+    moved = [p for p in (log, *sidecars) if p is not None]
+    if os.path.lexists(lock):
+        moved.append(lock)
+    names = ", ".join(p.name for p in (*moved, *temporaries))
+    steps = [f"mkdir -m 700 {shlex.quote(str(aside))}"]
+    steps.append(
+        "mv " + " ".join(shlex.quote(str(p)) for p in moved) + f" {shlex.quote(str(aside))}/"
+    )
+    if temporaries:
+        steps.append("rm " + " ".join(shlex.quote(str(p)) for p in temporaries))
+    if log is not None:
+        why = "a log of the run is already there: a restore never overwrites a log"
+    else:
+        why = (
+            "the -wal or -shm of a log that is no longer there (moved away alone?) is: "
+            "SQLite would replay it onto the restored file. It belongs with the file it "
+            "was written for: if you kept that file, move these beside it under the same "
+            "name plus -wal/-shm instead"
+        )
+    raise FileExistsError(
+        f"{target}: {why}. Found: {names}. Move them aside together, then restore again:\n  "
+        + "\n  ".join(steps)
+    )
 
 
 def _run_restore(source: str, out: Path, env: dict[str, str] | None, timeout_s: float) -> None:
@@ -508,17 +584,35 @@ def _run_restore(source: str, out: Path, env: dict[str, str] | None, timeout_s: 
 
 
 def _check_restored(path: Path, run_id: str, source: str) -> tuple[RunMeta, int, int]:
+    """Check the restored file before it is linked into place; give it a new file id.
+
+    This run's log (header, schema, meta), every page sound (``PRAGMA
+    quick_check``); then a new ``file_id`` is committed and checkpointed
+    into the file itself, so its own ``-wal`` never differs from it and a
+    stale ``-wal`` of the lost log cannot pass for its own (SPEC "Host loss").
+    """
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         raise ReplicationError(f"restored {source!r} cannot be opened: {exc}") from None
     try:
         check_header(conn, path, run_id)
+        complaints = quick_check(conn)
+        if complaints:
+            raise ReplicationError(
+                f"restored {source!r} is damaged (quick_check: {complaints[0]}); "
+                "nothing was placed in the log folder"
+            )
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
+        if "file_id" not in columns:
+            conn.execute("ALTER TABLE meta ADD COLUMN file_id TEXT")
+        conn.execute("UPDATE meta SET file_id = ? WHERE id = 1", (new_file_id(),))
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         meta = read_meta(conn, path)
         unacked, top = conn.execute("SELECT COUNT(*), MAX(seq) FROM rows").fetchone()
     except WalCorruptError as exc:
         raise ReplicationError(f"restored {source!r} is not this run's log: {exc}") from None
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         raise ReplicationError(f"restored {source!r} is not a usable log: {exc}") from None
     finally:
         conn.close()

@@ -78,7 +78,7 @@ def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
         format_age(report.oldest_unacked_age_s),
         _format_rate(rates.logged),
         _format_rate(rates.acked),
-        report.last_ack_text(now),
+        report.last_ack_text(),
         report.owner_text(),
         format_size(report.file_bytes),
         report.detail(now),
@@ -167,7 +167,7 @@ def watch(
             except PathError as exc:
                 logs, problem = [], str(exc)
             reports = sorted(
-                (inspect_log(p, now=now, stuck_after_s=stuck_after_s, verify=verify) for p in logs),
+                (inspect_log(p, stuck_after_s=stuck_after_s, verify=verify) for p in logs),
                 key=lambda r: r.sort_key,
             )
             rates = []

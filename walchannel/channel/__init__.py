@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import random
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -68,7 +69,7 @@ from walchannel.errors import (
     DiscoveryError,
     EngineBehindError,
     EngineUnavailableError,
-    PayloadError,
+    RowRefusedError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
@@ -78,7 +79,12 @@ from walchannel.files import file_size
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE
-from walchannel.log_state import FAILED_UNDELIVERABLE
+from walchannel.log_state import (
+    FAILED_CORRUPT,
+    FAILED_DONE_REFUSED,
+    FAILED_INTERNAL,
+    FAILED_UNDELIVERABLE,
+)
 from walchannel.payload import check_text
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
@@ -93,6 +99,8 @@ __all__ = ["CHECKPOINT_STEP_PAGES", "GrpcEngineChannel"]
 
 logger = logging.getLogger(__name__)
 
+#: How often the hard_deadline timer asks the wall clock at the longest (seconds).
+DEADLINE_LOOK_S: Final = 60.0
 #: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
 CHECKPOINT_STEP_PAGES: Final = 1024
 
@@ -179,6 +187,7 @@ class GrpcEngineChannel:
                 correlation_id=config.correlation_id,
                 # "replicated" is "process" on disk, plus the replica gate.
                 durability="power" if config.durability == "power" else "process",
+                clock=self._clock,
             )
         elif log.run_id != config.run_id or not log.writable:
             raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
@@ -243,6 +252,8 @@ class GrpcEngineChannel:
         self._closing = False
         self._pings_warned = False
         self._limits_warned: set[tuple[str, int]] = set()
+        # Texts of errors from outside walchannel already said at ERROR.
+        self._said: set[str] = set()
         self._stop_callbacks: list[StopCallback] = []
         self._budget_callbacks: list[BudgetCallback] = []
         self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
@@ -311,9 +322,7 @@ class GrpcEngineChannel:
         if not self._log.closed:
             unacked_bytes = self._log.unacked_bytes_above(driver.acked)
             if driver.unacked:
-                appended_at = self._log.oldest_appended_at(driver.acked)
-                if appended_at is not None:
-                    oldest = max(0.0, self._clock.wall_s() - appended_at)
+                oldest = self._log.oldest_unacked_age_s(driver.acked)
         return ChannelStats(
             state=driver.state,
             sent=driver.sent,
@@ -451,11 +460,38 @@ class GrpcEngineChannel:
                 future.set_exception(error(rid))
                 future.exception()
 
-    def _fail(self, error: WalchannelError, *, done_refused: bool = False) -> None:
+    def _fail(self, error: WalchannelError, *, reason: str | None = None) -> None:
         logger.error("%s", error)
-        reason = self._driver.fail(error, done_refused=done_refused)
+        reason = self._driver.fail(error, reason=reason)
         self._record_error(str(error), failed=reason)
         self._state_changed()
+
+    def _log_damaged(self, error: WalchannelError) -> None:
+        """The writer found the log file damaged: re-dialing cannot mend it; stop, keep the rows."""
+        self._fail(error, reason=FAILED_CORRUPT)
+
+    def _foreign_error(
+        self, where: str, exc: Exception, *, then: str = "retried with backoff"
+    ) -> None:
+        """An error from outside walchannel at a boundary: a failed attempt, never the run's end.
+
+        The harness's objects (its ``http_client``, closed or misconfigured;
+        its callbacks), httpx, grpc's channel creation, a malformed proxy
+        variable: logged at ERROR with the type and traceback once per
+        distinct text (then at INFO), kept in ``last_error``; the connection
+        loop backs off and tries again, dialing the last known address
+        (SPEC "The channel", errors from outside).
+        """
+        text = redact_secret(f"{where}: {type(exc).__name__}: {exc}", self._config.run_token)
+        first = text not in self._said
+        self._said.add(text)
+        # Where it was raised, not the traceback: its last line would repeat
+        # the message unredacted.
+        frames = traceback.extract_tb(exc.__traceback__)
+        raised = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        level = logging.ERROR if first else logging.INFO
+        logger.log(level, "run %s: %s%s; %s", self._run_id, text, raised, then)
+        self._record_error(text)
 
     def _note_error(self, message: str) -> None:
         """Keep ``message`` as ``last_error`` (``stats()``), not in the log."""
@@ -479,8 +515,9 @@ class GrpcEngineChannel:
     def _call_back(self, callback: Callable[..., None], *args: Any) -> None:
         try:
             callback(*args)
-        except Exception:
-            logger.exception("run %s: callback %r raised; ignored", self._run_id, callback)
+        except Exception as exc:
+            name = getattr(callback, "__qualname__", repr(callback))
+            self._foreign_error(f"callback {name}", exc, then="ignored")
 
     def _expire(self) -> None:
         if not self._driver.expire():
@@ -661,9 +698,10 @@ class GrpcEngineChannel:
             once past ``hard_deadline``.
 
         Raises:
-            PayloadError: a bad field; or the engine refused the ``Done``
-                for its size (the channel stops once the rows before it are
-                acked; the row stays in the log).
+            PayloadError: a bad field (nothing logged).
+            RowRefusedError: the engine refused the logged ``Done`` for its
+                size (the channel stops once the rows before it are acked;
+                the row stays in the log).
             ChannelClosedError: after ``close`` or a previous ``send_done``.
             EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
                 also when the channel fails while waiting (engine behind).
@@ -726,8 +764,9 @@ class GrpcEngineChannel:
             ChannelClosedError: the channel closed while waiting.
             EngineBehindError, RunCompletedError, RunExpiredError: the channel
                 failed or expired while waiting: no decision can come.
-            PayloadError: as ``send_event``; or the engine refused the request
-                for its size (it was set aside: it will never be decided).
+            PayloadError: as ``send_event`` (nothing logged).
+            RowRefusedError: the engine refused the logged request for its
+                size (it was set aside: it will never be decided).
             ValueError: ``timeout_ms`` is not None or a finite number >= 0
                 (nothing logged).
             The other errors of ``send_event``.
@@ -924,10 +963,27 @@ class GrpcEngineChannel:
         if self._runner is not None:
             return
         loop = asyncio.get_running_loop()
-        delay = self._driver.deadline_in_s(self._clock.wall_s())
-        if delay is not None:
-            self._deadline_timer = loop.call_later(delay, self._expire)
+        self._check_deadline()
         self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
+
+    def _check_deadline(self) -> None:
+        """Expire at ``hard_deadline`` on the wall clock, whatever the clock's steps.
+
+        The token's expiry is a wall-clock time: the timer wakes at most every
+        :data:`DEADLINE_LOOK_S` and asks the wall clock, so a step either way
+        (NTP, a resumed VM) moves the expiry with it, as the admission check
+        of every call does.
+        """
+        self._deadline_timer = None
+        delay = self._driver.deadline_in_s(self._clock.wall_s())
+        if delay is None or self._driver.closed:
+            return
+        if delay <= 0:
+            self._expire()
+            return
+        self._deadline_timer = asyncio.get_running_loop().call_later(
+            min(delay, DEADLINE_LOOK_S), self._check_deadline
+        )
 
     async def _run(self) -> None:
         driver = self._driver
@@ -954,9 +1010,16 @@ class GrpcEngineChannel:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._over.wait(), delay / 1000)
         except Exception as exc:
-            # A bug, not a network condition: fail loudly rather than spin.
+            # Errors from outside walchannel are failed attempts at their
+            # boundary (discovery, the dial): what reaches here is walchannel's
+            # own invariant breaking (StateError, an assertion, a bug). Fail
+            # loudly rather than spin, naming it for inspect; nothing is dropped.
             logger.exception("run %s: the connection loop failed", self._run_id)
-            self._fail(WalchannelError(f"run {self._run_id}: connection loop failed: {exc!r}"))
+            what = f"{type(exc).__name__}: {exc}"
+            self._fail(
+                WalchannelError(f"run {self._run_id}: connection loop failed: {what}"),
+                reason=f"{FAILED_INTERNAL}: {what}",
+            )
 
     async def _rediscover(self) -> None:
         """Ask discovery for the engine's address; keep the last one on any failure.
@@ -971,10 +1034,19 @@ class GrpcEngineChannel:
         except DiscoveryError as exc:
             why = redact_secret(str(exc), self._config.run_token)
             via = transport.discovery_route
-            logger.warning(
-                "run %s: discovery failed%s, keeping %s: %s", self._run_id, via, self._addr, why
+            text = f"discovery{via}: {why}"
+            # The same failure again (a closed client stays closed): said once.
+            level = logging.WARNING if text not in self._said else logging.INFO
+            self._said.add(text)
+            logger.log(
+                level,
+                "run %s: discovery failed%s, keeping %s: %s",
+                self._run_id,
+                via,
+                self._addr,
+                why,
             )
-            self._record_error(f"discovery{via}: {why}")
+            self._record_error(text)
             return
         except TimeoutError:
             via = transport.discovery_route
@@ -984,6 +1056,9 @@ class GrpcEngineChannel:
             self._record_error(
                 f"discovery{via}: no answer from {self._config.http_addr} within {timeout_s:.1f} s"
             )
+            return
+        except Exception as exc:
+            self._foreign_error(f"discovery (keeping {self._addr})", exc)
             return
         if addr != self._addr:
             logger.info(
@@ -998,7 +1073,11 @@ class GrpcEngineChannel:
 
     async def _stream_once(self, addr: str) -> None:
         """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
-        call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
+        try:
+            call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
+        except Exception as exc:  # channel creation, a malformed proxy variable
+            self._foreign_error(f"dialing {addr}", exc)
+            return
         stream = Stream(
             call,
             addr,
@@ -1007,7 +1086,7 @@ class GrpcEngineChannel:
             clock=self._clock,
             wakeup=self._wakeup,
             on_down=self._on_down,
-            on_fatal=self._fail,
+            on_fatal=self._log_damaged,
             heartbeat=self._heartbeat,
             acks_handshake=self._config.engine_acks_handshake,
             replica=self._replica,
@@ -1262,10 +1341,15 @@ class GrpcEngineChannel:
             # it had read ahead): deliver them, then stop (_check_held).
             driver.hold(
                 seq,
-                PayloadError(
-                    kind,
+                RowRefusedError(
                     f"run {self._run_id}: {what}; the channel stops, the row stays in "
                     f"{self._log.path} (raise the engine's limit, then resume or flush)",
+                    run_id=self._run_id,
+                    seq=seq,
+                    kind=kind,
+                    size=size,
+                    limit=refusal.limit,
+                    path=str(self._log.path),
                 ),
             )
             logger.error(
@@ -1307,10 +1391,15 @@ class GrpcEngineChannel:
             future = self._approvals.pop(rid, None)
             if future is not None and not future.done():
                 future.set_exception(
-                    PayloadError(
-                        kind,
+                    RowRefusedError(
                         f"run {self._run_id}: approval request {rid!r} at {what}; set aside, "
                         "the engine will never decide it",
+                        run_id=self._run_id,
+                        seq=seq,
+                        kind=kind,
+                        size=size,
+                        limit=refusal.limit,
+                        path=str(self._log.path),
                     )
                 )
                 future.exception()
@@ -1334,7 +1423,7 @@ class GrpcEngineChannel:
         error = self._driver.held_due()
         if error is None:
             return
-        self._fail(error, done_refused=True)
+        self._fail(error, reason=FAILED_DONE_REFUSED)
         if self._stream is not None:
             self._stream.finish(StreamEnded(str(error)))
 
