@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import PYTHON, ROOT, child_env, new_run
+from walchannel import EXIT_ROWS_LEFT, EXIT_STOPPED
 from walchannel.inspection import inspect_log
 from walchannel.testing import LocalEngine
 
@@ -79,6 +82,8 @@ def async_example() -> str:
     code = code.replace(
         "DRAIN_TIMEOUT_MS = 600_000", 'DRAIN_TIMEOUT_MS = int(os.environ.get("DRAIN_MS", "600000"))'
     )
+    assert "GRACE_S = 25" in code
+    code = code.replace("GRACE_S = 25", 'GRACE_S = float(os.environ.get("GRACE_S", "25"))')
     return code.replace(scanner, _SCANNER + "\n\n")
 
 
@@ -221,3 +226,126 @@ async def test_the_blocking_example_exits_non_zero_when_done_is_not_acked(
     report = inspect_log(log)
     assert report.unacked_count is not None and report.unacked_count >= 1
     assert report.state == "orphaned"
+
+
+# SIGTERM mid-scan (docs/deployment.md): the README's harnesses finish the
+# file in hand, drain within the grace period and say in their exit code
+# whether rows were left; the next start delivers what was left, once.
+GRACE_S = 8.0
+
+
+async def _sigterm_at_last(
+    script: Path, env: dict[str, str], at_last: Path, go: Path, before_term: Any = None
+) -> tuple[int, float, str]:
+    """Start the harness, SIGTERM it while it scans "last", let it go on; (code, s, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON, str(script), "a.py", "last", "z.py", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    await wait_for_file(at_last, proc)
+    if before_term is not None:
+        await before_term()
+    loop = asyncio.get_running_loop()
+    proc.send_signal(signal.SIGTERM)
+    signalled = loop.time()
+    go.touch()
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, loop.time() - signalled, err.decode()
+
+
+def _grace_env(tmp_path: Path, run_id: str, token: str, grpc_addr: str) -> dict[str, str]:
+    return child_env(
+        RUN_ID=run_id,
+        CORR_ID="corr-readme",
+        RUN_TOKEN=token,
+        GRPC_ADDR=grpc_addr,
+        WAL=str(tmp_path / "wal"),
+        STORE=str(tmp_path / "store.sqlite3"),
+        AT_LAST=str(tmp_path / "at-last"),
+        GO=str(tmp_path / "go"),
+        GRACE_S=str(GRACE_S),
+    )
+
+
+async def _restart(script: Path, env: dict[str, str]) -> None:
+    env = {k: v for k, v in env.items() if k not in ("AT_LAST", "GO")}
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON, str(script), "a.py", "last", "z.py", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+
+
+@pytest.mark.asyncio
+async def test_sigterm_mid_scan_with_the_engine_up_drains_and_exits_within_the_grace(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "harness.py"
+    script.write_text(async_example())
+    async with LocalEngine(store_path=tmp_path / "store.sqlite3") as engine:
+        run_id, token = new_run(engine)
+        env = _grace_env(tmp_path, run_id, token, engine.grpc_addr)
+        code, took_s, err = await _sigterm_at_last(
+            script, env, tmp_path / "at-last", tmp_path / "go"
+        )
+        assert code == EXIT_STOPPED == 143, err[-3000:]
+        assert took_s < GRACE_S, (took_s, err[-3000:])
+        # The file in hand was finished and acked; the next one was not taken.
+        assert engine.accepted(run_id) == [1, 2]
+        assert [b["body"]["fields"]["path"] for b in engine.bodies(run_id)] == ["a.py", "last"]
+        assert engine.done(run_id) is None
+        (log,) = (tmp_path / "wal").glob("*.wal.sqlite3")
+        report = inspect_log(log)
+        assert report.unacked_count == 0 and report.state == "idle", report
+        await _restart(script, env)
+        assert engine.accepted(run_id) == [1, 2, 3, 4]  # z.py and the Done, once
+        assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
+        assert [b["body"]["fields"]["path"] for b in engine.bodies(run_id)[:3]] == [
+            "a.py",
+            "last",
+            "z.py",
+        ]
+
+
+@pytest.mark.asyncio
+async def test_sigterm_with_the_engine_gone_exits_75_within_the_grace_and_the_next_start_delivers(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "blocking.py"
+    script.write_text(blocking_example())
+    store = tmp_path / "store.sqlite3"
+    port = free_port()
+    engine = LocalEngine(store_path=store, grpc_port=port)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        env = _grace_env(tmp_path, run_id, token, engine.grpc_addr)
+
+        async def engine_goes() -> None:
+            # Once the harness stored a.py's ack: one row is left, not two.
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                logs = list((tmp_path / "wal").glob("*.wal.sqlite3"))
+                if logs and inspect_log(logs[0]).last_acked_seq == 1:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, engine.accepted(run_id)
+                await asyncio.sleep(0.02)
+            await engine.stop()
+
+        code, took_s, err = await _sigterm_at_last(
+            script, env, tmp_path / "at-last", tmp_path / "go", before_term=engine_goes
+        )
+    finally:
+        await engine.stop()
+    assert code == EXIT_ROWS_LEFT == 75, err[-3000:]
+    assert took_s < GRACE_S, (took_s, err[-3000:])
+    assert "SIGTERM: closed with 1 row(s) unacked in the log" in err, err[-3000:]
+    (log,) = (tmp_path / "wal").glob("*.wal.sqlite3")
+    report = inspect_log(log)
+    assert report.unacked_count == 1 and report.state == "orphaned", report
+    async with LocalEngine(store_path=store, grpc_port=port) as engine:
+        await _restart(script, env)
+        assert engine.accepted(run_id) == [1, 2, 3, 4]  # last's finding, z.py, the Done
+        assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
+        paths = [b["body"]["fields"]["path"] for b in engine.bodies(run_id)[:3]]
+        assert paths == ["a.py", "last", "z.py"]

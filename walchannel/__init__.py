@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "EngineChannel": "walchannel.interface",
     "EngineUnavailableError": "walchannel.errors",
     "InsecureDiscoveryWarning": "walchannel.errors",
+    "EXIT_ROWS_LEFT": "walchannel.grace",
+    "EXIT_STOPPED": "walchannel.grace",
+    "GracePeriod": "walchannel.grace",
     "GrpcChannelConfig": "walchannel.config",
     "GrpcEngineChannel": "walchannel.channel",
     "PayloadError": "walchannel.errors",
@@ -55,9 +58,12 @@ __all__ = [
     "ChannelState",
     "ChannelStats",
     "DiscoveryError",
+    "EXIT_ROWS_LEFT",
+    "EXIT_STOPPED",
     "EngineBehindError",
     "EngineChannel",
     "EngineUnavailableError",
+    "GracePeriod",
     "GrpcChannelConfig",
     "GrpcEngineChannel",
     "InsecureDiscoveryWarning",
@@ -97,6 +103,7 @@ if TYPE_CHECKING:
         WalLockedError,
         WalWriteError,
     )
+    from walchannel.grace import EXIT_ROWS_LEFT, EXIT_STOPPED, GracePeriod
     from walchannel.interface import (
         ApprovalDecision,
         ChannelStats,

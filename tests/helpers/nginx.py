@@ -2,8 +2,9 @@
 
 Everything lives in a temp folder of its own: the config, the pid file, the
 logs and nginx's temp paths, so it never touches the system nginx. It
-listens on ``127.0.0.1:P`` with plain HTTP/2 (h2c) and ``grpc_pass``es to an
-upstream group of engine addresses (round robin).
+runs ``examples/nginx-engines.conf`` (the config docs/deployment.md ships),
+listening on ``127.0.0.1:P`` with plain HTTP/2 (h2c) and ``grpc_pass``ing to
+the test's engine addresses (round robin).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
 )
 
-CONFIG = """\
+# The example config the docs ship, run as the tests' balancer.
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nginx-engines.conf"
+
+MAIN = """\
 {user}
 daemon off;
 worker_processes 1;
@@ -33,23 +37,23 @@ http {{
     fastcgi_temp_path {prefix}/tmp/fastcgi;
     uwsgi_temp_path {prefix}/tmp/uwsgi;
     scgi_temp_path {prefix}/tmp/scgi;
-    upstream engines {{
-{servers}
-    }}
-    server {{
-        listen 127.0.0.1:{port} http2;
-        # Without this nginx ends a long stream after 1 MB of request body.
-        client_max_body_size 0;
-        client_body_timeout {timeout_s}s;
-        location / {{
-            grpc_pass grpc://engines;
-            grpc_read_timeout {timeout_s}s;
-            grpc_send_timeout {timeout_s}s;
-            grpc_connect_timeout 2s;
-        }}
-    }}
+    include {prefix}/engines.conf;
 }}
 """
+
+
+def engines_conf(upstreams: list[str], port: int, timeout_s: int) -> str:
+    """The shipped example with the test's listen address, upstreams and idle timeouts."""
+    text = EXAMPLE.read_text()
+    example_servers = [
+        line for line in text.splitlines() if line.strip().startswith("server engine-")
+    ]
+    listen = "    listen 50051 http2;"
+    assert example_servers and listen in text and text.count(" 3600s;") == 3, "example changed"
+    servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=2s;" for u in upstreams)
+    text = text.replace("\n".join(example_servers), servers)
+    text = text.replace(listen, f"    listen 127.0.0.1:{port} http2;")
+    return text.replace(" 3600s;", f" {timeout_s}s;")
 
 
 def free_port() -> int:
@@ -78,23 +82,15 @@ class Nginx:
     def start(self) -> None:
         assert NGINX is not None
         (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
-        servers = "\n".join(
-            f"        server {u} max_fails=1 fail_timeout=2s;" for u in self.upstreams
-        )
         # Run as root in CI: keep the workers root too, so they can read the temp folder.
         user = "user root;" if os.geteuid() == 0 else ""
         for _ in range(5):
             self.port = free_port()
             conf = self.prefix / "nginx.conf"
-            conf.write_text(
-                CONFIG.format(
-                    user=user,
-                    prefix=self.prefix,
-                    servers=servers,
-                    port=self.port,
-                    timeout_s=int(self.timeout_s),
-                )
+            (self.prefix / "engines.conf").write_text(
+                engines_conf(self.upstreams, self.port, int(self.timeout_s))
             )
+            conf.write_text(MAIN.format(user=user, prefix=self.prefix))
             self.proc = subprocess.Popen(
                 [
                     NGINX,
