@@ -3,14 +3,38 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The demo needs only the package and bandit, not the test toolchain.
+DEMO_STAMP     := $(VENV)/.installed-demo
+HOSTLOSS_STAMP := $(VENV)/.installed-hostloss
 
-.PHONY: test test-stress demo demo-hostloss lint typecheck pytest chaos chaos-hostloss sim bench proto clean
+.PHONY: help test test-stress demo demo-hostloss lint typecheck pytest chaos chaos-hostloss sim bench proto clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+help:
+	@echo "make demo           a real bandit scan through an engine kill and a harness SIGKILL, audited"
+	@echo "make test           ruff, mypy --strict and the whole suite (parallel workers)"
+	@echo "make test-stress    the suite RUNS=3 times beside two busy loops: the flake hunt"
+	@echo "make demo-hostloss  the log replicated with Litestream, the machine lost, restored, resumed"
+	@echo "make chaos          every kill point, SIGKILL at random moments (docs/reliability.md)"
+	@echo "make chaos-hostloss LOSSES=20 host losses at random times"
+	@echo "make sim            100,000 simulated schedules (docs/reliability.md)"
+	@echo "make bench          the benchmarks, side by side with their baselines (docs/performance.md)"
+	@echo "make lint | typecheck | pytest | proto | clean"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,demo]'
 	touch $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+$(HOSTLOSS_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[demo,replicate]'
+	touch $(HOSTLOSS_STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check walchannel tests tools examples
@@ -22,11 +46,11 @@ RUNS ?= 3
 test-stress: $(STAMP)
 	$(PY) tools/stress.py --runs $(RUNS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/walchannel demo
 
 # The log replicated with Litestream; the whole machine lost, restored, resumed.
-demo-hostloss: $(STAMP)
+demo-hostloss: $(HOSTLOSS_STAMP)
 	$(VENV)/bin/walchannel demo --host-loss
 
 lint: $(STAMP)

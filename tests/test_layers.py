@@ -65,6 +65,7 @@ ORDER = [
     "walchannel.testing.proxy",
     "walchannel.testing.plugin",
     "walchannel.testing",
+    "walchannel.bandit_harness",
     "walchannel.demo",
     "walchannel.demo_hostloss",
     "walchannel.cli_logs",

@@ -2,7 +2,7 @@
 """Chaos loop for host loss: many lost machines at random times, each restored and resumed.
 
 Everything is real (``walchannel.demo_hostloss``): a LocalEngine process
-and a discovery process on one store, ``examples/bandit_harness.py`` as the
+and a discovery process on one store, ``walchannel.bandit_harness`` as the
 harness, a ``litestream replicate`` sidecar per "machine" (a folder) with a
 file replica. A loss SIGKILLs Litestream and the harness together and
 deletes the machine's folder; the log is restored from the replica into the
@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from walchannel import demo, demo_hostloss  # noqa: E402
+from walchannel import bandit_harness, demo, demo_hostloss  # noqa: E402
 
 
 def _expected(files: list[Path], tree: Path, workdir: Path) -> Any:
@@ -65,7 +65,6 @@ def loop(
     keep: bool,
     durability: str,
 ) -> dict[str, Any]:
-    harness = demo._harness_path(None)
     done_losses: list[demo_hostloss.HostLoss] = []
     runs: list[dict[str, Any]] = []
     failures = 0
@@ -75,7 +74,6 @@ def loop(
         workdir = Path(tempfile.mkdtemp(prefix="hostloss-", dir=workroot))
         with (workdir / "processes.log").open("w") as plog:
             outcome = demo_hostloss.stream_with_host_losses(
-                harness_path=harness,
                 tree=tree,
                 files=files,
                 limit=None,
@@ -154,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep every run's work dir")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON too")
     args = parser.parse_args(argv)
-    harness_mod = demo._load_harness(demo._harness_path(None))
     tree = Path(args.tree).resolve()
-    files = harness_mod.scan_files(tree)
+    files = bandit_harness.scan_files(tree)
     if not files:
         print(f"no Python files under {tree}", file=sys.stderr)
         return 2

@@ -352,7 +352,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo",
         help="stream a real bandit scan through engine and harness kills, then audit it",
         description=(
-            "Run examples/bandit_harness.py over a code tree against a local engine\n"
+            "Run walchannel.bandit_harness over a code tree against a local engine\n"
             "process; part-way through, (a) SIGKILL the engine (a replacement takes over\n"
             "behind discovery) and (b) SIGKILL the harness (restarted on the same log,\n"
             "resuming from its progress marker); then audit the engine's findings\n"

@@ -1,7 +1,7 @@
 """``walchannel demo``: a real bandit scan streamed through engine and harness kills, audited.
 
 It starts a local engine process and a discovery process on one store,
-runs ``examples/bandit_harness.py`` as a child over a real code tree, and
+runs :mod:`walchannel.bandit_harness` as a child over a real code tree, and
 part-way through (a) SIGKILLs the engine process and starts a replacement
 on a new port, and (b) SIGKILLs the harness and starts it again on the same
 log. It prints the engine's accepted finding count at each phase and ends
@@ -14,7 +14,6 @@ gaps 0, lost 0, Done acked. Exit 0 only if the audit holds.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import secrets
@@ -26,27 +25,17 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
+
+from walchannel import bandit_harness
 
 __all__ = ["add_arguments", "run"]
 
 Key = tuple[str, int, int, str]
 
 
-def _harness_path(given: str | None) -> Path:
-    if given:
-        return Path(given)
-    return Path(__file__).resolve().parent.parent / "examples" / "bandit_harness.py"
-
-
-def _load_harness(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bandit_harness", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: The harness the demo runs, as a child: ``python -m`` this module.
+HARNESS = ("-m", "walchannel.bandit_harness")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", help="keep the store and logs here (default: a temp dir, removed after a PASS)"
     )
-    parser.add_argument("--harness", help="path of bandit_harness.py (default: examples/)")
     parser.add_argument(
         "--engine-kill-at",
         type=float,
@@ -164,16 +152,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; return 0 only when the audit holds."""
     from walchannel.testing.store import EngineStore
 
-    harness_path = _harness_path(args.harness)
-    if not harness_path.is_file():
-        print(
-            f"walchannel demo: {harness_path} not found (the demo runs from a source checkout)",
-            file=sys.stderr,
-        )
-        return 2
-    harness_mod = _load_harness(harness_path)
-    tree = Path(args.tree).resolve() if args.tree else harness_mod.default_tree()
-    files: list[Path] = harness_mod.scan_files(tree, args.limit)
+    tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
+    files = bandit_harness.scan_files(tree, args.limit)
     if not files:
         print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
         return 2
@@ -228,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             audit_proc = _audit_scan(files, report, plog)
             procs.append(audit_proc)
             harness_cmd = [
-                str(harness_path),
+                *HARNESS,
                 "--run-id",
                 run_id,
                 "--grpc-addr",

@@ -1,7 +1,7 @@
 """``walchannel demo --host-loss``: a replicated bandit scan survives losing its machine.
 
 Like ``walchannel demo`` (a local engine process and a discovery process on
-one store, ``examples/bandit_harness.py`` as the harness), but each
+one store, :mod:`walchannel.bandit_harness` as the harness), but each
 "machine" is a folder ``host-N/wal`` replicated by a ``litestream
 replicate`` sidecar to ``replica/host-N``. At each loss point the whole
 machine goes: Litestream and the harness are SIGKILLed together and the
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from walchannel.demo import Key, _applied, _audit_scan, _expected, _harness_path, _load_harness
+from walchannel import bandit_harness
+from walchannel.demo import HARNESS, Key, _applied, _audit_scan, _expected
 from walchannel.demo import _start as _start_process
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
@@ -117,7 +118,6 @@ def _tombstone(wal_dir: Path, run_id: str) -> bool:
 
 def stream_with_host_losses(
     *,
-    harness_path: Path,
     tree: Path,
     files: list[Path],
     limit: int | None,
@@ -177,7 +177,7 @@ def stream_with_host_losses(
             rep = Replicator(wal_dir, url, sync_interval_s=sync_interval_s, log_file=plog)
             rep.start()
             cmd = [
-                str(harness_path), "--run-id", run_id, "--grpc-addr", str(info["grpc_addr"]),
+                *HARNESS, "--run-id", run_id, "--grpc-addr", str(info["grpc_addr"]),
                 "--http-addr", str(dinfo["http_addr"]), "--wal-dir", str(wal_dir),
                 "--tree", str(tree), "--token-env", "DEMO_TOKEN", "--pace", str(pace),
                 "--durability", durability,
@@ -376,16 +376,8 @@ def run(args: argparse.Namespace) -> int:
     except ReplicationError as exc:
         print(f"walchannel demo: {exc}", file=sys.stderr)
         return 2
-    harness_path = _harness_path(args.harness)
-    if not harness_path.is_file():
-        print(
-            f"walchannel demo: {harness_path} not found (run from a source checkout)",
-            file=sys.stderr,
-        )
-        return 2
-    harness_mod = _load_harness(harness_path)
-    tree = Path(args.tree).resolve() if args.tree else harness_mod.default_tree()
-    files: list[Path] = harness_mod.scan_files(tree, args.limit)
+    tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
+    files = bandit_harness.scan_files(tree, args.limit)
     if not files:
         print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
         return 2
@@ -404,7 +396,6 @@ def run(args: argparse.Namespace) -> int:
         audit_proc = _audit_scan(files, report, plog)
         try:
             outcome = stream_with_host_losses(
-                harness_path=harness_path,
                 tree=tree,
                 files=files,
                 limit=args.limit,

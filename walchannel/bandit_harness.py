@@ -1,26 +1,33 @@
-"""A real scan harness: bandit over a code tree, streamed through walchannel.
+"""A real scan harness: bandit over a code tree, streamed through walchannel (the demo's).
 
 It runs the bandit security scanner in-process, file by file, over a tree
 (default: this interpreter's standard library without site-packages,
 dist-packages and test folders) and streams the run through a
 GrpcEngineChannel: a handshake, a ``scan.file`` progress Event per file,
 one FindingDraft per bandit result with its real fields, and a Done with
-the totals and the scanned paths as coverage.
+the totals and the tree as coverage (a bounded summary, never every file:
+``Done`` must fit ``max_message_bytes``).
 
 It is resumable after SIGKILL: each file's findings are committed together
 with the scan position (``progress=``), and a restart resumes from
 ``channel.progress()``, so no finding is logged twice or skipped. It honours
-Stop (ends with status ``stopped``).
+Stop (ends with status ``stopped``), and spends a SIGTERM's grace period
+well (:class:`walchannel.GracePeriod`): it finishes the file in hand, lets
+the backlog drain and exits 143, or 75 when rows are left in the log.
 
 Usage::
 
-    HARNESS_TOKEN=... python examples/bandit_harness.py --run-id RUN \\
+    HARNESS_TOKEN=... python -m walchannel.bandit_harness --run-id RUN \\
         --grpc-addr 127.0.0.1:50051 [--http-addr http://127.0.0.1:8080] \\
-        [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D]
+        [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D] \\
+        [--grace SECONDS]
+
+It needs bandit (``pip install 'walchannel[demo]'``).
 
 Exit codes: 0 when the run is done and its Done acked (also when started
 again on a completed run, and when the engine stopped the run), 1 when the
-run failed (engine behind, Done not acked in time), 2 on bad usage.
+run failed (engine behind, Done not acked in time), 2 on bad usage, 143
+(or 75, rows left in the log) when stopped by SIGTERM (SPEC "Grace period").
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from walchannel import (
     Backoff,
     EngineBehindError,
     EngineUnavailableError,
+    GracePeriod,
     GrpcChannelConfig,
     GrpcEngineChannel,
     RunCompletedError,
@@ -50,7 +58,7 @@ SKIPPED_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
 
-log = logging.getLogger("bandit_harness")
+log = logging.getLogger(__name__)
 
 
 def default_tree() -> Path:
@@ -116,7 +124,9 @@ class Scanner:
         return [finding_of(issue, self.tree) for issue in issues]
 
 
-async def run(args: argparse.Namespace, token: str, tree: Path, files: list[Path]) -> int:
+async def run(
+    args: argparse.Namespace, token: str, tree: Path, files: list[Path], grace: GracePeriod
+) -> int:
     """Scan ``files`` under ``tree`` and stream the run; return the exit code."""
     ident = tree_id(tree, files)
     config = GrpcChannelConfig(
@@ -166,6 +176,8 @@ async def run(args: argparse.Namespace, token: str, tree: Path, files: list[Path
             for index in range(start, len(files)):
                 if stop:
                     break
+                if grace.stopping:  # the file in hand is done; a restart resumes here
+                    return await grace.drain(channel)
                 path = files[index]
                 # bandit is CPU-bound: a worker thread keeps the stream flowing.
                 results = await asyncio.to_thread(scanner.scan, path)
@@ -186,10 +198,11 @@ async def run(args: argparse.Namespace, token: str, tree: Path, files: list[Path
                     channel.send_event("scan.file", "info", event, progress=marker)
                 if args.pace:
                     await asyncio.sleep(args.pace)
-            scanned = files if not stop else files[: int(marker.get("next_file", start))]
-            coverage = [str(p.relative_to(tree)) for p in scanned]
+            coverage = [str(tree)]
             if stop:
-                status, reason = "stopped", f"Stop from the engine: {stop[0]}"
+                scanned = int(marker.get("next_file", start))
+                status = "stopped"
+                reason = f"Stop from the engine: {stop[0]} ({scanned} of {len(files)} files)"
             else:
                 status, reason = "completed", ""
             acked = await channel.send_done(status, found, coverage, reason)
@@ -229,6 +242,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--done-wait", type=float, default=120.0, help="seconds to wait for Done")
     parser.add_argument("--token-env", default="HARNESS_TOKEN", help="variable with the token")
     parser.add_argument(
+        "--grace",
+        type=float,
+        default=25.0,
+        help="seconds after SIGTERM before the platform's SIGKILL, less a margin (default 25)",
+    )
+    parser.add_argument(
         "--durability",
         choices=("process", "power", "replicated"),
         default="process",
@@ -249,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not files:
         print(f"bandit_harness: no Python files under {tree}", file=sys.stderr)
         return 2
-    return asyncio.run(run(args, token, tree, files))
+    with GracePeriod(seconds=args.grace) as grace:
+        return asyncio.run(run(args, token, tree, files, grace))
 
 
 if __name__ == "__main__":

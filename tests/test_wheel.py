@@ -1,0 +1,97 @@
+"""The built wheel works outside the checkout: `walchannel --help`, `walchannel demo`, a harness.
+
+It carries py.typed, the .proto and its stubs, and the demo's harness.
+
+A fresh virtual environment in a temp folder gets the wheel with its
+``demo`` extra from pip (what README "Installing it" says); nothing of the
+checkout is on its path, and every command runs with the temp folder as
+its working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+_HARNESS = """
+import asyncio, sys
+from walchannel import GrpcChannelConfig, GrpcEngineChannel
+from walchannel.testing import LocalEngine
+import walchannel
+
+async def main() -> None:
+    async with LocalEngine(store_path="store.sqlite3") as engine:
+        engine.register_run("run-wheel", "tok-wheel-harness-secret")
+        config = GrpcChannelConfig(
+            grpc_addr=engine.grpc_addr, wal_dir="wal", run_id="run-wheel",
+            correlation_id="corr", run_token="tok-wheel-harness-secret",
+        )
+        async with GrpcEngineChannel(config) as channel:
+            await channel.handshake("1.0", "wheel-harness", "1")
+            seqs = channel.send_findings([{"path": "a.py"}, {"path": "b.py"}])
+            assert await channel.send_done("completed", 2, ["."], "")
+        print(walchannel.__file__)
+        print(seqs, engine.accepted("run-wheel"))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    build = ["pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", *build, "--wheel-dir", str(dist), str(ROOT)], check=True)
+    (wheel,) = dist.glob("walchannel-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("py.typed", "_proto/engine_channel.proto", "_proto/engine_channel_pb2.pyi"):
+        assert f"walchannel/{name}" in names
+    assert "walchannel/bandit_harness.py" in names  # what `walchannel demo` runs
+    assert not any("__pycache__" in n for n in names)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[demo]"],
+        check=True,
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+
+    def run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            list(argv), cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert proc.returncode == 0, (argv, proc.stdout[-3000:], proc.stderr[-3000:])
+        return proc
+
+    assert "inspect" in run(str(venv / "bin" / "walchannel"), "--help").stdout
+
+    (work / "harness.py").write_text(_HARNESS)
+    out = run(str(venv / "bin" / "python"), "harness.py").stdout.splitlines()
+    assert out[0].startswith(str(venv)), out  # the installed package, not the checkout
+    assert out[1] == "[1, 2] [1, 2, 3]", out
+
+    tree = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    demo = run(
+        str(venv / "bin" / "walchannel"),
+        "demo",
+        "--tree",
+        str(tree),
+        "--pace",
+        "0.05",
+        "--workdir",
+        str(tmp_path / "demo"),
+        timeout=300,
+    ).stdout
+    assert ">>> SIGKILL engine" in demo and ">>> SIGKILL harness" in demo, demo
+    assert "PASS" in demo, demo
