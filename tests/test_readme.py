@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, ROOT, child_env, new_run
-from walchannel import EXIT_ROWS_LEFT, EXIT_STOPPED
+from walchannel import (
+    EXIT_ROWS_LEFT,
+    EXIT_STOPPED,
+    ChannelState,
+    GrpcChannelConfig,
+    GrpcEngineChannel,
+    RunCompletedError,
+)
 from walchannel.inspection import inspect_log
 from walchannel.testing import LocalEngine
 
@@ -349,3 +356,32 @@ async def test_sigterm_with_the_engine_gone_exits_75_within_the_grace_and_the_ne
         assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
         paths = [b["body"]["fields"]["path"] for b in engine.bodies(run_id)[:3]]
         assert paths == ["a.py", "last", "z.py"]
+
+
+@pytest.mark.asyncio
+async def test_the_stats_table_holds_across_a_restart_and_after_done(tmp_path: Path) -> None:
+    # README "Reading stats()": acked is the run's, sent this channel's;
+    # state stays STREAMING once Done is acked.
+    async with LocalEngine(store_path=tmp_path / "store.sqlite3") as engine:
+        run_id, token = new_run(engine)
+        config = GrpcChannelConfig(
+            grpc_addr=engine.grpc_addr,
+            wal_dir=tmp_path / "wal",
+            run_id=run_id,
+            correlation_id="corr",
+            run_token=token,
+        )
+        async with GrpcEngineChannel(config) as channel:
+            await channel.handshake("1.0", "stats", "1")
+            for i in range(40):
+                channel.send_finding({"i": i})
+            assert await channel.wait_acked(timeout_ms=30_000)
+            assert channel.stats().sent == 40
+        async with GrpcEngineChannel(config) as channel:
+            stats = channel.stats()
+            assert (stats.state, stats.sent, stats.acked) == (ChannelState.IDLE, 0, 40)
+            await channel.handshake("1.0", "stats", "1")
+            assert await channel.send_done("completed", 40, ["."], "")
+            assert channel.stats().state is ChannelState.STREAMING
+        with pytest.raises(RunCompletedError):
+            GrpcEngineChannel(config)

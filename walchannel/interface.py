@@ -50,10 +50,16 @@ class ApprovalDecision:
 class ChannelStats:
     """A snapshot of a channel (``GrpcEngineChannel.stats()``).
 
+    Some fields are the run's (``acked``, the ``unacked_*`` ones,
+    ``quarantined``: a restarted harness reads them from the log), the others
+    this channel object's (``sent``, ``replayed``, ``reconnects``,
+    ``protocol_errors``, ``last_error``: 0 or None after a restart).
+
     Attributes:
-        state: the channel's state.
-        sent: data messages written to streams, re-sends included.
-        acked: the highest seq received in an ack.
+        state: the channel's state; it stays ``STREAMING`` after ``Done`` is
+            acked (the stream stays open until ``close()``).
+        sent: data messages this channel wrote to streams, re-sends included.
+        acked: the highest seq received in an ack, for the whole run.
         replayed: data messages written again after a reconnect or rewind.
         reconnects: streams established after the first.
         unacked_count: logged rows not covered by a received ack.
