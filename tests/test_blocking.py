@@ -206,3 +206,73 @@ def test_close_while_eight_threads_send_leaves_no_caller_blocked(
     for round_ in range(40):
         hung = close_during_sends(engine, tmp_path / f"round-{round_}", handshake=bool(round_ % 2))
         assert hung == [], f"round {round_}: blocked for good: {hung}"
+
+
+_ROUNDS_HARNESS = """
+import os, sys
+from pathlib import Path
+from walchannel import BlockingEngineChannel, GrpcChannelConfig, Backoff
+
+config = GrpcChannelConfig(
+    grpc_addr=os.environ["GRPC_ADDR"], wal_dir=os.environ["WAL"], run_id=os.environ["RUN_ID"],
+    correlation_id="corr", run_token=os.environ["RUN_TOKEN"],
+    backoff=Backoff(initial_ms=50, multiplier=2, max_ms=500, jitter_ms=50),
+)
+with BlockingEngineChannel(config) as channel:
+    channel.handshake("1.0", "rounds", "1")
+    for n in range(int(os.environ["ROUNDS"])):
+        channel.send_finding({"round": n})
+        assert channel.wait_acked(timeout_ms=60_000)
+        print("acked", n, flush=True)
+        go = Path(os.environ["GO"] + str(n))
+        while not go.exists():
+            channel.wait_acked(timeout_ms=20)
+    assert channel.send_done("completed", int(os.environ["ROUNDS"]), ["."], "")
+"""
+
+
+def test_engine_restarts_leave_no_grpc_core_line_on_stderr(tmp_path: Path) -> None:
+    # An engine that stops cancels its calls with an INTERNAL_ERROR GOAWAY
+    # unless it gives them a grace; gRPC's C-core then prints "Got goaway"
+    # on the harness's stderr whatever the harness's logging says. The
+    # local engine stops gracefully; walchannel leaves GRPC_VERBOSITY alone.
+    import subprocess
+
+    from conftest import PYTHON, child_env
+
+    rounds = 8
+    store = tmp_path / "store.sqlite3"
+    script = tmp_path / "rounds.py"
+    script.write_text(_ROUNDS_HARNESS)
+    engine = EngineThread(store_path=store)
+    run_id, token = f"run-{secrets.token_hex(4)}", "tok-" + secrets.token_urlsafe(18)
+    engine.engine.register_run(run_id, token)
+    port = int(engine.engine.grpc_addr.rsplit(":", 1)[1])
+    env = child_env(
+        GRPC_ADDR=engine.engine.grpc_addr,
+        WAL=str(tmp_path / "wal"),
+        RUN_ID=run_id,
+        RUN_TOKEN=token,
+        ROUNDS=str(rounds),
+        GO=str(tmp_path / "go-"),
+    )
+    env.pop("GRPC_VERBOSITY", None)
+    proc = subprocess.Popen(
+        [PYTHON, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    try:
+        for n in range(rounds):
+            assert proc.stdout.readline() == f"acked {n}\n"
+            if n < rounds - 1:  # the engine is replaced on the same port and store
+                engine.close()
+                engine = EngineThread(store_path=store, grpc_port=port)
+            (tmp_path / f"go-{n}").touch()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        assert "chttp2" not in err and "goaway" not in err.lower(), err[-3000:]
+        assert engine.engine.accepted(run_id) == list(range(1, rounds + 2))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        engine.close()

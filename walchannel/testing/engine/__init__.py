@@ -65,6 +65,8 @@ STRICT_PING_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
 # No SO_REUSEPORT: a port bound by a live engine is never shared with another.
 _BASE_OPTIONS: Final = (("grpc.so_reuseport", 0),)
 
+#: How long stop() lets gRPC finish calls before cancelling them (seconds).
+_STOP_GRACE_S: Final = 2.0
 # How long end_streams/kill/stop wait for a handler to finish (seconds).
 _END_WAIT_S: Final = 5.0
 _NEW_PORT_ATTEMPTS: Final = 10
@@ -264,7 +266,11 @@ class LocalEngine:
         await wait_finished(handlers, 1.0)
         server, self._server = self._server, None
         if server is not None:
-            await server.stop(None)
+            # A grace, so gRPC says goodbye with a NO_ERROR GOAWAY once the
+            # ended calls are done, as a well-behaved engine does; without one
+            # it cancels them with an INTERNAL_ERROR GOAWAY, which the
+            # client's C-core prints to stderr ("Got goaway [2]").
+            await server.stop(_STOP_GRACE_S)
         if self._http is not None:
             await asyncio.to_thread(self._http.close)
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
