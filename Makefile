@@ -36,15 +36,19 @@ $(HOSTLOSS_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e '.[demo,replicate]'
 	touch $(HOSTLOSS_STAMP)
 
+# The suite mostly waits (engines, subprocesses, timeouts): four workers on
+# two cores keep the CPUs busy (pytest-xdist). WORKERS=0 runs it serially.
+WORKERS ?= 4
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check walchannel tests tools examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(WORKERS)
 
 # The suite RUNS times beside two busy-loop processes: a flake fails here.
 RUNS ?= 3
 test-stress: $(STAMP)
-	$(PY) tools/stress.py --runs $(RUNS)
+	$(PY) tools/stress.py --runs $(RUNS) -- -n $(WORKERS)
 
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/walchannel demo
@@ -60,7 +64,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(WORKERS)
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py
