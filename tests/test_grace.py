@@ -61,18 +61,22 @@ def test_sigint_counts_only_when_asked_for() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def _channel_with_no_engine(folder: Path, run_id: str) -> GrpcEngineChannel:
+    config = GrpcChannelConfig(
+        grpc_addr="127.0.0.1:9",  # discard: nothing answers
+        wal_dir=folder,
+        run_id=run_id,
+        correlation_id="corr",
+        run_token="tok-grace-never-printed",
+    )
+    return GrpcEngineChannel(config)
+
+
 @pytest.mark.asyncio
 async def test_drain_keeps_the_reserve_for_close_and_says_rows_are_left(tmp_path: Path) -> None:
     # No engine: nothing can be acked, so the drain ends when only the
     # reserve is left, closes, and the rows stay on disk.
-    config = GrpcChannelConfig(
-        grpc_addr="127.0.0.1:9",
-        wal_dir=tmp_path,
-        run_id="run-grace",
-        correlation_id="corr",
-        run_token="tok-grace-never-printed",
-    )
-    channel = GrpcEngineChannel(config)
+    channel = _channel_with_no_engine(tmp_path, "run-grace")
     channel.send_finding({"path": "a.py"})
     channel.send_finding({"path": "b.py"})
     with GracePeriod(seconds=2.0, close_reserve_s=1.5) as grace:
@@ -91,13 +95,6 @@ async def test_drain_keeps_the_reserve_for_close_and_says_rows_are_left(tmp_path
 
 @pytest.mark.asyncio
 async def test_drain_with_nothing_logged_says_stopped(tmp_path: Path) -> None:
-    config = GrpcChannelConfig(
-        grpc_addr="127.0.0.1:9",
-        wal_dir=tmp_path,
-        run_id="run-grace-empty",
-        correlation_id="corr",
-        run_token="tok-grace-never-printed",
-    )
-    channel = GrpcEngineChannel(config)
+    channel = _channel_with_no_engine(tmp_path, "run-grace-empty")
     assert await GracePeriod(seconds=5).drain(channel) == EXIT_STOPPED == 143
     assert channel.state.value == "closed"

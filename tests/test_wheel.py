@@ -11,6 +11,7 @@ its working directory.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -93,5 +94,15 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
         str(tmp_path / "demo"),
         timeout=300,
     ).stdout
+    # The kills happened and the audit holds (README: what `make demo` shows).
     assert ">>> SIGKILL engine" in demo and ">>> SIGKILL harness" in demo, demo
+    phases = re.search(r"findings at engine: (\d+) -> (\d+) -> (\d+)", demo)
+    assert phases, demo
+    first, second, final = map(int, phases.groups())
+    assert first <= second <= final and final > 50
+    for line in ("gaps:                            0", "lost:                            0"):
+        assert line in demo
+    assert "applied twice by content:        0" in demo
+    assert re.search(r"applied exactly once by content: (\d+) / \1 ", demo)
+    assert "Done acked:                      yes" in demo
     assert "PASS" in demo, demo
