@@ -94,3 +94,16 @@ def test_unsafe_run_ids_are_refused(run_id: object) -> None:
 def test_safe_run_ids_pass() -> None:
     for run_id in ("a", "run-1", "RUN_2.x", "ns:run:3", "x" * 200, "a...", "-x", "x."):
         assert files.check_run_id(run_id) == run_id
+
+
+def test_a_relative_xdg_state_home_is_ignored_and_a_tilde_is_home(
+    fs: FakeFilesystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", "/home/scan")
+    monkeypatch.delenv("WALCHANNEL_DIR", raising=False)
+    for relative in ("state", "./state", "~/state"):
+        monkeypatch.setenv("XDG_STATE_HOME", relative)
+        assert files.default_wal_dir() == Path("/home/scan/.local/state/walchannel")
+    for tilde, expected in (("~/wal", "/home/scan/wal"), ("~", "/home/scan")):
+        monkeypatch.setenv("WALCHANNEL_DIR", tilde)
+        assert files.default_wal_dir() == Path(expected)

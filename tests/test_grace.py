@@ -10,6 +10,7 @@ import asyncio
 import math
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -27,11 +28,50 @@ from walchannel.inspection import inspect_log
 
 @pytest.mark.parametrize(
     ("seconds", "reserve"),
-    [(0, 0), (-1, 0), (math.nan, 0), (math.inf, 0), ("25", 0), (5, 5), (5, -1), (5, math.nan)],
+    [
+        (0, 0),
+        (-1, 0),
+        (math.nan, 0),
+        (math.inf, 0),
+        ("25", 0),
+        (True, 0),
+        (None, 0),
+        (5, 5),
+        (5, -1),
+        (5, math.nan),
+        (5, False),
+    ],
 )
 def test_bounds_out_of_range_are_refused_by_name(seconds: object, reserve: object) -> None:
     with pytest.raises(ValueError, match=r"GracePeriod: (seconds|close_reserve_s)"):
         GracePeriod(seconds, close_reserve_s=reserve)  # type: ignore[arg-type]
+
+
+def test_bad_signals_are_refused_and_a_failed_enter_restores_what_it_installed() -> None:
+    with pytest.raises(ValueError, match="GracePeriod: signals is empty"):
+        GracePeriod(5, signals=())
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(OSError):  # SIGKILL cannot be caught
+        GracePeriod(5, signals=(signal.SIGTERM, signal.SIGKILL)).__enter__()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_entering_outside_the_main_thread_names_the_rule() -> None:
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with GracePeriod(5):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=enter, name="scanner-1")
+    thread.start()
+    thread.join()
+    (error,) = errors
+    assert isinstance(error, ValueError)
+    assert "GracePeriod: enter it in the main thread" in str(error) and "scanner-1" in str(error)
 
 
 def test_sigterm_sets_stopping_once_and_the_previous_handler_comes_back() -> None:
@@ -51,14 +91,32 @@ def test_sigterm_sets_stopping_once_and_the_previous_handler_comes_back() -> Non
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigint_counts_only_when_asked_for() -> None:
+@pytest.mark.asyncio
+async def test_sigint_counts_only_when_asked_for_and_exits_130(tmp_path: Path) -> None:
+    channel = _channel_with_no_engine(tmp_path, "run-grace-sigint")
+    before = signal.getsignal(signal.SIGINT)  # asyncio's runner has one of its own
     with GracePeriod(seconds=30, signals=(signal.SIGTERM, signal.SIGINT)) as grace:
         os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 10
         while not grace.stopping:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            await asyncio.sleep(0.01)
+        assert await grace.drain(channel) == 130  # 128 + SIGINT, as a shell reports it
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+@pytest.mark.asyncio
+async def test_a_stop_request_cuts_a_long_wait_for_acks_short(tmp_path: Path) -> None:
+    # No engine: the wait could last forever; SIGTERM ends it at once.
+    channel = _channel_with_no_engine(tmp_path, "run-grace-wait")
+    channel.send_finding({"path": "a.py"})
+    with GracePeriod(seconds=4, close_reserve_s=3.5) as grace:  # drain: 0.5 s
+        waiting = asyncio.create_task(grace.wait_acked(channel, timeout_ms=None))
+        await asyncio.sleep(0)  # the wait has begun
+        assert not waiting.done()
+        signalled = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(waiting, 10) is False
+        assert time.monotonic() - signalled < 5
+        assert await grace.drain(channel) == EXIT_ROWS_LEFT
 
 
 def _channel_with_no_engine(folder: Path, run_id: str) -> GrpcEngineChannel:
@@ -98,3 +156,14 @@ async def test_drain_with_nothing_logged_says_stopped(tmp_path: Path) -> None:
     channel = _channel_with_no_engine(tmp_path, "run-grace-empty")
     assert await GracePeriod(seconds=5).drain(channel) == EXIT_STOPPED == 143
     assert channel.state.value == "closed"
+
+
+@pytest.mark.asyncio
+async def test_drain_works_on_the_in_memory_double() -> None:
+    from walchannel.testing import InMemoryEngineChannel
+
+    channel = InMemoryEngineChannel()
+    channel.send_finding({"path": "a.py"})
+    assert await GracePeriod(seconds=5).wait_acked(channel, timeout_ms=1000)
+    assert await GracePeriod(seconds=5).drain(channel) == EXIT_STOPPED
+    assert channel.closed

@@ -274,6 +274,17 @@ def _grace_env(tmp_path: Path, run_id: str, token: str, grpc_addr: str) -> dict[
     )
 
 
+async def _wait_for_stored_ack(wal: Path, seq: int, engine: LocalEngine, run_id: str) -> None:
+    """Until the harness stored an ack of ``seq`` in its log (read-only, as inspect does)."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        logs = list(wal.glob("*.wal.sqlite3"))
+        if logs and inspect_log(logs[0]).last_acked_seq == seq:
+            return
+        assert asyncio.get_running_loop().time() < deadline, engine.accepted(run_id)
+        await asyncio.sleep(0.02)
+
+
 async def _restart(script: Path, env: dict[str, str]) -> None:
     env = {k: v for k, v in env.items() if k not in ("AT_LAST", "GO")}
     proc = await asyncio.create_subprocess_exec(
@@ -330,13 +341,7 @@ async def test_sigterm_with_the_engine_gone_exits_75_within_the_grace_and_the_ne
 
         async def engine_goes() -> None:
             # Once the harness stored a.py's ack: one row is left, not two.
-            deadline = asyncio.get_running_loop().time() + 60
-            while True:
-                logs = list((tmp_path / "wal").glob("*.wal.sqlite3"))
-                if logs and inspect_log(logs[0]).last_acked_seq == 1:
-                    break
-                assert asyncio.get_running_loop().time() < deadline, engine.accepted(run_id)
-                await asyncio.sleep(0.02)
+            await _wait_for_stored_ack(tmp_path / "wal", 1, engine, run_id)
             await engine.stop()
 
         code, took_s, err = await _sigterm_at_last(
@@ -385,3 +390,49 @@ async def test_the_stats_table_holds_across_a_restart_and_after_done(tmp_path: P
             assert channel.stats().state is ChannelState.STREAMING
         with pytest.raises(RunCompletedError):
             GrpcEngineChannel(config)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("example", ["asyncio", "blocking"])
+async def test_sigterm_while_waiting_for_the_done_ack_exits_75_within_the_grace(
+    tmp_path: Path, example: str
+) -> None:
+    # The scan is over and Done is logged, but the engine is gone: the
+    # example waits up to DRAIN_TIMEOUT_MS (ten minutes) for its ack. A
+    # SIGTERM then ends the wait and the harness drains within the period.
+    script = tmp_path / "harness.py"
+    script.write_text(async_example() if example == "asyncio" else blocking_example())
+    store = tmp_path / "store.sqlite3"
+    port = free_port()
+    engine = LocalEngine(store_path=store, grpc_port=port)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        env = _grace_env(tmp_path, run_id, token, engine.grpc_addr)
+        env["DONE_ACK_MS"] = "1000"
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, str(script), "a.py", "last", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        await wait_for_file(tmp_path / "at-last", proc)
+        await _wait_for_stored_ack(tmp_path / "wal", 1, engine, run_id)
+    finally:
+        await engine.stop()
+    (tmp_path / "go").touch()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:  # "last"'s finding and the Done are logged, unacked
+        logs = list((tmp_path / "wal").glob("*.wal.sqlite3"))
+        if logs and inspect_log(logs[0]).unacked_count == 2:
+            break
+        assert loop.time() < deadline and proc.returncode is None
+        await asyncio.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    signalled = loop.time()
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    took_s = loop.time() - signalled
+    assert proc.returncode == EXIT_ROWS_LEFT, err.decode()[-3000:]
+    assert took_s < GRACE_S, (took_s, err.decode()[-3000:])
+    async with LocalEngine(store_path=store, grpc_port=port) as engine:
+        await _restart(script, env)
+        assert engine.accepted(run_id) == [1, 2, 3]  # the Done waiting in the log, once
+        assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []

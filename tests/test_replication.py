@@ -381,3 +381,64 @@ async def test_litestream_starts_beside_live_grpc_threads(
             busy = False
             await pump
         assert await ch.wait_acked(timeout_ms=30_000), ch.stats()
+
+
+def test_replicate_exec_passes_every_signal_to_the_command_and_stops_litestream_after_it(
+    tmp_path: Path,
+) -> None:
+    # A harness spending its grace period: it takes SIGTERM, keeps working
+    # (a second SIGTERM changes nothing), commits a last row, exits 143.
+    wal_dir, url = tmp_path / "wal", (tmp_path / "replica").as_uri()
+    wal_dir.mkdir(mode=0o700)
+    script = tmp_path / "harness.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from walchannel.log import RunLog\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
+        f"w = RunLog.open({str(wal_dir)!r}, 'r1', correlation_id='corr')\n"
+        "w.append('event', {'type': 'first'})\n"
+        f"Path({str(tmp_path / 'ready')!r}).touch()\n"
+        "while len(got) < 2:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(1.0)  # draining, past the second signal\n"
+        "w.append('event', {'type': 'last'}, progress={'i': 'last'})\n"
+        "w.close()\n"
+        "sys.exit(143)\n"
+    )
+    replicate = ["replicate", str(wal_dir), "--to", url, "--sync-interval", "60"]
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "walchannel", *replicate, "--exec", f"{PYTHON} {script}"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "replicate.log").open("w"),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143, (tmp_path / "replicate.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in (tmp_path / "replicate.log").read_text()
+    # Litestream synced after the harness's last commit (a 60 s interval:
+    # only the shutdown sync carries it).
+    assert restore("r1", url, tmp_path / "new").next_seq == 3
+
+
+def test_replicate_exec_reports_a_command_killed_by_a_signal_as_128_plus_n(
+    tmp_path: Path,
+) -> None:
+    wal_dir, url = tmp_path / "wal", (tmp_path / "replica").as_uri()
+    wal_dir.mkdir(mode=0o700)
+    code = main(
+        ["replicate", str(wal_dir), "--to", url, "--exec", f"{PYTHON} -c 'import os; os.abort()'"]
+    )
+    assert code == 128 + signal.SIGABRT

@@ -2,8 +2,8 @@
 
 It carries py.typed, the .proto and its stubs, and the demo's harness.
 
-A fresh virtual environment in a temp folder gets the wheel with its
-``demo`` extra from pip (what README "Installing it" says); nothing of the
+A fresh virtual environment in a temp folder gets the wheel from pip, then
+its ``demo`` extra (what README "Installing it" says); nothing of the
 checkout is on its path, and every command runs with the temp folder as
 its working directory.
 """
@@ -59,10 +59,8 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
     assert not any("__pycache__" in n for n in names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[demo]"],
-        check=True,
-    )
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, str(wheel)], check=True)  # the core: no extras yet
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -81,6 +79,37 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
     out = run(str(venv / "bin" / "python"), "harness.py").stdout.splitlines()
     assert out[0].startswith(str(venv)), out  # the installed package, not the checkout
     assert out[1] == "[1, 2] [1, 2, 3]", out
+
+    # A project with pytest but no pytest-asyncio: the plugin the wheel
+    # registers loads, and only the fixtures needing an event loop say so.
+    run(str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "pytest")
+    (work / "test_mine.py").write_text(
+        "def test_plain():\n    assert True\n\ndef test_wants_the_engine(local_engine):\n    pass\n"
+    )
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "1 passed" in proc.stdout and "1 error" in proc.stdout, proc.stdout[-3000:]
+    assert "local_engine fixture needs pytest-asyncio" in proc.stdout, proc.stdout[-3000:]
+
+    # The demo scans with bandit: without the demo extra it says so.
+    no_bandit = subprocess.run(
+        [str(venv / "bin" / "walchannel"), "demo"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert no_bandit.returncode == 2, no_bandit.stderr[-3000:]
+    assert "bandit is not installed" in no_bandit.stderr and "demo extra" in no_bandit.stderr
+    assert "Traceback" not in no_bandit.stderr
+    subprocess.run([*pip, f"{wheel}[demo]"], check=True)
 
     tree = Path(sysconfig.get_paths()["stdlib"]) / "email"
     demo = run(

@@ -22,7 +22,7 @@ Usage::
         [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D] \\
         [--grace SECONDS]
 
-It needs bandit (``pip install 'walchannel[demo]'``).
+It needs bandit (walchannel's ``demo`` extra, or ``pip install bandit``).
 
 Exit codes: 0 when the run is done and its Done acked (also when started
 again on a completed run, and when the engine stopped the run), 1 when the

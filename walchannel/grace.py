@@ -36,10 +36,16 @@ EXIT_STOPPED: Final = 128 + signal.SIGTERM
 #: the next start, or ``walchannel flush``, delivers them.
 EXIT_ROWS_LEFT: Final = 75
 
+#: How often :meth:`GracePeriod.wait_acked` looks for a stop request (ms).
+STOP_POLL_MS: Final = 200.0
 #: What ``drain`` keeps back for ``close()`` by default, seconds: with the
 #: engine up it takes well under one; ``close_timeout_ms`` (2 s) bounds the
 #: wait for the stream's end, the rest covers the teardown.
 CLOSE_RESERVE_S: Final = 3.0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class _AsyncChannel(Protocol):
@@ -88,7 +94,10 @@ class GracePeriod:
             ``close()``, seconds (>= 0, less than ``seconds``).
 
     Raises:
-        ValueError: a bound is not a finite number in range.
+        ValueError: a bound is not a finite number in range, or ``signals``
+            is empty; on entering, outside the main thread.
+        OSError: on entering, a signal that cannot be caught (SIGKILL); the
+            handlers already installed are restored first.
     """
 
     def __init__(
@@ -98,16 +107,18 @@ class GracePeriod:
         signals: Iterable[int] = (signal.SIGTERM,),
         close_reserve_s: float = CLOSE_RESERVE_S,
     ) -> None:
-        if not isinstance(seconds, int | float) or not 0 < seconds < float("inf"):
+        if not _is_number(seconds) or not 0 < seconds < float("inf"):
             raise ValueError(f"GracePeriod: seconds must be a finite number > 0, got {seconds!r}")
-        if not isinstance(close_reserve_s, int | float) or not 0 <= close_reserve_s < seconds:
+        if not _is_number(close_reserve_s) or not 0 <= close_reserve_s < seconds:
             raise ValueError(
                 f"GracePeriod: close_reserve_s must be >= 0 and below seconds={seconds!r},"
                 f" got {close_reserve_s!r}"
             )
+        self._signals = tuple(signals)
+        if not self._signals:
+            raise ValueError("GracePeriod: signals is empty: give at least one (signal.SIGTERM)")
         self._seconds = float(seconds)
         self._reserve_s = float(close_reserve_s)
-        self._signals = tuple(signals)
         self._saved: dict[int, Any] = {}
         self._stopping = threading.Event()
         self._signalled_at: float | None = None
@@ -116,8 +127,18 @@ class GracePeriod:
     # -- the signal ----------------------------------------------------------------------
 
     def __enter__(self) -> Self:
-        for signum in self._signals:
-            self._saved[signum] = signal.signal(signum, self._on_signal)
+        if threading.current_thread() is not threading.main_thread():
+            # Python runs signal handlers in the main thread only.
+            raise ValueError(
+                "GracePeriod: enter it in the main thread (Python delivers signals there),"
+                f" not in {threading.current_thread().name!r}"
+            )
+        try:
+            for signum in self._signals:
+                self._saved[signum] = signal.signal(signum, self._on_signal)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,6 +166,46 @@ class GracePeriod:
             return self._seconds
         return max(0.0, self._signalled_at + self._seconds - time.monotonic())
 
+    # -- waiting, cut short by a stop request ------------------------------------------
+
+    def _step_ms(self, deadline: float | None) -> float:
+        if self.stopping:
+            return 0.0
+        if deadline is None:
+            return STOP_POLL_MS
+        return min(STOP_POLL_MS, max(0.0, (deadline - time.monotonic()) * 1000))
+
+    async def wait_acked(self, channel: _AsyncChannel, timeout_ms: float | None = None) -> bool:
+        """``channel.wait_acked()`` for every logged row, ended early by a stop request.
+
+        For the long waits outside the work loop (a backlog draining after
+        ``Done``): a SIGTERM then leaves the whole grace period to
+        :meth:`drain` instead of being noticed only after the wait.
+
+        Args:
+            channel: an asyncio channel (``GrpcEngineChannel``).
+            timeout_ms: bound (ms; None: until acked or a stop request).
+
+        Returns:
+            True once every logged row is acked; False at ``timeout_ms`` or
+            within 200 ms of a stop request (check :attr:`stopping`).
+        """
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            if await channel.wait_acked(timeout_ms=self._step_ms(deadline)):
+                return True
+            if self.stopping or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
+    def wait_acked_blocking(self, channel: _SyncChannel, timeout_ms: float | None = None) -> bool:
+        """:meth:`wait_acked` for a ``BlockingEngineChannel`` (blocks the calling thread)."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            if channel.wait_acked(timeout_ms=self._step_ms(deadline)):
+                return True
+            if self.stopping or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
     # -- draining --------------------------------------------------------------------------
 
     def _drain_budget_ms(self) -> float:
@@ -161,7 +222,7 @@ class GracePeriod:
             )
             return EXIT_ROWS_LEFT
         logger.info("%s: closed with every logged row acked", name)
-        return EXIT_STOPPED
+        return EXIT_STOPPED if self._signum is None else 128 + self._signum
 
     async def drain(self, channel: _AsyncChannel) -> int:
         """Wait for the backlog's acks within the period, close the channel, return the exit code.
@@ -175,8 +236,9 @@ class GracePeriod:
             channel: an asyncio channel (``GrpcEngineChannel``).
 
         Returns:
-            :data:`EXIT_STOPPED` (143) when nothing is left in the log,
-            :data:`EXIT_ROWS_LEFT` (75) when rows are.
+            :data:`EXIT_STOPPED` (143, 128 + SIGTERM; 128 + the number of
+            another signal that requested the stop) when nothing is left in
+            the log, :data:`EXIT_ROWS_LEFT` (75) when rows are.
         """
         try:
             await channel.wait_acked(timeout_ms=self._drain_budget_ms())

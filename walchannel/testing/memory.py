@@ -174,6 +174,16 @@ class InMemoryEngineChannel:
         return seq is None or seq <= self._seq
 
     @property
+    def unacked_count(self) -> int:
+        """0: every recorded message counts as acked at once (as :meth:`wait_acked`)."""
+        return 0
+
+    @property
+    def last_acked_seq(self) -> int:
+        """The newest recorded seq (every one counts as acked at once)."""
+        return self._seq
+
+    @property
     def state(self) -> ChannelState:
         """``IDLE`` before the handshake, ``STREAMING`` after it, ``CLOSED`` after ``close()``."""
         if self.closed:

@@ -1,6 +1,8 @@
 """pytest fixtures for harness authors (loaded through the ``pytest11`` entry point).
 
-Needs pytest-asyncio (strict mode: mark tests ``@pytest.mark.asyncio``)::
+``local_engine`` and ``engine_channel`` need pytest-asyncio (strict mode:
+mark tests ``@pytest.mark.asyncio``); without it they fail saying so and the
+rest of a project's pytest run is unaffected::
 
     import pytest
 
@@ -27,12 +29,11 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
-import pytest_asyncio
 
 from walchannel.config import Backoff, GrpcChannelConfig
 from walchannel.testing.memory import InMemoryEngineChannel
@@ -40,6 +41,38 @@ from walchannel.testing.memory import InMemoryEngineChannel
 if TYPE_CHECKING:
     from walchannel.channel import GrpcEngineChannel
     from walchannel.testing.engine import LocalEngine
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _needs_pytest_asyncio(fixture: Callable[..., Any]) -> Any:
+    """Without pytest-asyncio, ``fixture`` is one that fails saying what is missing.
+
+    The plugin loads in every pytest run of a project that installs
+    walchannel (the ``pytest11`` entry point): it must not break one that
+    has no pytest-asyncio, only the fixtures that need it.
+    """
+    name = fixture.__name__
+
+    @pytest.fixture(name=name)
+    def missing() -> None:
+        pytest.fail(
+            f"walchannel's {name} fixture needs pytest-asyncio: pip install pytest-asyncio",
+            pytrace=False,
+        )
+
+    return missing
+
+
+def _async_fixture(fixture: _F) -> _F:
+    """pytest-asyncio's ``fixture``, or :func:`_needs_pytest_asyncio` without it."""
+    try:
+        import pytest_asyncio
+    except ModuleNotFoundError:
+        return cast("_F", _needs_pytest_asyncio(fixture))
+    return cast("_F", pytest_asyncio.fixture(fixture))
+
 
 __all__ = ["engine_channel", "in_memory_channel", "local_engine", "local_channel_config"]
 
@@ -73,7 +106,7 @@ def local_channel_config(
     return GrpcChannelConfig(**values)
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def local_engine() -> AsyncIterator[LocalEngine]:
     """A started LocalEngine on loopback with an in-memory store."""
     from walchannel.testing.engine import LocalEngine
@@ -86,7 +119,7 @@ async def local_engine() -> AsyncIterator[LocalEngine]:
         await engine.stop()
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def engine_channel(
     local_engine: LocalEngine, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[GrpcEngineChannel]:

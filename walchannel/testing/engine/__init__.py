@@ -23,9 +23,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import grpc
 from google.protobuf.struct_pb2 import Struct
@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 PingPolicy = Literal["permissive", "strict"]
 
@@ -154,6 +155,7 @@ class LocalEngine:
         self._http_port = http_port
         self._max_receive = max_receive_message_bytes
         self._store = EngineStore(store_path)
+        self._store_path = store_path
         # One worker: this engine's transactions run in order, off the event loop.
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="walchannel-engine-store"
@@ -215,8 +217,15 @@ class LocalEngine:
         """Start the gRPC server (and the discovery server) and record the address in the store.
 
         Raises:
-            RuntimeError: already started, or the port cannot be bound.
+            RuntimeError: already started, stopped (an engine starts once: make
+                a new ``LocalEngine`` on the same ``store_path`` and port), or
+                the port cannot be bound.
         """
+        if self._stopped:
+            raise RuntimeError(
+                "the engine was stopped and cannot start again: make a new LocalEngine"
+                " (same store_path and grpc_port to stand in for this one)"
+            )
         if self._started:
             raise RuntimeError("the engine was already started")
         self._started = True
@@ -419,22 +428,36 @@ class LocalEngine:
 
     # -- read-outs (sync) ------------------------------------------------------
 
+    def _read(self, read: Callable[[EngineStore, str], _T], run_id: str) -> _T:
+        """``read`` on the live store; after ``stop()``, on the file (opened for this read).
+
+        Raises:
+            StoreClosedError: stopped, and the store was in memory (gone).
+        """
+        if not self._store.closed or self._store_path is None:
+            return read(self._store, run_id)
+        store = EngineStore(self._store_path)
+        try:
+            return read(store, run_id)
+        finally:
+            store.close()
+
     def accepted(self, run_id: str) -> list[int]:
         """The applied seqs of the run, ascending."""
-        return self._store.accepted(run_id)
+        return self._read(EngineStore.accepted, run_id)
 
     def duplicates(self, run_id: str) -> int:
         """How many duplicates (``seq <= h``) the run received."""
-        return self._store.duplicates(run_id)
+        return self._read(EngineStore.duplicates, run_id)
 
     def gaps(self, run_id: str) -> list[tuple[int, int]]:
         """The run's recorded gaps as ``(expected, received)``, oldest first."""
-        return self._store.gaps(run_id)
+        return self._read(EngineStore.gaps, run_id)
 
     def bodies(self, run_id: str) -> list[dict[str, Any]]:
         """The applied messages as ``{"seq", "kind", "body"}`` (shapes of ``wire.body_of``)."""
-        return self._store.bodies(run_id)
+        return self._read(EngineStore.bodies, run_id)
 
     def done(self, run_id: str) -> dict[str, Any] | None:
         """The applied ``Done`` as ``{"seq", "status", "findings", "coverage", "exit_reason"}``."""
-        return self._store.done(run_id)
+        return self._read(EngineStore.done, run_id)
