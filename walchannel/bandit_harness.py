@@ -206,10 +206,10 @@ async def run(
             else:
                 status, reason = "completed", ""
             acked = await channel.send_done(status, found, coverage, reason)
-            waited = 0.0
-            while not acked and waited < args.done_wait:
-                acked = await channel.wait_acked(timeout_ms=2_000)
-                waited += 2.0
+            if not acked:  # a SIGTERM ends this wait: the grace period is drain's
+                acked = await grace.wait_acked(channel, timeout_ms=args.done_wait * 1000)
+            if not acked and grace.stopping:
+                return await grace.drain(channel)
         except RunCompletedError:
             print(f"run {args.run_id} is already completed; nothing to do", flush=True)
             return 0
