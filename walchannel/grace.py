@@ -81,8 +81,10 @@ class GracePeriod:
                     return await grace.drain(channel)   # EXIT_STOPPED or EXIT_ROWS_LEFT
                 ...
 
-    A second signal during the drain is ignored (the platform's SIGKILL ends
-    the process anyway); the rows are in the log either way.
+    Outside the work loop, wait for acks with :meth:`wait_acked` (a stop
+    request ends it) and then ``drain``. A second signal changes nothing
+    (the platform's SIGKILL ends the process anyway); the rows are in the
+    log either way. SPEC "Grace period"; docs/deployment.md.
 
     Args:
         seconds: the grace period the platform gives, seconds (> 0), counted
