@@ -352,6 +352,20 @@ def test_an_ack_above_a_rewound_writer_moves_it_past_the_acked_rows() -> None:
     assert d.next_to_write() == 5
 
 
+def test_an_ack_during_a_replayed_write_that_covers_later_rows_is_not_undone() -> None:
+    # Replaying 3 to an engine that already had 3..5: its Ack(5) arrives
+    # while the write of 3 is in flight. The writer goes on at 6, never at 4
+    # (the log may have deleted 4 and 5 already). Found by the 1,000,000-
+    # schedule simulation.
+    d = driver(high=7, acked=2, stored=2)
+    up(d, 3)
+    seq = d.next_to_write()
+    assert seq == 3
+    d.on_ack(5, 0.0)  # during the write
+    d.on_written(seq)
+    assert d.next_to_write() == 6
+
+
 def test_a_write_at_or_below_the_highest_written_seq_is_a_replay() -> None:
     d = driver(high=10)
     up(d, 1)

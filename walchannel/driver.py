@@ -606,8 +606,15 @@ class Driver:
         return seq <= self._max_written
 
     def on_written(self, seq: int) -> None:
-        """Row ``seq`` was written to the stream."""
-        self.write_pos = seq + 1
+        """Row ``seq`` was written to the stream.
+
+        The writer moves past ``seq``, and never back under the received
+        ack: an ack that came while the write was in flight may cover rows
+        after ``seq`` (a replay to an engine that already had them), which
+        the log may have deleted already.
+        """
+        acked = self.acked
+        self.write_pos = seq + 1 if seq >= acked else acked + 1
         if self._first_written is None:
             self._first_written = seq
         self.sent += 1
