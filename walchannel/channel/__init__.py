@@ -1336,20 +1336,26 @@ class GrpcEngineChannel:
             f"seq {seq} ({kind}, {size} bytes) was refused by the engine at {addr}: over its "
             f"limit of {refusal.limit} bytes"
         )
+
+        def refused(message: str) -> RowRefusedError:
+            return RowRefusedError(
+                f"run {self._run_id}: {message}",
+                run_id=self._run_id,
+                seq=seq,
+                kind=kind,
+                size=size,
+                limit=refusal.limit,
+                path=str(self._log.path),
+            )
+
         if not refusal_sets_aside(kind):
             # The rows before it may not be applied yet (the engine drops what
             # it had read ahead): deliver them, then stop (_check_held).
             driver.hold(
                 seq,
-                RowRefusedError(
-                    f"run {self._run_id}: {what}; the channel stops, the row stays in "
-                    f"{self._log.path} (raise the engine's limit, then resume or flush)",
-                    run_id=self._run_id,
-                    seq=seq,
-                    kind=kind,
-                    size=size,
-                    limit=refusal.limit,
-                    path=str(self._log.path),
+                refused(
+                    f"{what}; the channel stops, the row stays in {self._log.path}"
+                    " (raise the engine's limit, then resume or flush)"
                 ),
             )
             logger.error(
@@ -1391,15 +1397,9 @@ class GrpcEngineChannel:
             future = self._approvals.pop(rid, None)
             if future is not None and not future.done():
                 future.set_exception(
-                    RowRefusedError(
-                        f"run {self._run_id}: approval request {rid!r} at {what}; set aside, "
-                        "the engine will never decide it",
-                        run_id=self._run_id,
-                        seq=seq,
-                        kind=kind,
-                        size=size,
-                        limit=refusal.limit,
-                        path=str(self._log.path),
+                    refused(
+                        f"approval request {rid!r} at {what}; set aside, "
+                        "the engine will never decide it"
                     )
                 )
                 future.exception()
