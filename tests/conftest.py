@@ -50,3 +50,16 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.02)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that fork a child as another user (``helpers.users.as_user``).
+
+    A fork without exec in a process that has gRPC threads (any earlier test
+    in the same worker that dialed or served) can crash the child: these
+    run apart, in a pytest process of their own (Makefile ``pytest``).
+    """
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if item.path.name == "test_readers.py" or "nobody_dir" in fixtures:
+            item.add_marker(pytest.mark.forks)
