@@ -36,7 +36,7 @@ import walchannel.config  # noqa: F401
 from conftest import PYTHON, child_env
 from helpers.users import as_user
 from walchannel import RunLog
-from walchannel.cli import main
+from walchannel.cli import build_parser, main
 from walchannel.inspection import inspect_log
 from walchannel.log_reader import LogReader
 
@@ -67,6 +67,9 @@ def cli_as(uid: int, *args: str | Path, tmpdir: Path | None = None) -> Result:
             rc = main([str(a) for a in args])
         return rc, out.getvalue(), err.getvalue()
 
+    # The parser imports the commands' modules: import them here, as root,
+    # so the child need not read the source tree (a 0700 checkout folder).
+    build_parser()
     answer = as_user(uid, run)
     assert answer[0] != "raised", answer
     return Result(*answer)
