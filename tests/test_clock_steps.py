@@ -203,6 +203,36 @@ async def test_a_step_past_the_deadline_expires_the_run_without_a_send(
 
 
 @pytest.mark.asyncio
+async def test_an_expired_run_stays_expired_when_the_clock_steps_back_before_its_deadline(
+    local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The simulator's seed 291100: an approval asked after such a step waited forever.
+    import walchannel.channel
+
+    monkeypatch.setattr(walchannel.channel, "DEADLINE_LOOK_S", 0.2)
+    run_id, token = new_run(local_engine)
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, hard_deadline=deadline
+    )
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        with time_machine.travel(time.time() + 2 * HOUR, tick=True):
+            await eventually(lambda: ch.state is ChannelState.EXPIRED, what="EXPIRED")
+        # Back on the real clock, an hour before the deadline: the run stays expired.
+        assert datetime.now(UTC) < deadline
+        with pytest.raises(RunExpiredError):
+            ch.send_finding({"n": 0})
+        with pytest.raises(RunExpiredError):
+            await asyncio.wait_for(ch.request_approval("deep-scan", {}), 10)
+        with pytest.raises(RunExpiredError):
+            await ch.handshake("1", "h", "1")
+        assert await asyncio.wait_for(ch.send_done("completed", 0, [], ""), 10) is False
+        assert ch.state is ChannelState.EXPIRED
+        assert ch.unacked_count == 0  # nothing was logged after the expiry
+
+
+@pytest.mark.asyncio
 async def test_a_step_back_moves_the_deadline_away_with_the_wall_clock(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

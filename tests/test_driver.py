@@ -169,6 +169,14 @@ def test_expiry_moves_to_expired_once_and_never_out_of_a_final_state() -> None:
     assert not failed.expire() and failed.state is S.FAILED
 
 
+def test_an_expired_run_stays_expired_when_the_wall_clock_steps_back() -> None:
+    # Million-schedule seed 291100: past the deadline, then the clock stepped back an hour.
+    d = driver(hard_deadline=datetime(2030, 1, 1, tzinfo=UTC))
+    assert d.expire()
+    for call in Call:
+        assert isinstance(d.admit(call, 0.0), RunExpiredError), call
+
+
 def test_a_refused_done_fails_with_its_own_reason() -> None:
     d = driver()
     refused = RowRefusedError("too big", run_id="r", seq=3, kind="done", size=9, limit=8, path="p")

@@ -740,7 +740,7 @@ class World:
         self.complete_failed = False
         self.completed = False
         self.done_seq: int | None = None  # where the engine applied Done
-        self.tombstone_at: float | None = None  # when the log first became one
+        self.tombstone_at: float | None = None  # when the log (as it is now) became one
         self.disk_full_until = -1.0  # the end of the latest full-disk spell
         self.epoch = 0
         self.live: Link | None = None
@@ -976,6 +976,7 @@ class World:
                 self.affected.update(st.touched)
             d.exists = False
             d.states = []
+            self.tombstone_at = None
             what += ", log lost"
         elif d.exists and len(d.states) > 1 and rng.random() < self.p_restore:
             self.stats["restores"] += 1
@@ -999,6 +1000,9 @@ class World:
             self.affected.update(st.touched)
         if d.synced >= keep:
             d.synced = keep - 1
+        if not d.states[-1].completed:
+            # The tombstone was rolled back: the next one is stored anew.
+            self.tombstone_at = None
 
     def fault_engine(self) -> None:
         if not self.chaos:
@@ -2205,6 +2209,7 @@ class Totals:
         self.max_dials_per_s = 0
         self.violations: list[tuple[int, str]] = []
         self.failing = 0
+        self.failing_seeds: list[int] = []  # all of them: a report is kept for the first 20
 
     def add(self, w: World) -> None:
         self.schedules += 1
@@ -2214,6 +2219,7 @@ class Totals:
         self.max_dials_per_s = max(self.max_dials_per_s, w.max_dials_per_s)
         if w.violations:
             self.failing += 1
+            self.failing_seeds.append(w.seed)
             if len(self.violations) < 20:
                 self.violations.append((w.seed, w.report()))
 
@@ -2224,6 +2230,7 @@ class Totals:
             self.stats[k] = self.stats.get(k, 0) + v
         self.max_dials_per_s = max(self.max_dials_per_s, other.max_dials_per_s)
         self.failing += other.failing
+        self.failing_seeds.extend(other.failing_seeds)
         self.violations.extend(other.violations[: max(0, 20 - len(self.violations))])
 
 
@@ -2370,12 +2377,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  {elapsed:.1f} s wall, {totals.schedules / max(elapsed, 1e-9):.0f} schedules/s, "
-        f"jobs={args.jobs}, durability={args.durability}, seeds {args.start}.."
-        f"{args.start + args.seeds - 1}"
+        f"jobs={args.jobs}, durability={args.durability}, "
+        + (
+            "the listed seeds"
+            if args.seed_list is not None
+            else f"seeds {args.start}..{args.start + args.seeds - 1}"
+        )
     )
     for seed, text in totals.violations[:5]:
         print(text)
         print(f"  replay: python tools/sim.py --replay {seed} --durability {args.durability}")
+    if totals.failing_seeds:
+        seeds = ",".join(map(str, sorted(totals.failing_seeds)))
+        print(f"failing seeds (run them: --seed-list {seeds})")
     return 1 if totals.failing else 0
 
 

@@ -379,7 +379,8 @@ class Driver:
 
         The order is SPEC "Buffer first": closed, then ``send_done`` already
         called (sends and ``send_done``), then — for ``send_done`` on a run
-        whose ``Done`` is acked and stored, nothing more — past ``hard_deadline`` (a
+        whose ``Done`` is acked and stored, nothing more — past ``hard_deadline``, or
+        already ``EXPIRED`` whatever the wall clock says now (a
         :class:`~walchannel.errors.RunExpiredError`: the caller first moves
         the channel to ``EXPIRED``, see :meth:`expire`; ``send_done`` returns
         False instead of raising), then the failure that ended the run.
@@ -396,7 +397,8 @@ class Driver:
             return ChannelClosedError(f"run {self.run_id}: send_done() was called; no new rows")
         if call is Call.DONE and self.completed:
             return None  # the run's Done is acked and stored: nothing can fail it now
-        if self._deadline_s is not None and now_wall_s >= self._deadline_s:
+        # EXPIRED is final: a wall clock stepped back before the deadline does not reopen it.
+        if self.state is ChannelState.EXPIRED or self.expired(now_wall_s):
             return RunExpiredError(f"run {self.run_id}: past its hard_deadline")
         return self.failure
 
