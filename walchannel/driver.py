@@ -127,6 +127,7 @@ _LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
     _S.CLOSED: frozenset(),
 }
 _FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
+_EXPIRED: Final = _S.EXPIRED  # a module global: the admission check runs on every send
 
 
 class StateError(RuntimeError):
@@ -366,10 +367,6 @@ class Driver:
         self.state = new
         return True
 
-    def expired(self, now_wall_s: float) -> bool:
-        """Tell whether ``hard_deadline`` has passed at ``now_wall_s`` (unix seconds)."""
-        return self._deadline_s is not None and now_wall_s >= self._deadline_s
-
     def deadline_in_s(self, now_wall_s: float) -> float | None:
         """Seconds until ``hard_deadline`` (0 when past; None without one)."""
         return None if self._deadline_s is None else max(0.0, self._deadline_s - now_wall_s)
@@ -398,7 +395,8 @@ class Driver:
         if call is Call.DONE and self.completed:
             return None  # the run's Done is acked and stored: nothing can fail it now
         # EXPIRED is final: a wall clock stepped back before the deadline does not reopen it.
-        if self.state is ChannelState.EXPIRED or self.expired(now_wall_s):
+        deadline_s = self._deadline_s
+        if (deadline_s is not None and now_wall_s >= deadline_s) or self.state is _EXPIRED:
             return RunExpiredError(f"run {self.run_id}: past its hard_deadline")
         return self.failure
 
