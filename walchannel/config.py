@@ -207,6 +207,10 @@ class GrpcChannelConfig:
         backoff: reconnect delays.
         max_message_bytes: largest encoded ``UpMessage`` accepted (bytes).
         max_unacked_bytes: refuse sends past this backlog (bytes; None: no limit).
+        max_receive_message_bytes: largest encoded ``DownMessage`` the channel
+            accepts (bytes; gRPC's ``grpc.max_receive_message_length``). A
+            larger one ends the stream; the channel names this field in
+            ``last_error`` and keeps retrying (SPEC "Down messages").
         credentials: ``grpc.ChannelCredentials`` (None: plaintext).
         tls_server_name: the name to check the engine's certificate against
             when the address is an IP (``grpc.ssl_target_name_override``).
@@ -250,6 +254,7 @@ class GrpcChannelConfig:
     backoff: Backoff = DEFAULT_BACKOFF
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_unacked_bytes: int | None = None
+    max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False, compare=False)
     tls_server_name: str | None = None
     allowed_hosts: Sequence[AllowedHost] | None = None
@@ -300,7 +305,7 @@ class GrpcChannelConfig:
         _positive("close_timeout_ms", self.close_timeout_ms)
         if not isinstance(self.backoff, Backoff):
             raise ValueError("backoff must be a walchannel.Backoff")
-        for name in ("max_message_bytes", "max_unacked_bytes"):
+        for name in ("max_message_bytes", "max_unacked_bytes", "max_receive_message_bytes"):
             value = getattr(self, name)
             if value is None and name == "max_unacked_bytes":
                 continue

@@ -236,7 +236,10 @@ class GrpcTransport:
     def channel_options(
         self, keepalive_ms: int, proxy: Proxy | None = None
     ) -> list[tuple[str, Any]]:
-        """The gRPC channel options of a dial (SPEC "Dial": keepalive names and values)."""
+        """The gRPC channel options of a dial (SPEC "Dial": keepalive names and values).
+
+        Also the receive limit, ``max_receive_message_bytes`` (SPEC "Down messages").
+        """
         options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", keepalive_ms),
             ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -251,6 +254,9 @@ class GrpcTransport:
             # channel sets it aside). A cap here would refuse such a row on
             # every stream, forever.
             ("grpc.max_send_message_length", -1),
+            # A down message over it ends the stream; the channel names the
+            # field (SPEC "Down messages").
+            ("grpc.max_receive_message_length", self._config.max_receive_message_bytes),
         ]
         if self._config.tls_server_name is not None:
             options.append(("grpc.ssl_target_name_override", self._config.tls_server_name))
