@@ -539,9 +539,11 @@ def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -
     d = driver()
     plan = d.on_end("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (900 vs. 500)")
     assert plan.end is End.SIZE_REFUSAL and plan.refusal == SizeRefusal(900, 500)
+    # The channel's own receive limit (a down message) is no refusal of a row.
+    plan = d.on_end("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (900 vs. 500)")
+    assert plan.end is End.DOWN_TOO_LARGE and plan.refusal is None
     for code, details in [
         ("RESOURCE_EXHAUSTED", "quota"),
-        ("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (900 vs. 500)"),
         ("UNAUTHENTICATED", "who?"),
         ("INTERNAL", "RST_STREAM"),
         (None, ""),

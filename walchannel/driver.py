@@ -64,6 +64,7 @@ __all__ = [
     "ChannelState",
     "CheckpointPolicy",
     "Completion",
+    "DownTooLarge",
     "Driver",
     "End",
     "EndPlan",
@@ -73,9 +74,12 @@ __all__ = [
     "StateSource",
     "Verdict",
     "describe_end",
+    "down_too_large_text",
+    "parse_receive_limit",
     "parse_size_refusal",
     "pick_refused_row",
     "refusal_sets_aside",
+    "status_lost",
     "stream_verdict",
     "unproven_refusal",
     "watchdog_period_ms",
@@ -170,6 +174,7 @@ class End(enum.Enum):
     RECONNECT = "reconnect"  # record the error; back off and dial again
     RUN_COMPLETED = "run_completed"  # FAILED_PRECONDITION "run completed": the loop ends
     SIZE_REFUSAL = "size_refusal"  # the engine refused an up-message for its size
+    DOWN_TOO_LARGE = "down_too_large"  # a down message over max_receive_message_bytes
     ALREADY_OVER = "already_over"  # the channel was FAILED/EXPIRED: nothing to record
 
 
@@ -224,11 +229,14 @@ class EndPlan(NamedTuple):
         keepalive_doubled: the engine sent GOAWAY ``too_many_pings``: the
             keepalive was doubled (:attr:`Driver.keepalive_ms`).
         refusal: with :attr:`End.SIZE_REFUSAL`, what the engine said.
+        too_large: with :attr:`End.DOWN_TOO_LARGE`, what gRPC said of the
+            down message.
     """
 
     end: End
     keepalive_doubled: bool
     refusal: SizeRefusal | None
+    too_large: DownTooLarge | None = None
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -265,6 +273,10 @@ class Driver:
         sent, replayed, reconnects, protocol_errors: ``stats()`` counters.
         last_error: the last connection or engine error (no token).
         last_end_code: the gRPC status name of the last stream end.
+        down_too_large: the last stream end with a known status was a down
+            message over ``max_receive_message_bytes`` (None: it was not,
+            or a stream since had a row acked or lived
+            :data:`STABLE_STREAM_MS`).
         stopped: the engine sent ``Stop`` (callbacks fired).
         checkpoints: when to give the log's disk back.
     """
@@ -307,6 +319,7 @@ class Driver:
         self.protocol_errors = 0
         self.last_error: str | None = None
         self.last_end_code: str | None = None
+        self.down_too_large: DownTooLarge | None = None
         self._repeated_end: str | None = None
         # Down messages: Stop fires once, decisions are kept by request id.
         self.stopped = False
@@ -514,6 +527,7 @@ class Driver:
             return AckKind.ABOVE_HIGH_WATER
         if self._first_written is not None and seq >= self._first_written:
             self.attempt = 0
+            self.down_too_large = None
         if seq <= self.acked:
             return AckKind.STALE
         self.acked = seq
@@ -637,8 +651,12 @@ class Driver:
         Every status reconnects (INTERNAL and UNKNOWN too: proxies report
         cuts that way; UNAUTHENTICATED too: a replacement engine may not know
         the run yet) except FAILED_PRECONDITION "run completed"; a size
-        refusal is handled apart; a GOAWAY ``too_many_pings`` doubles
-        :attr:`keepalive_ms` (capped at :data:`MAX_KEEPALIVE_MS`).
+        refusal is handled apart; a down message over the channel's own
+        receive limit (:func:`parse_receive_limit`) is named apart, and stays
+        the named cause of later ends whose status gRPC lost to a write
+        (grpc/grpc#36066) until a stream proves healthy; a GOAWAY
+        ``too_many_pings`` doubles :attr:`keepalive_ms` (capped at
+        :data:`MAX_KEEPALIVE_MS`).
 
         Args:
             code: the status name (``"UNAVAILABLE"``), None when none is known.
@@ -653,6 +671,12 @@ class Driver:
             return EndPlan(End.RUN_COMPLETED, doubled, None)
         if self.final:
             return EndPlan(End.ALREADY_OVER, doubled, None)
+        too_large = parse_receive_limit(code, details)
+        if too_large is None and status_lost(code, details):
+            too_large = self.down_too_large
+        self.down_too_large = too_large
+        if too_large is not None:
+            return EndPlan(End.DOWN_TOO_LARGE, doubled, None, too_large)
         refusal = parse_size_refusal(code, details)
         if refusal is not None:
             return EndPlan(End.SIZE_REFUSAL, doubled, refusal)
@@ -703,6 +727,7 @@ class Driver:
         """
         if self._up_since_ms is not None and now_ms - self._up_since_ms >= STABLE_STREAM_MS:
             self.attempt = 0
+            self.down_too_large = None
         delay = self._backoff.delay_ms(self.attempt, rng)
         self.attempt += 1
         self._up_since_ms = None
@@ -927,12 +952,22 @@ def describe_end(code: str | None, details: str | None) -> str:
     reconnects either way and the next dial learns the engine's real answer.
     """
     text = f"{code}: {details or ''}"
-    if code == "INTERNAL" and (details or "") == LOST_STATUS_DETAILS:
+    if status_lost(code, details):
         text += (
             " (the stream ended during a write, and gRPC reported this in place"
             " of the engine's status: grpc/grpc#36066; the next dial learns it)"
         )
     return text
+
+
+def status_lost(code: str | None, details: str | None) -> bool:
+    """Tell whether a stream's end is grpc.aio's stand-in for a status it lost (grpc/grpc#36066).
+
+    Args:
+        code: the gRPC status name.
+        details: the status details.
+    """
+    return code == "INTERNAL" and (details or "") == LOST_STATUS_DETAILS
 
 
 def _is_too_many_pings(text: str) -> bool:
@@ -1070,4 +1105,67 @@ def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake
         f"the first row over the limit, seq {verdict.suspect} "
         f"({verdict.suspect_size} bytes), is not the refused "
         f"{refusal.received}-byte message"
+    )
+
+
+# -- a down message over the channel's receive limit ---------------------------------------
+
+# grpcio's own text (C-core, "CLIENT: " in front since about 1.60; grpcio
+# >= 1.85.1 is required): "Received message larger than max (N vs. M)".
+_CLIENT_TOO_LARGE = re.compile(
+    r"client: received message larger than max(?: \((\d+) vs\.? (\d+)\))?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DownTooLarge:
+    """A down message was over the channel's receive limit (``max_receive_message_bytes``).
+
+    Attributes:
+        received: its size (bytes), None when gRPC did not say.
+        limit: the limit in force (bytes), None when gRPC did not say.
+    """
+
+    received: int | None
+    limit: int | None
+
+
+def parse_receive_limit(code: str | None, details: str | None) -> DownTooLarge | None:
+    """Read a stream's end as a down message over the channel's own receive limit, or None.
+
+    The status code first: only RESOURCE_EXHAUSTED, whose details are gRPC's
+    client-side "CLIENT: Received message larger than max (N vs. M)" (the
+    sizes optional). The engine's limit refusing an up-message reads the
+    same with ``SERVER:`` (or nothing) in front: :func:`parse_size_refusal`.
+    SPEC "Down messages".
+
+    Args:
+        code: the gRPC status name (``"RESOURCE_EXHAUSTED"``).
+        details: the status details.
+    """
+    if code != "RESOURCE_EXHAUSTED" or not details:
+        return None
+    found = _CLIENT_TOO_LARGE.search(details.lower())
+    if found is None:
+        return None
+    if found.group(1) is None:
+        return DownTooLarge(None, None)
+    return DownTooLarge(int(found.group(1)), int(found.group(2)))
+
+
+def down_too_large_text(found: DownTooLarge, configured: int) -> str:
+    """Say that a down message was over the receive limit, naming the field to raise.
+
+    For the ERROR line and ``last_error`` (SPEC "Down messages").
+
+    Args:
+        found: what gRPC said (:func:`parse_receive_limit`).
+        configured: the config's ``max_receive_message_bytes`` (bytes), said
+            when gRPC gave no limit.
+    """
+    limit = configured if found.limit is None else found.limit
+    what = "a down message" if found.received is None else f"a {found.received}-byte down message"
+    return (
+        f"{what} exceeded max_receive_message_bytes ({limit}): raise it in the config; "
+        "the rows wait in the log and the channel keeps retrying"
     )

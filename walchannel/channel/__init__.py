@@ -54,10 +54,13 @@ from walchannel.driver import (
     Call,
     ChannelState,
     Completion,
+    DownTooLarge,
     Driver,
     End,
     SizeRefusal,
     describe_end,
+    down_too_large_text,
+    parse_receive_limit,
     pick_refused_row,
     refusal_sets_aside,
     unproven_refusal,
@@ -1249,6 +1252,9 @@ class GrpcEngineChannel:
             return
         if plan.end is End.ALREADY_OVER:
             return
+        if plan.too_large is not None:
+            self._on_down_too_large(stream, plan.too_large, code, details, text)
+            return
         # The same end again (an engine down, a token refused) while redialing:
         # said once at WARNING, then at INFO until a stream comes up.
         level = logging.WARNING if driver.first_said(text) else logging.INFO
@@ -1259,6 +1265,42 @@ class GrpcEngineChannel:
             self._on_size_refusal(stream, plan.refusal, text)
             return
         self._record_error(f"{stream.addr}{stream.route}: {text}")
+
+    def _on_down_too_large(
+        self, stream: Stream, found: DownTooLarge, code: str | None, details: str, text: str
+    ) -> None:
+        """A down message was over ``max_receive_message_bytes``: name the field; retry.
+
+        SPEC "Down messages": the engine likely sends it again after every
+        handshake, so each stream ends the same way; said at ERROR once per
+        distinct text (then at INFO), kept in ``last_error``, and the
+        connection loop backs off as after any end. An end whose status
+        grpc.aio lost to a write (grpc/grpc#36066) keeps this cause
+        (:meth:`~walchannel.driver.Driver.on_end`).
+        """
+        why = down_too_large_text(found, self._config.max_receive_message_bytes)
+        where = f"{stream.addr}{stream.route}"
+        first = why not in self._said
+        self._said.add(why)
+        if parse_receive_limit(code, details) is None:
+            # gRPC lost this stream's status: the last one it gave stands.
+            logger.info(
+                "run %s: stream to %s ended: %s; taken as the same cause as before: %s",
+                self._run_id,
+                where,
+                text,
+                why,
+            )
+        else:
+            logger.log(
+                logging.ERROR if first else logging.INFO,
+                "run %s: stream to %s ended: %s (gRPC: %s)",
+                self._run_id,
+                where,
+                why,
+                text,
+            )
+        self._record_error(f"{where}: {why}")
 
     def _on_run_completed(self) -> None:
         """The engine answered FAILED_PRECONDITION "run completed": the loop ends.
