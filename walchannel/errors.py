@@ -55,13 +55,19 @@ class PayloadError(WalchannelError, ValueError):
     Attributes:
         path: where the bad value sits, e.g. ``finding.evidence[3].id``.
         reason: what is wrong with it.
+        index: for a finding of a ``send_findings`` batch, its position in
+            the batch (``findings[index]``), whichever rule refused it (its
+            size too); None otherwise. A harness drops that finding,
+            reports it and sends the rest with its marker (README "Use it in
+            your harness").
 
     SPEC "Payloads".
     """
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, *, index: int | None = None) -> None:
         self.path = path
         self.reason = reason
+        self.index = index
         super().__init__(f"{path}: {reason}")
 
 
