@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -12,14 +13,18 @@ from typing import Any
 
 import pytest
 
+from conftest import new_run
 from helpers.engine_thread import EngineThread
 from walchannel import (
     BlockingEngineChannel,
     ChannelClosedError,
     RunCompletedError,
     RunLog,
+    RunningLoopError,
     SyncEngineChannel,
+    WalchannelError,
 )
+from walchannel.testing import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
 
@@ -276,3 +281,48 @@ def test_engine_restarts_leave_no_grpc_core_line_on_stderr(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
         engine.close()
+
+
+# -- a blocking call on a thread that runs an event loop (issue "The operator's day", 4) --------
+
+
+@pytest.mark.asyncio
+async def test_waits_on_the_engine_from_an_event_loop_raise_at_once(tmp_path: Path) -> None:
+    # An engine served by this very loop: a blocking wait here would freeze
+    # the loop, so the engine could never answer (a deadlock until the timeout).
+    async with LocalEngine() as engine:
+        run_id, token = new_run(engine, "inloop")
+        config = local_channel_config(
+            engine, tmp_path / "wal", run_id, token, connect_timeout_ms=10_000
+        )
+        ch = BlockingEngineChannel(config)  # opens the log only: no wait on the engine
+        try:
+            for name, call in (
+                ("handshake", lambda: ch.handshake("1", "inloop", "1")),
+                ("wait_acked", lambda: ch.wait_acked(timeout_ms=10_000)),
+                ("send_done", lambda: ch.send_done("completed", 0, [], "")),
+                ("request_approval", lambda: ch.request_approval("x", {}, timeout_ms=10_000)),
+            ):
+                started = time.monotonic()
+                with pytest.raises(RuntimeError) as info:
+                    call()
+                assert time.monotonic() - started < 2.0, name  # at once, not after a timeout
+                error = info.value
+                assert isinstance(error, RunningLoopError), repr(error)
+                assert isinstance(error, WalchannelError)
+                text = str(error)
+                assert f"BlockingEngineChannel.{name}()" in text, text
+                assert "event loop" in text and "GrpcEngineChannel" in text, text
+                assert run_id in text and token not in text, text
+            # Nothing was logged or sent by the refused calls.
+            assert engine.accepted(run_id) == []
+            # A commit never waits on the engine: allowed on the loop's thread.
+            assert ch.send_finding({"n": 1}) == 1
+            # The same waits from a thread without a loop work as ever.
+            await asyncio.to_thread(ch.handshake, "1", "inloop", "1")
+            assert await asyncio.to_thread(ch.wait_acked, None, 10_000)
+            assert await asyncio.to_thread(ch.send_done, "completed", 1, [], "")
+            assert engine.accepted(run_id) == [1, 2]
+        finally:
+            ch.close()  # bounded by close_timeout_ms, also on the loop's thread
+        assert not [t for t in threading.enumerate() if t.name == f"walchannel-loop-{run_id}"]

@@ -31,6 +31,7 @@ from walchannel import (
     RunCompletedError,
     RunLog,
 )
+from walchannel.testing import InMemoryEngineChannel
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -811,6 +812,43 @@ def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -
             with pytest.raises(PayloadError, match=r"^findings\[1\]\.when: "):
                 ch.send_findings([{"ok": 1}, {"when": object()}])
             assert ch.stats().unacked_count == 0  # nothing of a bad batch is logged
+
+    asyncio.run(main())
+
+
+def test_a_refused_finding_of_a_batch_is_named_by_its_index_for_every_rule(
+    tmp_path: Path,
+) -> None:
+    # A harness drops findings[exc.index] and sends the rest (README): the
+    # index must be there whichever rule refused the finding, the size too.
+    config = offline_config(tmp_path, "run-index", max_message_bytes=64 * 1024)
+    huge = {"blob": "x" * (128 * 1024)}
+
+    async def main() -> None:
+        async with GrpcEngineChannel(config) as ch:
+            for batch, index, path in (
+                ([{"ok": 1}, {"n": float("nan")}], 1, r"findings\[1\]\.n"),
+                ([{"ok": 1}, {"ok": 2}, {"s": {1}}], 2, r"findings\[2\]\.s"),
+                ([huge, {"ok": 1}], 0, r"findings\[0\]: encoded message is \d+ bytes"),
+                ([{"ok": 1}, huge], 1, r"findings\[1\]: encoded message"),
+            ):
+                with pytest.raises(PayloadError, match=f"^{path}") as info:
+                    ch.send_findings(batch, progress={"next": 1})
+                assert info.value.index == index, info.value
+            # Not a finding of a batch: no index.
+            for send in (
+                lambda: ch.send_finding(huge),
+                lambda: ch.send_finding({"n": float("inf")}),
+                lambda: ch.send_findings([{"ok": 1}], progress={"bad": float("nan")}),
+            ):
+                with pytest.raises(PayloadError) as info:
+                    send()
+                assert info.value.index is None, info.value
+            assert ch.stats().unacked_count == 0 and ch.progress() is None
+        memory = InMemoryEngineChannel()
+        with pytest.raises(PayloadError, match=r"^findings\[1\]\.n") as info:
+            memory.send_findings([{"ok": 1}, {"n": float("nan")}])
+        assert info.value.index == 1
 
     asyncio.run(main())
 

@@ -639,7 +639,8 @@ def test_corrupt_foreign_and_empty_files_are_listed_beside_good_runs(tmp_path: P
 
     human = cli("inspect", wal_dir)
     assert human.rc == 1
-    lines = human.out.splitlines()
+    # One row per run; its detail and next step are indented lines under it.
+    lines = [line for line in human.out.splitlines() if not line.startswith("    ")]
     assert lines[0].split()[:2] == ["STATE", "RUN"]
     assert len(lines) == 5 and sum(line.startswith("corrupt") for line in lines) == 3
     # The table is aligned: every row's RUN column starts where the header's does.
@@ -833,11 +834,11 @@ def test_json_keys_show_and_export(tmp_path: Path) -> None:
     assert item["quarantined"] == 0 and item["last_ack_at"] is None
 
     shown = cli("inspect", log, "--show", "2")
-    lines = shown.out.splitlines()
-    assert len(lines) == 4, shown.out
-    assert lines[2].split()[:3] == ["seq", "1", "finding"]
-    assert lines[3].split()[:3] == ["seq", "2", "finding"]
-    assert '"text":"finding 1"' in lines[3] and lines[3].endswith("…")
+    lines = [line for line in shown.out.splitlines() if line.startswith("    seq ")]
+    assert len(lines) == 2, shown.out
+    assert lines[0].split()[:3] == ["seq", "1", "finding"]
+    assert lines[1].split()[:3] == ["seq", "2", "finding"]
+    assert '"text":"finding 1"' in lines[1] and lines[1].endswith("…")
     assert cli("inspect", log, "--json", "--show", "1").rc == 2
 
     exported = cli("export", log)

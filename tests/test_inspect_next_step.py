@@ -132,7 +132,7 @@ def test_every_state_and_every_failed_cause_has_its_next_step(
     assert "Connection refused" in outage.detail(time.time())  # an outage shows its error
     assert "Connection refused" not in inspect_log(logs["active"]).detail(time.time())
 
-    # --json carries next_step; the table has a NEXT STEP column.
+    # --json carries next_step; the table has it under each run (--wide: a column).
     listed = cli("inspect", str(tmp_path / "wal"), "--json")
     assert listed.returncode == 1, listed.stderr
     objects = json.loads(listed.stdout)
@@ -140,8 +140,12 @@ def test_every_state_and_every_failed_cause_has_its_next_step(
     by_run = {o["run_id"]: o for o in objects}
     assert "restore its store" in by_run["run-f1"]["next_step"]
     table = cli("inspect", str(tmp_path / "wal"))
-    assert table.stdout.splitlines()[0].rstrip().endswith("NEXT STEP")
+    assert sum(line.startswith("    next step: ") for line in table.stdout.splitlines()) == len(
+        [o for o in objects if o["next_step"] != "nothing"]
+    )
     assert "restart the harness for run-orphaned" in table.stdout
+    wide = cli("inspect", str(tmp_path / "wal"), "--wide")
+    assert wide.stdout.splitlines()[0].rstrip().endswith("NEXT STEP")
 
 
 def test_an_unreadable_log_names_the_fix(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import threading
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import PYTHON, child_env, eventually, new_run
+from conftest import PYTHON, ROOT, child_env, eventually, new_run
 from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel, RunLog
 from walchannel import metrics as wm
 from walchannel.testing.engine import LocalEngine
@@ -74,12 +75,9 @@ class Readout:
                     got[name] = p.value
         return got
 
-    def send_duration(self, run_id: str | None = None) -> Any:
-        """The send-duration histogram point (of ``run_id``: each run has its own)."""
-        points = self.points()[wm.SEND_DURATION]
-        if run_id is not None:
-            points = [p for p in points if p.attributes.get(wm.RUN_ID_ATTR) == run_id]
-        (point,) = points
+    def send_duration(self) -> Any:
+        """The send-duration histogram's one point: every channel's calls, no run id."""
+        (point,) = self.points()[wm.SEND_DURATION]
         return point
 
 
@@ -162,10 +160,14 @@ async def test_instruments_after_sends_a_killed_engine_and_a_replay(tmp_path: Pa
             hist = readout.send_duration()
             # A burst: the first call, and one per 5 ms after it (SEND_SAMPLE_NS).
             assert 1 <= hist.count <= n
-            assert 0 < hist.min <= hist.max < 5_000_000  # µs: each send well under 5 s
-            # Attributed to the run like every other instrument (issue 28).
-            assert dict(hist.attributes)[wm.RUN_ID_ATTR] == run_id
-            assert dict(hist.attributes)["messaging.operation.name"] == "send"
+            assert 0 < hist.min <= hist.max < 5.0  # seconds: each send well under 5 s
+            # The send operation's attributes, never the run id: a histogram's
+            # series outlive its channel, so one per run would grow for ever.
+            assert dict(hist.attributes) == {
+                "messaging.system": "walchannel",
+                "messaging.operation.name": "send",
+                "messaging.operation.type": "send",
+            }
             assert engine.accepted(run_id) == list(range(1, n + 1))
         # Closed: its series are gone (no stale gauges for a finished run).
         assert readout.channel(run_id) == {}
@@ -320,7 +322,7 @@ async def test_send_duration_records_one_call_per_sample_interval(tmp_path: Path
         hooks.clock_ns = time.perf_counter_ns
         hist = readout.send_duration()
         assert hist.count == 100 // (wm.SEND_SAMPLE_NS // 1_000_000)
-        assert hist.min == hist.max == 40.0
+        assert hist.min == hist.max == pytest.approx(40e-6)  # 40 µs, in seconds
         # A real send, begun long after the last recorded one, is recorded.
         ch.send_finding({"n": 1})
         assert readout.send_duration().count == hist.count + 1
@@ -487,12 +489,87 @@ async def test_two_channels_report_apart_and_a_provider_is_set_up_once(tmp_path:
             b.send_finding({"n": i})
         assert readout.channel("otel-a")[wm.UNACKED] == 1
         assert readout.channel("otel-b")[wm.UNACKED] == 3
-        # Each channel records its first call at least (SEND_SAMPLE_NS), apart.
-        assert readout.send_duration("otel-a").count == 1
-        assert 1 <= readout.send_duration("otel-b").count <= 3
+        # Each channel records its first call at least (SEND_SAMPLE_NS), into
+        # one series: the histogram has no run id.
+        assert 2 <= readout.send_duration().count <= 4
         await a.close()
         assert readout.channel("otel-a") == {}
         assert readout.channel("otel-b")[wm.UNACKED] == 3
     finally:
         await a.close()
         await b.close()
+
+
+# -- OpenTelemetry's conventions and the operations table ---------------------------------
+
+#: UCUM time units other than the second: the conventions measure durations in ``s``.
+NOT_SECONDS = {"ns", "us", "µs", "ms", "min", "h", "d"}
+KINDS = {"Sum": "counter", "Gauge": "gauge", "Histogram": "histogram"}
+
+
+async def created(tmp_path: Path) -> dict[str, tuple[str, str, set[str], list[Any]]]:
+    """Every instrument of a channel that sent: name -> (kind, unit, attribute keys, points)."""
+    readout = Readout()
+    config = offline_config(tmp_path / "wal", "otel-table", meter_provider=readout.provider)
+    async with GrpcEngineChannel(config) as ch:
+        ch.send_finding({"n": 1})  # the histogram records its first call
+        wanted = {*PER_CHANNEL, wm.STATE, wm.SEND_DURATION}
+        await eventually(lambda: wanted <= set(readout.points()), what="every instrument")
+        data = readout.reader.get_metrics_data()
+    out: dict[str, tuple[str, str, set[str], list[Any]]] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            if scope.scope.name != wm.SCOPE:
+                continue
+            for metric in scope.metrics:
+                kind = KINDS[type(metric.data).__name__]
+                if kind == "counter" and not metric.data.is_monotonic:
+                    kind = "up-down counter"
+                points = list(metric.data.data_points)
+                keys = {key for p in points for key in p.attributes}
+                out[metric.name] = (kind, metric.unit or "", keys, points)
+    return out
+
+
+@pytest.mark.asyncio
+async def test_instruments_follow_opentelemetry_naming_and_units(tmp_path: Path) -> None:
+    instruments = await created(tmp_path)
+    names = set(instruments)
+    attributes = {key for _, _, keys, _ in instruments.values() for key in keys}
+    for name, (kind, unit, keys, points) in instruments.items():
+        # Durations in seconds (semantic conventions, "Units").
+        assert unit not in NOT_SECONDS, f"{name}: unit {unit!r}, not seconds"
+        # A synchronous histogram's series live as long as the process: no
+        # per-run attribute, or they grow with every run.
+        if kind == "histogram":
+            assert wm.RUN_ID_ATTR not in keys, f"{name} carries {wm.RUN_ID_ATTR}"
+            assert len(points) == 1, points
+    # Metric and attribute names share one hierarchy: no attribute is named
+    # as an instrument, and no name is another's namespace.
+    assert not names & attributes, names & attributes
+    everything = names | attributes
+    for a in everything:
+        inside = [b for b in everything if b.startswith(a + ".")]
+        assert not inside, f"{a} is also a namespace of {inside}"
+
+
+def operations_table() -> dict[str, tuple[str, str, set[str]]]:
+    """docs/operations.md's metrics table: instrument -> (kind, unit, attribute names)."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Monitoring: OpenTelemetry metrics", 1)[1]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[:4] == ["instrument", "kind", "unit", "attributes"], header
+    table: dict[str, tuple[str, str, set[str]]] = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        name, kind, unit, attrs = cells[0].strip("`"), cells[1], cells[2].strip("`"), cells[3]
+        table[name] = (kind, unit, set(re.findall(r"`([^`]+)`", attrs)))
+    return table
+
+
+@pytest.mark.asyncio
+async def test_the_operations_table_is_what_the_channel_creates(tmp_path: Path) -> None:
+    instruments = await created(tmp_path)
+    got = {name: (kind, unit, keys) for name, (kind, unit, keys, _) in instruments.items()}
+    assert operations_table() == got

@@ -55,6 +55,15 @@ def scan(path: str) -> list[dict]:
     import time
     from walchannel.testing import LocalEngine
 
+    if path == "bad.py":  # a NaN and a set: refused at send time, never logged
+        return [
+            {"path": path, "n": 0},
+            {"path": path, "score": float("nan")},
+            {"path": path, "n": 2},
+            {"path": path, "tags": {"x"}},
+        ]
+    if path == "big.py":  # a message over max_message_bytes (4 MiB)
+        return [{"path": path, "blob": "x" * (5 * 1024 * 1024)}, {"path": path, "n": 1}]
     if path != "last":
         return [{"path": path}]
     if os.environ.get("AT_LAST"):
@@ -439,3 +448,50 @@ async def test_sigterm_while_waiting_for_the_done_ack_exits_75_within_the_grace(
         await _restart(script, env, ("a.py", "last"))
         assert engine.accepted(run_id) == [1, 2, 3]  # the Done waiting in the log, once
         assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("example", ["asyncio", "blocking"])
+async def test_a_finding_that_can_never_travel_is_reported_and_skipped_and_a_restart_moves_on(
+    tmp_path: Path, example: str
+) -> None:
+    # bad.py yields a NaN and a set among good findings, big.py one over
+    # max_message_bytes: the harness reports each with its file, logs the
+    # file's other findings with the marker, and goes on. Killed later, it
+    # resumes after them: no crash, no crash loop on the same file.
+    script = tmp_path / "harness.py"
+    script.write_text(async_example() if example == "asyncio" else blocking_example())
+    roots = ("a.py", "bad.py", "big.py", "last", "z.py")
+    async with LocalEngine(store_path=tmp_path / "store.sqlite3") as engine:
+        run_id, token = new_run(engine)
+        env = _grace_env(tmp_path, run_id, token, engine.grpc_addr)
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, str(script), *roots, env=env, stderr=asyncio.subprocess.PIPE
+        )
+        await wait_for_file(tmp_path / "at-last", proc)  # past bad.py and big.py
+        proc.kill()
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        said = err.decode()
+        assert "bad.py" in said and "nan is not a finite number" in said, said[-3000:]
+        assert "set is not JSON-like" in said, said[-3000:]
+        assert "big.py" in said and "max_message_bytes" in said, said[-3000:]
+        restart = {k: v for k, v in env.items() if k not in ("AT_LAST", "GO")}
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, str(script), *roots, env=restart, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert "bad.py" not in err.decode() and "big.py" not in err.decode(), err.decode()
+        fields = [b["body"]["fields"] for b in engine.bodies(run_id) if b["kind"] == "finding"]
+        got = [(f["path"], f.get("n")) for f in fields]
+        assert got == [
+            ("a.py", None),
+            ("bad.py", 0.0),
+            ("bad.py", 2.0),
+            ("big.py", 1.0),
+            ("last", None),
+            ("z.py", None),
+        ], got
+        assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
+        done = engine.done(run_id)
+        assert done is not None and done["findings"] == 6, done

@@ -10,7 +10,11 @@ a dispatcher thread of their own, so a callback may call the channel.
 while ``close()`` runs gets its result or ``ChannelClosedError``: calls
 already queued on the loop run to their end (the closed channel refuses
 them) before the loop stops, and none is ever left waiting on a stopped
-loop. SPEC "The channel".
+loop. A call that waits on the engine (``handshake``, ``send_done``,
+``wait_acked``, ``request_approval``) made on a thread that runs an asyncio
+event loop raises :class:`~walchannel.RunningLoopError` at once: it would
+block that loop, and deadlock with an engine served by it. SPEC "The
+channel".
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Self, TypeVar
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.driver import ChannelState
-from walchannel.errors import ChannelClosedError
+from walchannel.errors import ChannelClosedError, RunningLoopError
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 
 __all__ = ["BlockingEngineChannel"]
@@ -55,12 +59,18 @@ class BlockingEngineChannel:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
         rng: the random source for backoff jitter.
 
+    The constructor, the sends, ``close()`` and the read-outs never wait on
+    the engine (``close()`` waits at most ``close_timeout_ms``), so any
+    thread may call them, one running an event loop too. The calls that
+    wait on the engine refuse such a thread (:meth:`_refuse_in_loop`).
+
     Raises:
         RunCompletedError, WalLockedError, WalCorruptError, WalWriteError:
             as :class:`~walchannel.GrpcEngineChannel`.
     """
 
     def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
+        self._run_id = config.run_id
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name=f"walchannel-loop-{config.run_id}", daemon=True
@@ -93,7 +103,10 @@ class BlockingEngineChannel:
     def _submit(self, coro: Coroutine[Any, Any, _T], *, closing: bool = False) -> _T:
         if threading.current_thread() is self._loop_thread:
             coro.close()
-            raise RuntimeError("BlockingEngineChannel called from its own loop thread")
+            raise RunningLoopError(
+                f"run {self._run_id}: BlockingEngineChannel called from its own loop thread "
+                "(it would wait on itself)"
+            )
         with self._calls_lock:
             if not (self._accepting or closing) or self._loop.is_closed():
                 coro.close()
@@ -110,6 +123,26 @@ class BlockingEngineChannel:
     def _call_done(self, future: concurrent.futures.Future[Any]) -> None:
         with self._calls_lock:
             self._calls.discard(future)
+
+    def _refuse_in_loop(self, call: str) -> None:
+        """Raise :class:`~walchannel.RunningLoopError` when this thread runs an event loop.
+
+        Called first by every call that waits on the engine, before anything
+        is logged: blocking such a thread freezes its loop until the engine
+        answers, for ever when the engine (an in-process ``LocalEngine``) or
+        anything the answer needs runs on that loop. SPEC "The channel".
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop on this thread: blocking it is fine
+            return
+        raise RunningLoopError(
+            f"run {self._run_id}: BlockingEngineChannel.{call}() called on a thread that runs "
+            "an asyncio event loop: it would block that loop until the engine answers, and "
+            "never return if the engine or what its answer needs runs on that loop; in async "
+            f"code use GrpcEngineChannel ('await channel.{call}(...)'), or call this from "
+            "another thread (asyncio.to_thread)"
+        )
 
     def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         async def run() -> _T:
@@ -191,7 +224,13 @@ class BlockingEngineChannel:
         return self._call(lambda: self._channel.unacked_count)
 
     def handshake(self, connector_version: str, harness_name: str, harness_version: str) -> None:
-        """As :meth:`GrpcEngineChannel.handshake`, blocking."""
+        """As :meth:`GrpcEngineChannel.handshake`, blocking up to ``connect_timeout_ms``.
+
+        Raises:
+            RunningLoopError: called on a thread that runs an event loop.
+            EngineUnavailableError, RunCompletedError: as the async call.
+        """
+        self._refuse_in_loop("handshake")
         self._submit(self._channel.handshake(connector_version, harness_name, harness_version))
 
     def send_event(
@@ -224,7 +263,13 @@ class BlockingEngineChannel:
     def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
     ) -> bool:
-        """As :meth:`GrpcEngineChannel.send_done`, blocking up to ``done_ack_timeout_ms``."""
+        """As :meth:`GrpcEngineChannel.send_done`, blocking up to ``done_ack_timeout_ms``.
+
+        Raises:
+            RunningLoopError: called on a thread that runs an event loop
+                (nothing logged).
+        """
+        self._refuse_in_loop("send_done")
         return self._submit(self._channel.send_done(status, findings, coverage, exit_reason))
 
     def request_approval(
@@ -235,7 +280,14 @@ class BlockingEngineChannel:
         request_id: str | None = None,
         timeout_ms: float | None = None,
     ) -> ApprovalDecision:
-        """As :meth:`GrpcEngineChannel.request_approval`, blocking."""
+        """As :meth:`GrpcEngineChannel.request_approval`, blocking.
+
+        Raises:
+            RunningLoopError: called on a thread that runs an event loop
+                (nothing logged).
+            ApprovalTimeoutError, ChannelClosedError: as the async call.
+        """
+        self._refuse_in_loop("request_approval")
         return self._submit(
             self._channel.request_approval(
                 action, details, request_id=request_id, timeout_ms=timeout_ms
@@ -243,7 +295,12 @@ class BlockingEngineChannel:
         )
 
     def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool:
-        """As :meth:`GrpcEngineChannel.wait_acked`, blocking."""
+        """As :meth:`GrpcEngineChannel.wait_acked`, blocking up to ``timeout_ms`` (ms).
+
+        Raises:
+            RunningLoopError: called on a thread that runs an event loop.
+        """
+        self._refuse_in_loop("wait_acked")
         return self._submit(self._channel.wait_acked(seq, timeout_ms))
 
     def replay_unacked(self) -> int:

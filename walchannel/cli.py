@@ -5,8 +5,9 @@
 ``SystemExit``. SPEC "Operating tools"; docs/operations.md says what to do
 about each state.
 
-- ``inspect [PATH]``: one line per run, most urgent first (or ``--json``);
-  read-only, never takes the owner lock, never loads grpc.
+- ``inspect [PATH]``: one row per run, most urgent first, its detail and
+  next step under it in 120 columns (``--wide``: one line per run; or
+  ``--json``); read-only, never takes the owner lock, never loads grpc.
 - ``flush LOG``: take the owner lock of an orphaned run's log and deliver
   its unacked rows with the stored handshake (the only command that loads
   grpc, imported inside its code path).
@@ -90,6 +91,7 @@ examples:
   walchannel inspect                        # every run in the default log folder
   walchannel inspect /var/lib/scan/wal --stuck-after 300
   walchannel inspect run-42.wal.sqlite3 --show 5 --verify
+  walchannel inspect --wide | less -S       # one line per run, however long
   walchannel inspect --json | jq '.[] | select(.state == "orphaned") | .file'
   walchannel inspect /var/lib/scan/wal --watch 5   # live view (PATH before --watch)
 
@@ -117,9 +119,10 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "inspect",
         help="show the state of every run log (read-only)",
         description=(
-            "Show one line per run log, most urgent first. Read-only: it never takes a\n"
-            "log's owner lock, never writes or creates a file, and never blocks or\n"
-            "starves a live run, whichever user runs it."
+            "Show one row per run log, most urgent first, with its detail and next step\n"
+            "on indented lines under it, wrapped to fit 120 columns (--wide: one line per\n"
+            "run). Read-only: it never takes a log's owner lock, never writes or creates\n"
+            "a file, and never blocks or starves a live run, whichever user runs it."
         ),
         epilog=_INSPECT_EXAMPLES,
         formatter_class=_RAW,
@@ -153,6 +156,12 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--verify",
         action="store_true",
         help="also run PRAGMA quick_check, which reads every page (slower on big logs)",
+    )
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="one line per run, DETAIL and NEXT STEP as its last columns, however long "
+        "(default: they go under each run's row, wrapped to fit 120 columns)",
     )
     p.add_argument(
         "--watch",

@@ -5,9 +5,10 @@ calls :func:`inspect_command`, :func:`export_command` and
 :func:`prune_command`. SPEC "Operating tools"; docs/operations.md says what
 to do about each state.
 
-- inspect: one line per run, most urgent first (or ``--json``); read-only,
-  never takes the owner lock (:mod:`walchannel.log_reader`), ``--watch``
-  refreshes (:mod:`walchannel.watch`).
+- inspect: one row per run, most urgent first, its detail and next step
+  wrapped under it to fit 120 columns (``--wide``: one line per run; or
+  ``--json``); read-only, never takes the owner lock
+  (:mod:`walchannel.log_reader`), ``--watch`` refreshes (:mod:`walchannel.watch`).
 - export: the unacked rows (or ``--quarantined``, the quarantine) as JSON
   lines; read-only.
 - prune: remove old tombstones and their sidecars, holding the owner lock
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import files
 from walchannel.errors import WalCorruptError, WalLockedError
-from walchannel.formatting import align_table, format_age, format_size
+from walchannel.formatting import TABLE_WIDTH, align_table, format_age, format_size, note_lines
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
 from walchannel.lock import OwnerLock, probe_owner
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
@@ -39,10 +40,12 @@ from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_nam
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
-__all__ = ["err", "export_command", "inspect_command", "prune_command"]
+__all__ = ["err", "export_command", "inspect_command", "prune_command", "table_lines"]
 
-# Characters of a row body shown on one line by ``inspect --show``.
+# Characters of a row body shown on one line by ``inspect --show --wide``
+# (without --wide: what is left of TABLE_WIDTH, at least _MIN_BODY_WIDTH).
 _BODY_WIDTH: Final = 100
+_MIN_BODY_WIDTH: Final = 20
 _SECONDS_PER_DAY: Final = 86_400.0
 
 
@@ -102,9 +105,10 @@ _COLUMNS: Final = (
     ("LAST ACK", True),
     ("OWNER", False),
     ("DISK", True),
-    ("DETAIL", False),
-    ("NEXT STEP", False),
 )
+#: The free-text notes of a run: (``--wide`` column header, label under the row).
+_NOTES: Final = (("DETAIL", "detail"), ("NEXT STEP", "next step"))
+_LABEL_WIDTH: Final = max(len(label) for _, label in _NOTES)
 
 
 def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
@@ -117,28 +121,69 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
         report.last_ack_text(),
         report.owner_text(),
         format_size(report.file_bytes),
-        report.detail(now),
-        report.next_step,
     )
 
 
-def _print_table(reports: Sequence[RunReport], now: float) -> None:
-    header, *lines = align_table(_COLUMNS, [_table_row(r, now) for r in reports])
-    print(header)
+def table_lines(reports: Sequence[RunReport], now: float, *, wide: bool = False) -> list[str]:
+    """Return the lines ``inspect`` prints for ``reports`` (in their order).
+
+    By default one aligned row per run, then its DETAIL and NEXT STEP on
+    indented lines under it, wrapped to fit :data:`TABLE_WIDTH` (120)
+    columns (a line of its own only when there is something: no detail
+    line without a detail, no next-step line when it is "nothing"), then
+    the rows ``--show`` decoded, cut to fit. With ``wide``, DETAIL and NEXT
+    STEP are the row's last columns, one line per run however long.
+    SPEC "Operating tools"; docs/operations.md "walchannel inspect".
+
+    Args:
+        reports: the runs, most urgent first.
+        now: the wall clock (unix seconds) the last error's age is read from.
+        wide: one line per run instead of fitting 120 columns.
+    """
+    rows = [_table_row(r, now) for r in reports]
+    if wide:
+        columns = (*_COLUMNS, *((header, False) for header, _ in _NOTES))
+        notes = [(r.detail(now), r.next_step) for r in reports]
+        header, *lines = align_table(
+            columns, [(*row, *n) for row, n in zip(rows, notes, strict=True)]
+        )
+    else:
+        header, *lines = align_table(_COLUMNS, rows, last_free=False)
+    out = [header]
     for report, line in zip(reports, lines, strict=True):
-        print(line)
-        for shown in report.shown:
-            body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body)
-            print(
-                f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
-                f"  {format_size(shown.size):>9}  {body}"
-            )
-        for q in report.shown_quarantined:
-            held = _one_line(q.body) if q.body is not None else "[does not decode]"
-            print(
-                f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
-                f"{format_size(q.size):>9}  [{q.reason}]  {held}"
-            )
+        out.append(line)
+        if not wide:
+            texts = (report.detail(now), "" if report.next_step == "nothing" else report.next_step)
+            for (_, label), text in zip(_NOTES, texts, strict=True):
+                if text:
+                    out.extend(note_lines(label, text, label_width=_LABEL_WIDTH))
+        out.extend(_shown_lines(report, wide=wide))
+    return out
+
+
+def _shown_lines(report: RunReport, *, wide: bool) -> list[str]:
+    """The ``--show`` rows of a run: one line each, the body cut to fit."""
+    out = []
+    for shown in report.shown:
+        head = (
+            f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
+            f"  {format_size(shown.size):>9}  "
+        )
+        body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body, _fit(head, wide))
+        out.append(head + body)
+    for q in report.shown_quarantined:
+        head = (
+            f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
+            f"{format_size(q.size):>9}  [{q.reason}]  "
+        )
+        held = _one_line(q.body, _fit(head, wide)) if q.body is not None else "[does not decode]"
+        out.append(head + held)
+    return out
+
+
+def _fit(head: str, wide: bool) -> int:
+    """How many characters of a body follow ``head`` on one line."""
+    return _BODY_WIDTH if wide else max(_MIN_BODY_WIDTH, TABLE_WIDTH - len(head))
 
 
 def inspect_command(args: argparse.Namespace) -> int:
@@ -169,7 +214,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2, ensure_ascii=False))
     elif reports:
-        _print_table(reports, now)
+        print("\n".join(table_lines(reports, now, wide=args.wide)))
     elif folder.exists():
         print(f"no run logs in {folder}")
     else:
@@ -194,6 +239,7 @@ def _watch_inspect(args: argparse.Namespace, folder: Path) -> int:
         count=args.watch_count,
         stuck_after_s=args.stuck_after,
         verify=args.verify,
+        wide=args.wide,
     )
 
 

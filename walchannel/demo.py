@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -25,12 +26,23 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from walchannel import bandit_harness
 
-__all__ = ["add_arguments", "run"]
+if TYPE_CHECKING:
+    from walchannel.log_format import RunMeta
+
+__all__ = [
+    "add_arguments",
+    "engine_progress",
+    "progress_line",
+    "read_marker",
+    "resume_line",
+    "run",
+]
 
 Key = tuple[str, int, int, str]
 
@@ -258,15 +270,12 @@ def run(args: argparse.Namespace) -> int:
             last_line = 0.0
             while True:
                 bodies = store.bodies(run_id)
-                scanned = sum(
-                    1 for b in bodies if b["kind"] == "event" and b["body"]["type"] == "scan.file"
-                )
-                findings = sum(1 for b in bodies if b["kind"] == "finding")
+                findings, scanned = engine_progress(bodies)
                 fraction = scanned / len(files)
                 now = time.monotonic()
                 if now - last_line >= 2.0:
                     last_line = now
-                    say(f"engine holds {findings} findings; {scanned}/{len(files)} files")
+                    say(progress_line(bodies, len(files), read_marker(wal_dir, run_id)))
                 if phase == "engine" and fraction >= args.engine_kill_at:
                     counts.append(findings)
                     say(f">>> SIGKILL engine pid {engine.pid} (findings at engine: {findings})")
@@ -283,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
                     say(f">>> SIGKILL harness pid {harness.pid} (findings at engine: {findings})")
                     harness.send_signal(signal.SIGKILL)
                     harness.wait()
-                    say(f">>> harness restarted on the same log; {_resume_point(wal_dir, run_id)}")
+                    resume = resume_line(read_marker(wal_dir, run_id), len(files))
+                    say(f">>> harness restarted on the same log; {resume}")
                     harness = start_harness()
                     phase = "finish"
                 code = harness.poll()
@@ -305,7 +315,18 @@ def run(args: argparse.Namespace) -> int:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-    print("PASS" if ok else "FAIL", f"({time.monotonic() - started:.1f} s)")
+    # CPU seconds, this process's and its waited-for children's (the harnesses,
+    # the engines, the audit's bandit): unlike the wall time, a busy machine
+    # barely changes them (README "make demo").
+    cpu = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
+    wall = time.monotonic() - started
+    print("PASS" if ok else "FAIL", f"({wall:.1f} s, {cpu:.0f} s of CPU)")
     if ok and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
@@ -313,24 +334,90 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _resume_point(wal_dir: Path, run_id: str) -> str:
-    """Where a restarted harness resumes: the progress marker its killed run committed."""
+def engine_progress(bodies: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """What the engine holds of the scan: ``(findings, files)``.
+
+    Files are the distinct ``scan.file`` events by index: a harness killed
+    between a file's event and its findings sends the event again (its
+    findings never), so counting events would count that file twice.
+
+    Args:
+        bodies: the engine's applied messages (``LocalEngine.bodies`` shape).
+    """
+    findings = 0
+    files: set[int] = set()
+    for b in bodies:
+        if b["kind"] == "finding":
+            findings += 1
+        elif b["kind"] == "event" and b["body"]["type"] == "scan.file":
+            files.add(int(b["body"]["payload"]["index"]))
+    return findings, len(files)
+
+
+def read_marker(wal_dir: Path, run_id: str) -> RunMeta | str | None:
+    """The harness log's meta, read-only (its ``progress`` is the marker).
+
+    Returns:
+        The meta; None when the log does not exist yet; or why it could not
+        be read (the demo goes on: the audit tells the truth).
+    """
     from walchannel import files
     from walchannel.log_reader import LogReader
 
+    path = files.log_path(wal_dir, run_id)
+    if not path.exists():
+        return None
     try:
-        with LogReader(files.log_path(wal_dir, run_id), run_id) as reader:
-            meta = reader.meta()
-    except Exception as exc:  # the demo goes on; the audit tells the truth
-        return f"its progress marker could not be read ({exc})"
-    marker = meta.progress or {}
+        with LogReader(path, run_id) as reader:
+            return reader.meta()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _marker_text(meta: RunMeta | str | None, total: int) -> tuple[str, int | None]:
+    """``harness marker: N/TOTAL files scanned`` and N (None: no marker)."""
+    if isinstance(meta, str):
+        return f"harness marker: unreadable ({meta})", None
+    marker = (meta.progress if meta is not None else None) or {}
     if "next_file" not in marker:
-        return "it starts from the first file (no progress marker yet)"
+        return "harness marker: none yet", None
     done = int(marker["next_file"])
+    return f"harness marker: {done}/{total} files scanned", done
+
+
+def progress_line(bodies: Sequence[dict[str, Any]], total: int, meta: RunMeta | str | None) -> str:
+    """The demo's progress line: what the engine holds, then the harness's marker.
+
+    The two can differ: the marker counts the files whose rows the harness
+    committed to its log (where a restart resumes, as :func:`resume_line`
+    says), the engine the files whose event it applied; rows logged and not
+    yet delivered (a killed harness's, until its restart replays them) are
+    the difference.
+
+    Args:
+        bodies: the engine's applied messages.
+        total: the files of the scan.
+        meta: :func:`read_marker`'s answer.
+    """
+    findings, scanned = engine_progress(bodies)
+    marker, _ = _marker_text(meta, total)
+    return f"engine holds {findings} findings from {scanned}/{total} files; {marker}"
+
+
+def resume_line(meta: RunMeta | str | None, total: int) -> str:
+    """Where a restarted harness resumes: after the files its marker counts, as the progress line.
+
+    Args:
+        meta: :func:`read_marker`'s answer.
+        total: the files of the scan.
+    """
+    marker, done = _marker_text(meta, total)
+    if done is None or isinstance(meta, str) or meta is None:
+        return f"{marker}: it starts with file 1"
+    found = int((meta.progress or {}).get("findings", 0))
     return (
-        f"its progress marker says {done} files scanned and {marker.get('findings', 0)} "
-        f"findings logged, so it resumes with file {done + 1} (seqs up to {meta.high_water} "
-        f"logged, up to {meta.last_acked_seq} acked)"
+        f"{marker}, {found} findings logged (seqs up to {meta.high_water} logged, "
+        f"up to {meta.last_acked_seq} acked): it resumes with file {done + 1}"
     )
 
 

@@ -19,7 +19,8 @@ No message ever carries the run token (SPEC "Secrets").
     ├── BacklogFullError                 max_unacked_bytes would be passed
     ├── EngineUnavailableError           no answered handshake within the timeout
     ├── DiscoveryError                   GET /grpc-address gave no usable address
-    └── ApprovalTimeoutError             no decision within timeout_ms
+    ├── ApprovalTimeoutError             no decision within timeout_ms
+    └── RunningLoopError (also RuntimeError)  a blocking wait on a thread running an event loop
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "RowRefusedError",
     "RunCompletedError",
     "RunExpiredError",
+    "RunningLoopError",
     "WalCorruptError",
     "WalLockedError",
     "WalWriteError",
@@ -53,13 +55,19 @@ class PayloadError(WalchannelError, ValueError):
     Attributes:
         path: where the bad value sits, e.g. ``finding.evidence[3].id``.
         reason: what is wrong with it.
+        index: for a finding of a ``send_findings`` batch, its position in
+            the batch (``findings[index]``), whichever rule refused it (its
+            size too); None otherwise. A harness drops that finding,
+            reports it and sends the rest with its marker (README "Use it in
+            your harness").
 
     SPEC "Payloads".
     """
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, *, index: int | None = None) -> None:
         self.path = path
         self.reason = reason
+        self.index = index
         super().__init__(f"{path}: {reason}")
 
 
@@ -187,6 +195,20 @@ class ApprovalTimeoutError(WalchannelError, TimeoutError):
 
     Also a :class:`TimeoutError`, so ``except TimeoutError`` (asyncio's
     timeouts are that class too) catches it.
+    """
+
+
+class RunningLoopError(WalchannelError, RuntimeError):
+    """A :class:`~walchannel.BlockingEngineChannel` call that waits on the engine was made
+    on a thread that runs an asyncio event loop.
+
+    It would block that loop until the engine answers, and never return
+    while the engine (or anything the answer needs) runs on that loop: so
+    it is refused at once, before anything is logged. Async code uses
+    :class:`~walchannel.GrpcEngineChannel` and awaits it, or calls the
+    blocking channel from another thread (``asyncio.to_thread``). Also a
+    :class:`RuntimeError`, as asyncio's own "cannot be called from a running
+    event loop". SPEC "The channel".
     """
 
 

@@ -7,9 +7,16 @@ walchannel.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
+from typing import Final
 
-__all__ = ["align_table", "format_age", "format_size"]
+__all__ = ["TABLE_WIDTH", "align_table", "format_age", "format_size", "note_lines"]
+
+#: The columns a human table fits by default (``inspect --wide``: no limit).
+TABLE_WIDTH: Final = 120
+#: How far a note under a table row is indented.
+NOTE_INDENT: Final = 4
 
 
 def format_age(seconds: float | None) -> str:
@@ -33,24 +40,54 @@ def format_age(seconds: float | None) -> str:
     return f"{days}d{hours:02d}h"
 
 
-def align_table(columns: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> list[str]:
+def align_table(
+    columns: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]], *, last_free: bool = True
+) -> list[str]:
     """Return the lines of a table: the header, then ``rows``, columns padded to fit.
 
     Args:
-        columns: ``(header, right-aligned)`` per column; the last column is
-            free text, never padded.
+        columns: ``(header, right-aligned)`` per column.
         rows: the cells of each row, one per column.
+        last_free: the last column is free text, never padded (False: it is
+            aligned like the others).
     """
     table = [tuple(h for h, _ in columns), *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(columns) - 1)]
+    padded = len(columns) - 1 if last_free else len(columns)
+    widths = [max(len(row[i]) for row in table) for i in range(padded)]
     lines = []
     for row in table:
         cells = [
             cell.rjust(width) if right else cell.ljust(width)
             for cell, width, (_, right) in zip(row, widths, columns, strict=False)
         ]
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
+        free = [row[-1]] if last_free else []
+        lines.append("  ".join([*cells, *free]).rstrip())
     return lines
+
+
+def note_lines(label: str, text: str, *, label_width: int, width: int = TABLE_WIDTH) -> list[str]:
+    """Return ``text`` as lines under a table row: ``    label: text``, wrapped.
+
+    Lines break between words to fit ``width`` columns, and continue under
+    the text's first character; a word longer than a line (a path, a
+    command) is never split, so it can be copied whole. docs/operations.md
+    "walchannel inspect".
+
+    Args:
+        label: what the text is (``detail``, ``next step``).
+        label_width: the longest label of the table (characters), so the
+            texts of a row start in one column.
+        width: the columns to fit.
+    """
+    head = " " * NOTE_INDENT + f"{label}:".ljust(label_width + 2)
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=head,
+        subsequent_indent=" " * len(head),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def format_size(size: int | None) -> str:

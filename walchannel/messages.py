@@ -126,7 +126,7 @@ def finding_bodies(
     Raises:
         PayloadError: ``findings`` is not a list-like of findings (a mapping,
             a str or a non-iterable: ``findings``), or a bad finding, naming
-            its index (``findings[3].x``).
+            its index in the path (``findings[3].x``) and as ``index``.
     """
     if isinstance(findings, (Mapping, str, bytes)) or not isinstance(findings, Iterable):
         raise PayloadError(
@@ -134,10 +134,14 @@ def finding_bodies(
             f"expected a list of findings (mappings), got {type(findings).__name__}; "
             "for one finding use send_finding",
         )
-    return [
-        finding_body(finding, f"findings[{index}]", max_values=max_values)
-        for index, finding in enumerate(findings)
-    ]
+    bodies = []
+    for index, finding in enumerate(findings):
+        try:
+            bodies.append(finding_body(finding, f"findings[{index}]", max_values=max_values))
+        except PayloadError as exc:
+            exc.index = index
+            raise
+    return bodies
 
 
 def approval_body(

@@ -103,22 +103,26 @@ LOG_SIZE: Final = "walchannel.log.size"
 STATE: Final = "walchannel.channel.state"
 #: Time of one ``send_event``/``send_finding``/``send_findings`` call: checks,
 #: encoding, the commit; at most one call per 5 ms per channel is recorded
-#: (:data:`SEND_SAMPLE_NS`). Histogram, ``us``; attributes: the run id and
-#: the send operation, as ``walchannel.sent``.
+#: (:data:`SEND_SAMPLE_NS`). Histogram, ``s`` (the semantic conventions'
+#: unit of every duration); attributes: ``messaging.system`` and the send
+#: operation's, never the run id: the SDK keeps a synchronous instrument's
+#: series for the process's life, so one per run would grow without bound.
 SEND_DURATION: Final = "walchannel.send.duration"
 
 #: The run of a per-channel point. One series per open channel: see
 #: docs/operations.md "Monitoring" on cardinality.
 RUN_ID_ATTR: Final = "walchannel.run_id"
-#: The state name (``streaming``, ``backoff``, …) on :data:`STATE` points.
-STATE_ATTR: Final = "walchannel.channel.state"
+#: The state name (``streaming``, ``backoff``, …) on :data:`STATE` points. Not
+#: the instrument's own name: metric and attribute names share one hierarchy
+#: (OpenTelemetry's naming guidance), and a backend would show both as one key.
+STATE_ATTR: Final = "walchannel.state"
 _SYSTEM: Final = {"messaging.system": "walchannel"}
 _OPERATION: Final = {"messaging.operation.name": "send", "messaging.operation.type": "send"}
-#: Bucket bounds of :data:`SEND_DURATION` (µs): a commit takes tens of µs,
-#: an fsync ("power") milliseconds.
-SEND_BUCKETS_US: Final = (
-    5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0,
-    25_000.0, 100_000.0, 1_000_000.0,
+#: Bucket bounds of :data:`SEND_DURATION` (s), 5 µs to 1 s: a commit takes tens
+#: of µs, an fsync ("power") milliseconds.
+SEND_BUCKETS_S: Final = (
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 0.1, 1.0,
 )  # fmt: skip
 #: :data:`SEND_DURATION` records at most one call per channel per this many ns
 #: (every call below 200 a second): the SDK's ``Histogram.record`` costs 5-13 µs
@@ -232,6 +236,8 @@ class ChannelMetrics:
         base = {**_SYSTEM, RUN_ID_ATTR: driver.run_id}
         self.attributes: dict[str, str] = base
         self.sent_attributes: dict[str, str] = {**base, **_OPERATION}
+        # The histogram's: no run id (SEND_DURATION).
+        self.send_attributes: dict[str, str] = {**_SYSTEM, **_OPERATION}
         self.state_attributes: dict[ChannelState, dict[str, str]] = {
             state: {**base, STATE_ATTR: state.name.lower()} for state in ChannelState
         }
@@ -281,7 +287,7 @@ class ChannelMetrics:
             return
         self._sampled_ns = started_ns
         try:
-            self._histogram.record((self.clock_ns() - started_ns) / 1000, self.sent_attributes)
+            self._histogram.record((self.clock_ns() - started_ns) / 1e9, self.send_attributes)
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
 
@@ -409,12 +415,12 @@ class _Instruments:
         try:
             self.histogram: Histogram = meter.create_histogram(
                 SEND_DURATION,
-                unit="us",
+                unit="s",
                 description=text,
-                explicit_bucket_boundaries_advisory=SEND_BUCKETS_US,
+                explicit_bucket_boundaries_advisory=SEND_BUCKETS_S,
             )
         except TypeError:  # opentelemetry-api < 1.23: the SDK's default buckets
-            self.histogram = meter.create_histogram(SEND_DURATION, unit="us", description=text)
+            self.histogram = meter.create_histogram(SEND_DURATION, unit="s", description=text)
 
     def add(self, member: ChannelMetrics) -> None:
         with self._lock:

@@ -2,7 +2,8 @@
 
 Every refresh reads each log with :func:`walchannel.inspection.inspect_log`
 (read-only: no owner lock, no writes, short read transactions) and shows
-one row per run, most urgent first, with two rates since the previous
+one row per run, most urgent first (its detail wrapped under it to fit 120
+columns, as ``inspect``'s; ``--wide``: a last column), with two rates since the previous
 refresh: rows logged per second (the change in ``next_seq``) and rows acked
 per second (the change in the stored cursor). On a terminal each refresh
 redraws the screen (ANSI clear); into a pipe or file the refreshes are
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from walchannel.formatting import align_table, format_age, format_size
+from walchannel.formatting import align_table, format_age, format_size, note_lines
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log
 
 __all__ = ["CLEAR_SCREEN", "Rates", "render", "watch"]
@@ -37,7 +38,6 @@ _COLUMNS = (
     ("LAST ACK", True),
     ("OWNER", False),
     ("DISK", True),
-    ("DETAIL", False),
 )
 
 
@@ -81,7 +81,6 @@ def _row(report: RunReport, rates: Rates, now: float) -> tuple[str, ...]:
         report.last_ack_text(),
         report.owner_text(),
         format_size(report.file_bytes),
-        report.detail(now),
     )
 
 
@@ -92,6 +91,7 @@ def render(
     where: str,
     interval_s: float,
     now: float,
+    wide: bool = False,
 ) -> list[str]:
     """Return the lines of one refresh.
 
@@ -101,6 +101,8 @@ def render(
         where: the folder or file watched (for the header).
         interval_s: the refresh period (seconds).
         now: the wall clock (unix seconds) for ages and the header.
+        wide: DETAIL as each row's last column, however long, instead of
+            wrapped under the row to fit 120 columns.
 
     Returns:
         A header, a count of runs per state, and the table (or a line
@@ -117,7 +119,17 @@ def render(
     summary = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines.append(f"{len(reports)} run(s): {summary}")
     rows = [_row(r, x, now) for r, x in zip(reports, rates, strict=True)]
-    return lines + align_table(_COLUMNS, rows)
+    if wide:
+        details = [(*row, r.detail(now)) for row, r in zip(rows, reports, strict=True)]
+        return lines + align_table((*_COLUMNS, ("DETAIL", False)), details)
+    header, *table = align_table(_COLUMNS, rows, last_free=False)
+    lines.append(header)
+    for report, row in zip(reports, table, strict=True):
+        lines.append(row)
+        detail = report.detail(now)
+        if detail:
+            lines.extend(note_lines("detail", detail, label_width=len("detail")))
+    return lines
 
 
 def watch(
@@ -130,6 +142,7 @@ def watch(
     count: int | None = None,
     stuck_after_s: float,
     verify: bool = False,
+    wide: bool = False,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
@@ -146,6 +159,7 @@ def watch(
         count: stop after this many refreshes (None: until Ctrl-C).
         stuck_after_s: as ``inspect --stuck-after`` (seconds).
         verify: run ``PRAGMA quick_check`` on every refresh (reads every page).
+        wide: as :func:`render`'s.
         sleep, clock: the waiting and the monotonic clock (seconds), for tests.
 
     Returns:
@@ -187,7 +201,7 @@ def watch(
                     )
                 current[report.file] = mark
             seen = current
-            lines = render(reports, rates, where=where, interval_s=interval_s, now=now)
+            lines = render(reports, rates, where=where, interval_s=interval_s, now=now, wide=wide)
             if problem is not None:
                 lines.append(problem)
             if clear:

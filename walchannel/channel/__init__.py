@@ -72,6 +72,7 @@ from walchannel.errors import (
     DiscoveryError,
     EngineBehindError,
     EngineUnavailableError,
+    PayloadError,
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
@@ -660,14 +661,20 @@ class GrpcEngineChannel:
             nothing to report still moves the resume marker.
 
         Raises:
-            As :meth:`send_event`; a bad finding names its index
-            (``finding``) and nothing of the batch is logged.
+            As :meth:`send_event`; a bad finding is named by its index
+            (``findings[3].x``, and ``PayloadError.index``), whichever rule
+            refused it, and nothing of the batch is logged.
         """
         hooks = self._metrics
         started = hooks.clock_ns() if hooks is not None else 0
         self._check_sendable()
         bodies = messages.finding_bodies(findings, max_values=self._max_values)
-        items = [self._rows.prepare("finding", body) for body in bodies]
+        items = []
+        for index, body in enumerate(bodies):
+            try:
+                items.append(self._rows.prepare("finding", body))
+            except PayloadError as exc:  # its size: name it as the other rules do
+                raise PayloadError(f"findings[{index}]", exc.reason, index=index) from None
         if not items:
             marker = messages.progress_marker(progress)
             if marker is not None:
