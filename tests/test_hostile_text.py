@@ -12,11 +12,14 @@ separators come out as ``\\x1b``, ``\\n``, ``\\u202e`` (SPEC "The channel",
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import http.server
+import json
 import logging
 import re
 import secrets
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +29,9 @@ import grpc
 import httpx
 import pytest
 
-from conftest import ROOT, eventually
+from conftest import PYTHON, ROOT, child_env, eventually
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
-from walchannel import EngineUnavailableError, GrpcEngineChannel
+from walchannel import EngineUnavailableError, GrpcEngineChannel, RunLog
 from walchannel.discovery import discover
 from walchannel.errors import DiscoveryError
 from walchannel.testing.plugin import local_channel_config
@@ -54,6 +57,18 @@ def assert_lines_safe(text: str, where: str) -> None:
     for line in text.splitlines():
         assert_safe(line, where)
         assert not line.startswith(FORGED), f"{where}: a forged line: {line!r}"
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m walchannel ARGS`` for real; its output as text."""
+    return subprocess.run(
+        [PYTHON, "-m", "walchannel", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
 
 
 def walchannel_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -265,3 +280,72 @@ async def test_a_hostile_discovery_answer_is_escaped_in_the_error_and_the_log(
     for record in records:
         assert_safe(record.getMessage(), f"log record {record.name}")
     assert any(SHOWN_PATH in r.getMessage() for r in records), "discovery's failure not logged"
+
+
+# -- the command's human output ------------------------------------------------------------
+
+
+def test_inspect_escapes_an_engines_hostile_details_and_json_keeps_them(
+    tmp_path: Path,
+) -> None:
+    wal = tmp_path / "wal"
+    # Not a pytest-asyncio test: the engine is gone before the command runs.
+    asyncio.run(end_with_hostile_details(wal))
+    # The run is orphaned (a row, no owner): its last error is shown.
+    shown = cli("inspect", wal)
+    assert shown.returncode == 1, shown
+    assert_lines_safe(shown.stdout, "inspect")
+    assert ESCAPED in shown.stdout
+    watched = cli("inspect", wal, "--watch", "1", "--watch-count", "1")
+    assert_lines_safe(watched.stdout, "inspect --watch")
+    assert ESCAPED in watched.stdout
+    # --json is exact: the text as received, escaped by JSON alone.
+    (run,) = json.loads(cli("inspect", wal, "--json").stdout)
+    assert HOSTILE in run["last_error"]
+
+
+PAYLOAD_TEXT = "\x1b]0;t\x07 \x9b2J\x7f \u202eevil\nrun-other  idle  0 unacked"
+
+
+def test_inspect_show_escapes_the_strings_of_a_payload_and_export_keeps_them(
+    tmp_path: Path,
+) -> None:
+    wal = tmp_path / "wal"
+    body = {"type": "note\u2066", "severity": "info", "payload": {"msg": PAYLOAD_TEXT}, "ts": ""}
+    with RunLog.open(wal, "run-payload", correlation_id="c") as log:
+        log.append("event", body)
+    shown = cli("inspect", wal, "--show", "1")
+    assert shown.returncode == 1, shown  # orphaned: a row, no owner
+    assert_lines_safe(shown.stdout, "inspect --show")
+    for escaped in ("\\x9b2J", "\\x7f", "\\u202eevil", "note\\u2066"):
+        assert escaped in shown.stdout
+    exported = cli("export", wal / "run-payload.wal.sqlite3")
+    assert json.loads(exported.stdout)["body"] == body  # exact
+
+
+def test_a_log_file_name_with_controls_is_escaped_by_inspect_and_in_errors(
+    tmp_path: Path,
+) -> None:
+    wal = tmp_path / "wal"
+    with RunLog.open(wal, "run-named", correlation_id="c") as log:
+        log.append("finding", {"fields": {"n": 1}})
+    hostile = wal / "run-named\x1bc\u202e.wal.sqlite3"
+    (wal / "run-named.wal.sqlite3").rename(hostile)
+    shown = cli("inspect", wal)
+    assert_lines_safe(shown.stdout, "inspect")
+    assert "run-named\\x1bc\\u202e.wal.sqlite3" in shown.stdout
+    (run,) = json.loads(cli("inspect", wal, "--json").stdout)
+    assert run["file"] == str(hostile)  # exact
+    missing = cli("inspect", tmp_path / "no\x1b[2Jsuch")
+    assert missing.returncode == 2
+    assert_lines_safe(missing.stderr, "inspect's error")
+    assert "no\\x1b[2Jsuch" in missing.stderr
+
+
+def test_the_watch_view_escapes_a_folder_name(tmp_path: Path) -> None:
+    wal = tmp_path / "w\x1b[2J\u202e"
+    with RunLog.open(wal, "run-w", correlation_id="c") as log:
+        log.append("finding", {"fields": {"n": 1}})
+    watched = cli("inspect", wal, "--watch", "1", "--watch-count", "1")
+    assert_lines_safe(watched.stdout, "inspect --watch")
+    assert "w\\x1b[2J\\u202e" in watched.stdout

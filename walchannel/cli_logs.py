@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import files
 from walchannel.errors import WalCorruptError, WalLockedError
-from walchannel.formatting import align_table, format_age, format_size
+from walchannel.formatting import align_table, escape_text, format_age, format_size
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
 from walchannel.lock import OwnerLock, probe_owner
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
@@ -39,7 +39,7 @@ from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_nam
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
-__all__ = ["err", "export_command", "inspect_command", "prune_command"]
+__all__ = ["err", "export_command", "inspect_command", "prune_command", "say"]
 
 # Characters of a row body shown on one line by ``inspect --show``.
 _BODY_WIDTH: Final = 100
@@ -50,7 +50,10 @@ _SECONDS_PER_DAY: Final = 86_400.0
 
 
 def _one_line(body: object, width: int = _BODY_WIDTH) -> str:
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    # JSON escapes C0 controls but not DEL, C1 or bidi controls: escape them all.
+    text = escape_text(
+        json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    )
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -62,9 +65,18 @@ def _json_default(value: object) -> object:
 
 
 def err(command: str | None, message: str) -> None:
-    """Print ``walchannel COMMAND: message`` on standard error."""
+    """Print ``walchannel COMMAND: message`` on standard error, its controls escaped."""
     prefix = f"walchannel {command}" if command else "walchannel"
-    print(f"{prefix}: {message}", file=sys.stderr)
+    print(escape_text(f"{prefix}: {message}"), file=sys.stderr)
+
+
+def say(line: str, *, flush: bool = False) -> None:
+    """Print one line of a command's human output, its controls escaped.
+
+    Paths, run ids and texts read from a log come from outside: shown, never
+    acted on by the terminal (SPEC "The channel", "Text from outside").
+    """
+    print(escape_text(line), flush=flush)
 
 
 def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
@@ -123,19 +135,20 @@ def _table_row(report: RunReport, now: float) -> tuple[str, ...]:
 
 
 def _print_table(reports: Sequence[RunReport], now: float) -> None:
-    header, *lines = align_table(_COLUMNS, [_table_row(r, now) for r in reports])
+    rows = [tuple(escape_text(cell) for cell in _table_row(r, now)) for r in reports]
+    header, *lines = align_table(_COLUMNS, rows)
     print(header)
     for report, line in zip(reports, lines, strict=True):
         print(line)
         for shown in report.shown:
             body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body)
-            print(
+            say(
                 f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
                 f"  {format_size(shown.size):>9}  {body}"
             )
         for q in report.shown_quarantined:
             held = _one_line(q.body) if q.body is not None else "[does not decode]"
-            print(
+            say(
                 f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
                 f"{format_size(q.size):>9}  [{q.reason}]  {held}"
             )
@@ -171,9 +184,9 @@ def inspect_command(args: argparse.Namespace) -> int:
     elif reports:
         _print_table(reports, now)
     elif folder.exists():
-        print(f"no run logs in {folder}")
+        say(f"no run logs in {folder}")
     else:
-        print(f"no run logs: {folder} does not exist yet (the default log folder)")
+        say(f"no run logs: {folder} does not exist yet (the default log folder)")
     return 1 if any(r.state in ALERT_STATES for r in reports) else 0
 
 
@@ -357,7 +370,7 @@ def _prune_one(
             return None
     if dry_run:
         age = format_age(now - meta.completed_at)
-        print(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
+        say(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
         return True
     # Hold the owner lock while removing, so no harness opens the log meanwhile.
     try:
@@ -383,7 +396,7 @@ def _prune_one(
     finally:
         lock.release()
     completed = meta.completed_at
-    print(f"removed {log} (run {meta.run_id}, completed {format_age(now - completed)} ago)")
+    say(f"removed {log} (run {meta.run_id}, completed {format_age(now - completed)} ago)")
     return True
 
 
@@ -407,5 +420,5 @@ def prune_command(args: argparse.Namespace) -> int:
     ]
     removed = outcomes.count(True)
     if not removed:
-        print(f"nothing to prune in {folder}")
+        say(f"nothing to prune in {folder}")
     return 1 if False in outcomes else 0
