@@ -52,13 +52,14 @@ from walchannel import (
     GrpcEngineChannel,
     RunCompletedError,
 )
+from walchannel.formatting import get_logger
 
 CONNECTOR_VERSION = "walchannel-example/1"
 SKIPPED_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def default_tree() -> Path:

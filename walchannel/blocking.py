@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import queue
 import random
 import threading
@@ -34,11 +33,12 @@ from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.driver import ChannelState
 from walchannel.errors import ChannelClosedError, RunningLoopError
+from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 
 __all__ = ["BlockingEngineChannel"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _T = TypeVar("_T")
 _STOP = object()

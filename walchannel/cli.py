@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from walchannel import __version__, files
-from walchannel.cli_logs import err, export_command, inspect_command, prune_command
+from walchannel.cli_logs import err, export_command, inspect_command, prune_command, say
 from walchannel.errors import WalchannelError, WalLockedError
 from walchannel.flush import DEFAULT_FLUSH_TIMEOUT_S, flush_command
+from walchannel.formatting import escape_text
 from walchannel.inspection import DEFAULT_STUCK_AFTER_S
 
 __all__ = ["build_parser", "main"]
@@ -519,7 +520,7 @@ def _cmd_replicate(args: argparse.Namespace) -> int:
     saved = {s: signal.signal(s, router) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         rep.start()
-        print(
+        say(
             f"replicating {rep.wal_dir} to {_redact_url(args.to)} "
             f"(Litestream pid {rep.pid}, every {args.sync_interval:g} s; control socket "
             f"{rep.socket_path}, for durability='replicated')",
@@ -586,7 +587,14 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
     try:
         restored = replication.restore(args.run_id, args.source, args.wal_dir)
-    except (ValueError, FileExistsError, WalLockedError) as exc:
+    except FileExistsError as exc:
+        # Lines of its own (the commands to run), their paths escaped already.
+        first, *commands = str(exc).split("\n")
+        err("restore", first)
+        for line in commands:
+            print(escape_text(line), file=sys.stderr)
+        return 2
+    except (ValueError, WalLockedError) as exc:
         err("restore", str(exc))
         return 2
     except (replication.ReplicationError, OSError) as exc:
@@ -596,7 +604,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     state = "a tombstone (the run completed)" if meta.completed_at is not None else "resumable"
     # The last seq logged is the top row's (or the high-water mark's): what
     # inspect's next_seq and export show, less one.
-    print(
+    say(
         f"restored run {meta.run_id} to {restored.path}: {state}; seqs up to "
         f"{restored.next_seq - 1} logged, up to {meta.last_acked_seq} acked, "
         f"{restored.unacked_count} unacked; progress {json.dumps(meta.progress)}"

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import files
 from walchannel.errors import WalCorruptError, WalLockedError
-from walchannel.formatting import TABLE_WIDTH, align_table, format_age, format_size, note_lines
+from walchannel.formatting import (
+    TABLE_WIDTH,
+    align_table,
+    escape_text,
+    format_age,
+    format_size,
+    note_lines,
+)
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
 from walchannel.lock import OwnerLock, probe_owner
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
@@ -40,7 +47,7 @@ from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_nam
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
-__all__ = ["err", "export_command", "inspect_command", "prune_command", "table_lines"]
+__all__ = ["err", "export_command", "inspect_command", "prune_command", "say", "table_lines"]
 
 # Characters of a row body shown on one line by ``inspect --show --wide``
 # (without --wide: what is left of TABLE_WIDTH, at least _MIN_BODY_WIDTH).
@@ -53,7 +60,10 @@ _SECONDS_PER_DAY: Final = 86_400.0
 
 
 def _one_line(body: object, width: int = _BODY_WIDTH) -> str:
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    # JSON escapes C0 controls but not DEL, C1 or bidi controls: escape them all.
+    text = escape_text(
+        json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    )
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -65,9 +75,18 @@ def _json_default(value: object) -> object:
 
 
 def err(command: str | None, message: str) -> None:
-    """Print ``walchannel COMMAND: message`` on standard error."""
+    """Print ``walchannel COMMAND: message`` on standard error, its controls escaped."""
     prefix = f"walchannel {command}" if command else "walchannel"
-    print(f"{prefix}: {message}", file=sys.stderr)
+    print(escape_text(f"{prefix}: {message}"), file=sys.stderr)
+
+
+def say(line: str, *, flush: bool = False) -> None:
+    """Print one line of a command's human output, its controls escaped.
+
+    Paths, run ids and texts read from a log come from outside: shown, never
+    acted on by the terminal (SPEC "The channel", "Text from outside").
+    """
+    print(escape_text(line), flush=flush)
 
 
 def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
@@ -140,10 +159,11 @@ def table_lines(reports: Sequence[RunReport], now: float, *, wide: bool = False)
         now: the wall clock (unix seconds) the last error's age is read from.
         wide: one line per run instead of fitting 120 columns.
     """
-    rows = [_table_row(r, now) for r in reports]
+    # Escaped before alignment, so a control character never moves a column.
+    rows = [tuple(escape_text(cell) for cell in _table_row(r, now)) for r in reports]
     if wide:
         columns = (*_COLUMNS, *((header, False) for header, _ in _NOTES))
-        notes = [(r.detail(now), r.next_step) for r in reports]
+        notes = [(escape_text(r.detail(now)), escape_text(r.next_step)) for r in reports]
         header, *lines = align_table(
             columns, [(*row, *n) for row, n in zip(rows, notes, strict=True)]
         )
@@ -156,7 +176,7 @@ def table_lines(reports: Sequence[RunReport], now: float, *, wide: bool = False)
             texts = (report.detail(now), "" if report.next_step == "nothing" else report.next_step)
             for (_, label), text in zip(_NOTES, texts, strict=True):
                 if text:
-                    out.extend(note_lines(label, text, label_width=_LABEL_WIDTH))
+                    out.extend(note_lines(label, escape_text(text), label_width=_LABEL_WIDTH))
         out.extend(_shown_lines(report, wide=wide))
     return out
 
@@ -166,15 +186,15 @@ def _shown_lines(report: RunReport, *, wide: bool) -> list[str]:
     out = []
     for shown in report.shown:
         head = (
-            f"    seq {shown.seq:<8} {shown.kind:<16} {format_age(shown.age_s):>7}"
+            f"    seq {shown.seq:<8} {escape_text(shown.kind):<16} {format_age(shown.age_s):>7}"
             f"  {format_size(shown.size):>9}  "
         )
         body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body, _fit(head, wide))
         out.append(head + body)
     for q in report.shown_quarantined:
         head = (
-            f"    quarantined seq {q.seq:<8} {q.kind or '?':<16} "
-            f"{format_size(q.size):>9}  [{q.reason}]  "
+            f"    quarantined seq {q.seq:<8} {escape_text(q.kind or '?'):<16} "
+            f"{format_size(q.size):>9}  [{escape_text(q.reason)}]  "
         )
         held = _one_line(q.body, _fit(head, wide)) if q.body is not None else "[does not decode]"
         out.append(head + held)
@@ -216,9 +236,9 @@ def inspect_command(args: argparse.Namespace) -> int:
     elif reports:
         print("\n".join(table_lines(reports, now, wide=args.wide)))
     elif folder.exists():
-        print(f"no run logs in {folder}")
+        say(f"no run logs in {folder}")
     else:
-        print(f"no run logs: {folder} does not exist yet (the default log folder)")
+        say(f"no run logs: {folder} does not exist yet (the default log folder)")
     return 1 if any(r.state in ALERT_STATES for r in reports) else 0
 
 
@@ -403,7 +423,7 @@ def _prune_one(
             return None
     if dry_run:
         age = format_age(now - meta.completed_at)
-        print(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
+        say(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
         return True
     # Hold the owner lock while removing, so no harness opens the log meanwhile.
     try:
@@ -429,7 +449,7 @@ def _prune_one(
     finally:
         lock.release()
     completed = meta.completed_at
-    print(f"removed {log} (run {meta.run_id}, completed {format_age(now - completed)} ago)")
+    say(f"removed {log} (run {meta.run_id}, completed {format_age(now - completed)} ago)")
     return True
 
 
@@ -453,5 +473,5 @@ def prune_command(args: argparse.Namespace) -> int:
     ]
     removed = outcomes.count(True)
     if not removed:
-        print(f"nothing to prune in {folder}")
+        say(f"nothing to prune in {folder}")
     return 1 if False in outcomes else 0

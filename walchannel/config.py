@@ -8,7 +8,6 @@ it is first used. SPEC "The channel" (configuration table).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import random
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts, parse_host_port
 from walchannel.errors import InsecureDiscoveryWarning
+from walchannel.formatting import get_logger
 from walchannel.replication import SOCKET_ENV
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ __all__ = [
     "redact_secret",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: gRPC's default receive limit: larger messages can never be delivered.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -11,7 +11,6 @@ why and the caller keeps its last address. SPEC "Reconnect".
 from __future__ import annotations
 
 import json
-import logging
 import ssl
 from typing import Literal
 from urllib.parse import urljoin, urlsplit
@@ -20,10 +19,11 @@ import httpx
 
 from walchannel.address import AllowedHost, Proxy, host_allowed, parse_host_port, proxy_for
 from walchannel.errors import DiscoveryError
+from walchannel.formatting import get_logger
 
 __all__ = ["MAX_ANSWER_BYTES", "discover", "discovery_client", "discovery_url"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Most bytes of a discovery answer ever read.
 MAX_ANSWER_BYTES = 1024

@@ -3,7 +3,11 @@
 Every public call raises only these (plus ``ValueError`` for bad arguments,
 which :class:`PayloadError` also is). grpc, sqlite3 and httpx exceptions are
 wrapped at the boundary with ``raise ... from exc`` and never escape raw.
-No message ever carries the run token (SPEC "Secrets").
+No message ever carries the run token (SPEC "Secrets"). ``str()`` of any
+of them escapes the controls of text from outside (an engine's status
+details, a discovery answer, a file name) that the message holds, so a
+traceback or a log line shows ``\\x1b`` rather than act on it; ``args``
+keeps the message as built (SPEC "The channel", "Text from outside").
 
 ::
 
@@ -25,6 +29,8 @@ No message ever carries the run token (SPEC "Secrets").
 
 from __future__ import annotations
 
+from walchannel.formatting import escape_text
+
 __all__ = [
     "ApprovalTimeoutError",
     "BacklogFullError",
@@ -42,11 +48,37 @@ __all__ = [
     "WalLockedError",
     "WalWriteError",
     "WalchannelError",
+    "raw_message",
 ]
 
 
 class WalchannelError(Exception):
-    """Root of every error walchannel raises on purpose."""
+    """Root of every error walchannel raises on purpose.
+
+    ``str(exc)`` is the message with its controls escaped
+    (:func:`walchannel.formatting.escape_text`): what a traceback, a log
+    line or an error message shows. ``exc.args[0]`` is the message as built,
+    text from outside as received. SPEC "The channel", "Text from outside".
+    """
+
+    def __str__(self) -> str:
+        return escape_text(super().__str__())
+
+
+def raw_message(exc: BaseException) -> str:
+    """Return ``exc``'s message as built: text from outside as received, not escaped.
+
+    For what is stored and handed to programs (``last_error`` in the log's
+    meta and in ``stats()``), never for what is shown: ``str(exc)`` of a
+    :class:`WalchannelError` escapes it. Other exceptions give ``str(exc)``.
+    SPEC "The channel", "Text from outside".
+
+    Args:
+        exc: any exception.
+    """
+    if isinstance(exc, WalchannelError):
+        return Exception.__str__(exc)
+    return str(exc)
 
 
 class PayloadError(WalchannelError, ValueError):

@@ -1,22 +1,140 @@
-"""How the operating tools print numbers and tables: ages, sizes, aligned columns.
+"""How walchannel shows things to people: ages, sizes, aligned columns, text from outside.
 
-Shared by ``walchannel inspect`` (:mod:`walchannel.cli_logs`) and its live
-view (:mod:`walchannel.watch`). Pure functions; imports nothing of
-walchannel.
+Ages, sizes and tables are shared by ``walchannel inspect``
+(:mod:`walchannel.cli_logs`) and its live view (:mod:`walchannel.watch`).
+:func:`escape_text` and :func:`get_logger` make text from outside (an
+engine's status details, a discovery answer, a payload's strings, a file
+name) safe to show: every message, log record and human output line goes
+through them (SPEC "The channel", "Text from outside"). Imports nothing
+of walchannel: the lowest layer, so :mod:`walchannel.errors` can use it.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
-__all__ = ["TABLE_WIDTH", "align_table", "format_age", "format_size", "note_lines"]
+__all__ = [
+    "TABLE_WIDTH",
+    "align_table",
+    "escape_text",
+    "format_age",
+    "format_size",
+    "get_logger",
+    "note_lines",
+]
 
 #: The columns a human table fits by default (``inspect --wide``: no limit).
 TABLE_WIDTH: Final = 120
 #: How far a note under a table row is indented.
 NOTE_INDENT: Final = 4
+
+# C0 controls (newline and tab too: a newline forges a line, a tab breaks
+# columns), DEL, C1 controls (U+009B is a one-character CSI), the line and
+# paragraph separators (line breaks to some viewers), the bidi embeddings,
+# overrides and isolates (Trojan Source), and lone surrogates (a file name
+# that is not UTF-8, which a terminal would get as raw bytes or not at all).
+_UNSAFE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_SHORT: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    short = _SHORT.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_text(text: str) -> str:
+    """Return ``text`` safe for a terminal or a log line: its controls as Python escapes.
+
+    C0 controls, DEL, C1 controls (U+0080-U+009F), U+2028/U+2029, the bidi
+    controls (U+202A-U+202E, U+2066-U+2069) and lone surrogates are written
+    as ``\\x1b`` (below U+0100) or ``\\u202e``; newline, carriage return
+    and tab as ``\\n``, ``\\r``, ``\\t``. Everything else (accents, CJK,
+    emoji, a backslash) is left as it is, so the result is for reading, not
+    for parsing back: ``--json`` and the stored values keep the exact text.
+    Escaping twice changes nothing. SPEC "The channel", "Text from outside".
+
+    Args:
+        text: the text to show.
+
+    Returns:
+        ``text`` itself when nothing needed escaping, else the escaped copy.
+    """
+    if text.isprintable():  # every character escaped is unprintable: the common case
+        return text
+    return _UNSAFE.sub(_escape_one, text)
+
+
+class _Shown:
+    """A log argument that is neither a str nor a number: escaped once formatted."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return escape_text(str(self.value))
+
+    def __repr__(self) -> str:
+        return escape_text(repr(self.value))
+
+
+def _shown(value: object) -> object:
+    if value is None or isinstance(value, int | float):
+        return value  # %d, %.1f need the number; numbers print safe
+    if isinstance(value, str) and escape_text(value) is value:
+        return value
+    # Wrapped, not escaped now: "%r" of it must not escape a repr's own escapes.
+    return _Shown(value)
+
+
+class _EscapeRecords(logging.Filter):
+    """Escape a record's message and arguments before any handler formats it.
+
+    The template (``record.msg``) stays a template, so handlers that group
+    by it still do; numbers stay numbers. A traceback (``exc_info``) is left
+    to the application's formatter: walchannel's exceptions escape their own
+    messages (:class:`walchannel.errors.WalchannelError`).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = escape_text(record.msg) if isinstance(record.msg, str) else _Shown(record.msg)
+        args = record.args
+        if isinstance(args, tuple):
+            record.args = tuple(_shown(arg) for arg in args)
+        elif isinstance(args, Mapping):
+            record.args = {key: _shown(arg) for key, arg in args.items()}
+        return True
+
+
+_ESCAPE_RECORDS: Final = _EscapeRecords()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """Return ``logging.getLogger(name)`` with the filter that escapes its records.
+
+    Every walchannel module gets its logger here (``get_logger(__name__)``):
+    a filter on a logger applies to the records that logger makes, so each
+    one carries it (``tests/test_hostile_text.py`` checks that none is
+    missed). What it logs is escaped as :func:`escape_text` says, whichever
+    handler or formatter the application installs.
+
+    Args:
+        name: the logger's name, the module's ``__name__``.
+    """
+    logger = logging.getLogger(name)
+    logger.addFilter(_ESCAPE_RECORDS)  # no-op when already there
+    return logger
 
 
 def format_age(seconds: float | None) -> str:

@@ -16,7 +16,6 @@ This module imports neither grpc nor SQLite: it drives any channel with
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 import time
@@ -24,9 +23,11 @@ from collections.abc import Awaitable, Iterable
 from types import FrameType
 from typing import Any, Final, Protocol, Self
 
+from walchannel.formatting import get_logger
+
 __all__ = ["EXIT_ROWS_LEFT", "EXIT_STOPPED", "GracePeriod"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Stopped by the signal with every logged row acked: 128 + SIGTERM, what a
 #: shell reports for a process SIGTERM ended. Non-zero, so a job runner does

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import secrets
@@ -44,6 +43,7 @@ from walchannel.errors import (
     WalLockedError,
     WalWriteError,
 )
+from walchannel.formatting import get_logger
 from walchannel.lock import OwnerLock
 from walchannel.log_format import (
     APPLICATION_ID,
@@ -78,7 +78,7 @@ __all__ = [
     "RunLog",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 Durability = Literal["process", "power"]
 

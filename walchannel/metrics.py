@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from walchannel import __version__, files
 from walchannel.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
+from walchannel.formatting import get_logger
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -73,7 +74,7 @@ __all__ = [
     "attach",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The instrumentation scope (the meter's name).
 SCOPE: Final = "walchannel"

@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from walchannel import files
 from walchannel.errors import WalchannelError, WalCorruptError
+from walchannel.formatting import escape_text
 from walchannel.lock import OwnerLock
 from walchannel.log_format import RunMeta, check_header, new_file_id, quick_check, read_meta
 from walchannel.log_state import next_seq_at_open
@@ -553,9 +554,11 @@ def _refuse_beside_sidecars(target: Path, ours: Path | None = None) -> None:
             "was written for: if you kept that file, move these beside it under the same "
             "name plus -wal/-shm instead"
         )
+    # One line per command: the paths escaped, so only these newlines break lines.
     raise FileExistsError(
-        f"{target}: {why}. Found: {names}. Move them aside together, then restore again:\n  "
-        + "\n  ".join(steps)
+        escape_text(f"{target}: {why}. Found: {names}.")
+        + " Move them aside together, then restore again:\n  "
+        + "\n  ".join(escape_text(step) for step in steps)
     )
 
 

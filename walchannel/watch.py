@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from walchannel.formatting import align_table, format_age, format_size, note_lines
+from walchannel.formatting import align_table, escape_text, format_age, format_size, note_lines
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log
 
 __all__ = ["CLEAR_SCREEN", "Rates", "render", "watch"]
@@ -106,9 +106,11 @@ def render(
 
     Returns:
         A header, a count of runs per state, and the table (or a line
-        saying there are no runs).
+        saying there are no runs); text from outside (the folder's name, a
+        last error) escaped (:func:`~walchannel.formatting.escape_text`).
     """
     stamp = time.strftime("%H:%M:%S", time.localtime(now))
+    where = escape_text(where)
     lines = [f"walchannel inspect --watch {interval_s:g}s  {where}  {stamp}  (Ctrl-C to stop)"]
     if not reports:
         lines.append("no run logs")
@@ -118,9 +120,12 @@ def render(
         counts[report.state] = counts.get(report.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines.append(f"{len(reports)} run(s): {summary}")
-    rows = [_row(r, x, now) for r, x in zip(reports, rates, strict=True)]
+    rows = [
+        tuple(escape_text(cell) for cell in _row(r, x, now))
+        for r, x in zip(reports, rates, strict=True)
+    ]
     if wide:
-        details = [(*row, r.detail(now)) for row, r in zip(rows, reports, strict=True)]
+        details = [(*row, escape_text(r.detail(now))) for row, r in zip(rows, reports, strict=True)]
         return lines + align_table((*_COLUMNS, ("DETAIL", False)), details)
     header, *table = align_table(_COLUMNS, rows, last_free=False)
     lines.append(header)
@@ -128,7 +133,7 @@ def render(
         lines.append(row)
         detail = report.detail(now)
         if detail:
-            lines.extend(note_lines("detail", detail, label_width=len("detail")))
+            lines.extend(note_lines("detail", escape_text(detail), label_width=len("detail")))
     return lines
 
 
@@ -203,7 +208,7 @@ def watch(
             seen = current
             lines = render(reports, rates, where=where, interval_s=interval_s, now=now, wide=wide)
             if problem is not None:
-                lines.append(problem)
+                lines.append(escape_text(problem))
             if clear:
                 out.write(CLEAR_SCREEN)
             elif done:

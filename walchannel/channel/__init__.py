@@ -78,8 +78,10 @@ from walchannel.errors import (
     RunExpiredError,
     WalchannelError,
     WalWriteError,
+    raw_message,
 )
 from walchannel.files import file_size
+from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE
@@ -101,7 +103,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECKPOINT_STEP_PAGES", "GrpcEngineChannel"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: How often the hard_deadline timer asks the wall clock at the longest (seconds).
 DEADLINE_LOOK_S: Final = 60.0
@@ -467,7 +469,7 @@ class GrpcEngineChannel:
     def _fail(self, error: WalchannelError, *, reason: str | None = None) -> None:
         logger.error("%s", error)
         reason = self._driver.fail(error, reason=reason)
-        self._record_error(str(error), failed=reason)
+        self._record_error(raw_message(error), failed=reason)
         self._state_changed()
 
     def _log_damaged(self, error: WalchannelError) -> None:
@@ -1042,7 +1044,7 @@ class GrpcEngineChannel:
         try:
             addr = await asyncio.wait_for(transport.discover(timeout_s), timeout_s)
         except DiscoveryError as exc:
-            why = redact_secret(str(exc), self._config.run_token)
+            why = redact_secret(raw_message(exc), self._config.run_token)
             via = transport.discovery_route
             text = f"discovery{via}: {why}"
             # The same failure again (a closed client stays closed): said once.
@@ -1187,7 +1189,7 @@ class GrpcEngineChannel:
             try:
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
-                self._record_error(str(exc))
+                self._record_error(raw_message(exc))
                 return None
             if shift:
                 logger.warning(
@@ -1474,7 +1476,7 @@ class GrpcEngineChannel:
             return
         self._fail(error, reason=FAILED_DONE_REFUSED)
         if self._stream is not None:
-            self._stream.finish(StreamEnded(str(error)))
+            self._stream.finish(StreamEnded(raw_message(error)))
 
     def _warn_engine_limit(self, addr: str, limit: int) -> None:
         """Say once per engine and limit that the engine takes less than ``max_message_bytes``."""
@@ -1588,7 +1590,7 @@ class GrpcEngineChannel:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
             # The error names the run, the ack and the file already.
             logger.error("%s; the acked rows stay until the next ack is stored", exc)
-            self._note_error(str(exc))
+            self._note_error(raw_message(exc))
             return
         driver.on_stored(seq)
         if driver.completed:

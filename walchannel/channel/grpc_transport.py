@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import logging
 import os
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,6 +25,7 @@ from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.discovery import discover, discovery_client
 from walchannel.driver import KEEPALIVE_TIMEOUT_MS
+from walchannel.formatting import get_logger
 from walchannel.transport import StreamEnded
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ __all__ = [
     "warn_grpc_trace",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 METHOD: Final = "/EngineChannel/Open"
 

@@ -9,19 +9,20 @@ Litestream's control socket.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import httpx
 
+from walchannel.formatting import get_logger
+
 if TYPE_CHECKING:
     from walchannel.log import RunLog
 
 __all__ = ["REPLICA_QUIET_S", "REPLICA_RETRY_S", "REPLICA_SYNC_TIMEOUT_S", "ReplicaGate"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Litestream's bound on one sync (s), the pause after a failed one (s), and
 #: how long failures stay quiet (a new log is being picked up).

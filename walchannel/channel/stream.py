@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from walchannel import _killpoints
 from walchannel.driver import Verdict
 from walchannel.errors import WalchannelError, WalCorruptError
+from walchannel.formatting import get_logger
 from walchannel.row_source import RowMissingError
 from walchannel.transport import StreamEnded
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TEARDOWN_TIMEOUT_S", "Stream"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Bound on waiting for a dead stream's tasks and connection to go (seconds).
 TEARDOWN_TIMEOUT_S: Final = 2.0

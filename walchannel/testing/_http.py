@@ -9,16 +9,17 @@ of our own.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
+from walchannel.formatting import get_logger
+
 __all__ = ["DISCOVERY_PATH", "DiscoveryServer"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The path the channel GETs to re-discover the engine.
 DISCOVERY_PATH: Final = "/grpc-address"

@@ -20,12 +20,13 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
+from walchannel.formatting import get_logger
 from walchannel.testing._http import DiscoveryServer
 from walchannel.testing.store import EngineStore
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,7 +12,6 @@ real channel against :class:`~walchannel.testing.LocalEngine`.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -23,13 +22,14 @@ import msgpack
 from walchannel import messages
 from walchannel.driver import ChannelState
 from walchannel.errors import ChannelClosedError
+from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
 from walchannel.payload import check_text
 
 __all__ = ["InMemoryEngineChannel"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class InMemoryEngineChannel:

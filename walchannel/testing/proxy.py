@@ -49,9 +49,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
+from walchannel.formatting import get_logger
+
 __all__ = ["FaultMode", "FaultProxy", "ProxyEvent", "ProxyStats", "main"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 FaultMode = Literal["pass", "reset", "freeze", "blackhole"]
 MODES: Final[tuple[str, ...]] = ("pass", "reset", "freeze", "blackhole")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -50,12 +49,13 @@ from grpc import aio
 
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.formatting import get_logger
 from walchannel.testing.store import AcceptResult, Decision, EngineStore, StoreClosedError
 from walchannel.wire import DATA_KINDS, body_of
 
 __all__ = ["RUN_COMPLETED", "EngineServicer", "EngineStream", "wait_finished"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import hmac
 import json
-import logging
 import os
 import sqlite3
 import threading
@@ -37,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
+
+from walchannel.formatting import get_logger
 
 __all__ = [
     "AcceptResult",
@@ -47,7 +48,7 @@ __all__ = [
     "token_sha256",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: How long a transaction waits for another engine process's write lock.
 BUSY_TIMEOUT_MS: Final = 10_000

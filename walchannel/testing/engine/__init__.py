@@ -20,7 +20,6 @@ each gRPC server it starts); the process form is
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from grpc import aio
 
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.formatting import get_logger
 from walchannel.testing._http import DiscoveryServer
 from walchannel.testing.servicer import RUN_COMPLETED, EngineServicer, wait_finished
 from walchannel.testing.store import EngineStore
@@ -45,7 +45,7 @@ __all__ = [
     "PingPolicy",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 _T = TypeVar("_T")
 
 PingPolicy = Literal["permissive", "strict"]
