@@ -6,25 +6,28 @@ private thread and offers the same methods without ``await``
 any thread; each call runs on the loop thread and returns its result or
 raises its exception. Callbacks (``on_stop``, ``on_budget_update``) run on
 a dispatcher thread of their own, so a callback may call the channel.
-``close()`` closes the channel and joins both threads. Every call made
-while ``close()`` runs gets its result or ``ChannelClosedError``: calls
-already queued on the loop run to their end (the closed channel refuses
-them) before the loop stops, and none is ever left waiting on a stopped
-loop. A call that waits on the engine (``handshake``, ``send_done``,
-``wait_acked``, ``request_approval``) made on a thread that runs an asyncio
-event loop raises :class:`~walchannel.RunningLoopError` at once: it would
-block that loop, and deadlock with an engine served by it. SPEC "The
-channel".
+``close()`` closes the channel and joins the loop thread; it drops the
+callbacks still queued (one log line gives the count) and waits a bounded
+time for the one running, so a slow callback cannot stretch a shutdown
+past a grace period. Every call made while ``close()`` runs gets its
+result or ``ChannelClosedError``: calls already queued on the loop run to
+their end (the closed channel refuses them) before the loop stops, and
+none is ever left waiting on a stopped loop. A call that waits on the engine
+(``handshake``, ``send_done``, ``wait_acked``, ``request_approval``) made on
+a thread that runs an asyncio event loop raises
+:class:`~walchannel.RunningLoopError` at once: it would block that loop, and
+deadlock with an engine served by it. SPEC "The channel".
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
-import queue
 import random
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self, TypeVar
@@ -41,7 +44,6 @@ __all__ = ["BlockingEngineChannel"]
 logger = get_logger(__name__)
 
 _T = TypeVar("_T")
-_STOP = object()
 #: How long close() lets calls still queued on the loop finish (they return
 #: or raise ChannelClosedError at once on a closed channel) before it cancels them.
 DRAIN_TIMEOUT_S = 5.0
@@ -76,7 +78,14 @@ class BlockingEngineChannel:
             target=self._loop.run_forever, name=f"walchannel-loop-{config.run_id}", daemon=True
         )
         self._loop_thread.start()
-        self._callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Callbacks waiting for the dispatcher, under _dispatch_cond; once
+        # _dispatch_stopped, new ones are counted in _dropped instead.
+        self._callbacks: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            collections.deque()
+        )
+        self._dispatch_cond = threading.Condition()
+        self._dispatch_stopped = False
+        self._dropped = 0
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"walchannel-callbacks-{config.run_id}", daemon=True
         )
@@ -150,16 +159,35 @@ class BlockingEngineChannel:
 
         return self._submit(run())
 
+    def _enqueue(self, callback: Callable[..., None], *args: Any) -> None:
+        """Hand a callback to the dispatcher thread (runs on the loop thread)."""
+        with self._dispatch_cond:
+            if self._dispatch_stopped:
+                self._dropped += 1
+                return
+            self._callbacks.append((callback, args))
+            self._dispatch_cond.notify()
+
     def _dispatch(self) -> None:
         while True:
-            item = self._callbacks.get()
-            if item is _STOP:
-                return
-            callback, args = item
+            with self._dispatch_cond:
+                while not self._callbacks and not self._dispatch_stopped:
+                    self._dispatch_cond.wait()
+                if self._dispatch_stopped:
+                    return
+                callback, args = self._callbacks.popleft()
             try:
                 callback(*args)
             except Exception:
                 logger.exception("callback %r raised; ignored", callback)
+
+    def _stop_dispatching(self) -> None:
+        """Drop the queued callbacks (counted) and let the dispatcher end after the one in hand."""
+        with self._dispatch_cond:
+            self._dispatch_stopped = True
+            self._dropped += len(self._callbacks)
+            self._callbacks.clear()
+            self._dispatch_cond.notify()
 
     def _stop_loop(self) -> None:
         """Refuse new calls, let queued ones finish, stop and close the loop, fail leftovers."""
@@ -317,34 +345,78 @@ class BlockingEngineChannel:
 
     def on_stop(self, callback: StopCallback) -> None:
         """Call ``callback(reason)`` on the dispatcher thread when the engine sends Stop (once)."""
-        self._call(self._channel.on_stop, lambda reason: self._callbacks.put((callback, (reason,))))
+        self._call(self._channel.on_stop, lambda reason: self._enqueue(callback, reason))
 
     def on_budget_update(self, callback: BudgetCallback) -> None:
         """Call ``callback(message, details)`` on the dispatcher thread for each BudgetUpdate."""
         self._call(
             self._channel.on_budget_update,
-            lambda message, details: self._callbacks.put((callback, (message, details))),
+            lambda message, details: self._enqueue(callback, message, details),
         )
 
-    def close(self) -> None:
-        """Close the channel and join the loop and dispatcher threads (idempotent).
+    def close(self, *, timeout_ms: float | None = None) -> None:
+        """Close the channel, join the loop thread, stop the callbacks (idempotent).
 
-        From inside a callback it closes the channel and leaves the
-        dispatcher thread to end by itself.
+        Callbacks still queued are dropped, never run; a callback already
+        running gets up to ``timeout_ms`` from this call to end, and past it
+        is left to finish on the dispatcher (a daemon thread, which then
+        ends). One WARNING line gives the count dropped and says when a
+        callback was left running. The channel's own close is bounded by
+        ``close_timeout_ms`` as ever (SPEC "Shutdown order"); later calls
+        raise ``ChannelClosedError``. From inside a callback it closes the
+        channel and leaves the dispatcher thread to end by itself.
+
+        Args:
+            timeout_ms: how long to wait for a running callback, ms from
+                this call (>= 0; default: the config's ``close_timeout_ms``).
+                ``GracePeriod.drain_blocking`` passes what is left of the
+                grace period.
+
+        Raises:
+            ValueError: ``timeout_ms`` is not a number >= 0 (nothing closed).
         """
+        if timeout_ms is None:
+            timeout_ms = self._channel.config.close_timeout_ms
+        elif (
+            not isinstance(timeout_ms, int | float)
+            or isinstance(timeout_ms, bool)
+            or not 0 <= timeout_ms < float("inf")
+        ):
+            raise ValueError(f"close: timeout_ms must be a finite number >= 0, got {timeout_ms!r}")
+        deadline = time.monotonic() + timeout_ms / 1000
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+        self._stop_dispatching()
         with self._calls_lock:
             self._accepting = False
         try:
             self._submit(self._channel.close(), closing=True)
         finally:
             self._stop_loop()
-            self._callbacks.put(_STOP)
-            if threading.current_thread() is not self._dispatcher and self._dispatcher.is_alive():
-                self._dispatcher.join()
+            self._end_dispatcher(deadline, timeout_ms)
+
+    def _end_dispatcher(self, deadline: float, timeout_ms: float) -> None:
+        """Wait for the callback in hand until ``deadline``; say what was dropped or left."""
+        if threading.current_thread() is not self._dispatcher and self._dispatcher.is_alive():
+            self._dispatcher.join(max(0.0, deadline - time.monotonic()))
+        left_running = (
+            threading.current_thread() is not self._dispatcher and self._dispatcher.is_alive()
+        )
+        # The loop is stopped: no callback can be queued any more.
+        with self._dispatch_cond:
+            dropped = self._dropped
+        if dropped or left_running:
+            logger.warning(
+                "run %s: close(): dropped %d queued callback(s) unrun%s",
+                self._channel.config.run_id,
+                dropped,
+                f"; a callback still running after {timeout_ms:.0f} ms is left to finish"
+                " on its daemon thread"
+                if left_running
+                else "",
+            )
 
     def __enter__(self) -> Self:
         return self

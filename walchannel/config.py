@@ -203,7 +203,8 @@ class GrpcChannelConfig:
             ``walchannel replicate --exec`` sets), so a restored log is never
             behind what the engine applied (docs/operations.md).
         done_ack_timeout_ms: how long ``send_done`` waits for its ack.
-        close_timeout_ms: how long ``close`` waits for the stream's end.
+        close_timeout_ms: how long ``close`` waits for the stream's end (and
+            ``BlockingEngineChannel.close`` for a running callback).
         backoff: reconnect delays.
         max_message_bytes: largest encoded ``UpMessage`` accepted (bytes).
         max_unacked_bytes: refuse sends past this backlog (bytes; None: no limit).

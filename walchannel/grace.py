@@ -66,7 +66,7 @@ class _SyncChannel(Protocol):
 
     def wait_acked(self, seq: int | None = None, timeout_ms: float | None = None) -> bool: ...
 
-    def close(self) -> None: ...
+    def close(self, *, timeout_ms: float | None = None) -> None: ...
 
 
 class GracePeriod:
@@ -251,10 +251,16 @@ class GracePeriod:
         return self._exit_code(rows_left)
 
     def drain_blocking(self, channel: _SyncChannel) -> int:
-        """:meth:`drain` for a ``BlockingEngineChannel`` (blocks the calling thread)."""
+        """:meth:`drain` for a ``BlockingEngineChannel`` (blocks the calling thread).
+
+        ``close(timeout_ms=...)`` gets what is left of the period: a
+        callback still running on the channel's dispatcher is waited for
+        that long at most, and the queued ones are dropped, so a slow
+        callback cannot keep the process past the period.
+        """
         try:
             channel.wait_acked(timeout_ms=self._drain_budget_ms())
             rows_left = channel.unacked_count
         finally:
-            channel.close()
+            channel.close(timeout_ms=self.remaining_s() * 1000)
         return self._exit_code(rows_left)

@@ -189,5 +189,9 @@ class SyncEngineChannel(Protocol):
     def on_stop(self, callback: StopCallback) -> None:
         """Register a callback for the engine's ``Stop`` (fires once per channel)."""
 
-    def close(self) -> None:
-        """Close the channel (idempotent)."""
+    def close(self, *, timeout_ms: float | None = None) -> None:
+        """Close the channel (idempotent); wait up to ``timeout_ms`` (ms) for a running callback.
+
+        Queued callbacks are dropped; ``None`` waits the config's
+        ``close_timeout_ms``. SPEC "The channel".
+        """

@@ -8,9 +8,11 @@ is logged and before a seq is used.
 
 from __future__ import annotations
 
+import calendar
 import json
+import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from walchannel.errors import PayloadError
@@ -23,6 +25,7 @@ __all__ = [
     "event_body",
     "finding_body",
     "now_rfc3339",
+    "parse_rfc3339",
     "progress_marker",
     "rfc3339",
     "rfc3339_at",
@@ -48,6 +51,96 @@ def rfc3339_at(unix_s: float) -> str:
     return rfc3339(datetime.fromtimestamp(unix_s, UTC))
 
 
+# RFC 3339 §5.6 date-time: full-date "T" full-time, ASCII digits only; "T"
+# and "Z" in either case (§5.6 NOTE). The offset is optional here only so
+# that its absence gets an error of its own.
+_RFC3339 = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})[Tt]"
+    r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})(?:\.(?P<fraction>[0-9]+))?"
+    r"(?P<offset>[Zz]|(?P<sign>[+-])(?P<off_hour>[0-9]{2}):(?P<off_minute>[0-9]{2}))?"
+)
+_RFC3339_SHAPE = "YYYY-MM-DDTHH:MM:SS[.frac] then Z or +HH:MM/-HH:MM, RFC 3339 §5.6"
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Parse an RFC 3339 §5.6 ``date-time`` into an aware datetime in UTC.
+
+    The grammar exactly: ``YYYY-MM-DD`` ``T`` ``HH:MM:SS``, an optional
+    ``.fraction`` (cut to microseconds, never rounded up) and ``Z`` or
+    ``±HH:MM`` (``-00:00`` is UTC); ``T`` and ``Z`` may be lowercase (§5.6
+    NOTE). The space separator the NOTE also mentions, ISO 8601's week,
+    ordinal and basic forms, and digits of other scripts are refused. Fields
+    are checked against their ranges (§5.7: Feb 30 is refused). A leap
+    second, second 60, must fall on 23:59 UTC of a month's last day (§5.7);
+    it comes back as 23:59:59.999999 of that minute, since a datetime has
+    no second 60 (SPEC "Timestamps").
+
+    Args:
+        text: the timestamp.
+
+    Returns:
+        The moment, ``tzinfo=UTC``.
+
+    Raises:
+        ValueError: ``text`` is not an RFC 3339 date-time, a field is out of
+            range, or the moment is outside datetime's range once in UTC;
+            the message quotes ``text`` (its first 40 characters).
+    """
+    shown = repr(text[:40])
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{shown} is not an RFC 3339 timestamp ({_RFC3339_SHAPE})")
+    if m["offset"] is None:
+        raise ValueError(f"{shown} has no UTC offset: end it with Z or +HH:MM/-HH:MM")
+    year, month, day = int(m["year"]), int(m["month"]), int(m["day"])
+    hour, minute, second = int(m["hour"]), int(m["minute"]), int(m["second"])
+    off_hour = int(m["off_hour"] or 0)
+    off_minute = int(m["off_minute"] or 0)
+    checks = (
+        (year, 1, 9999, "year"),
+        (month, 1, 12, "month"),
+        (hour, 0, 23, "hour"),
+        (minute, 0, 59, "minute"),
+        (second, 0, 60, "second"),
+        (off_hour, 0, 23, "offset hour"),
+        (off_minute, 0, 59, "offset minute"),
+    )
+    for value, low, high, name in checks:
+        if not low <= value <= high:
+            raise ValueError(f"{shown}: {name} {value} is out of range ({low:02}-{high:02})")
+    last_day = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= last_day:
+        raise ValueError(
+            f"{shown}: day {day} is out of range for {year:04}-{month:02} (01-{last_day})"
+        )
+    offset = timedelta(hours=off_hour, minutes=off_minute)
+    micros = int((m["fraction"] or "")[:6].ljust(6, "0"))
+    local = datetime(
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        min(second, 59),
+        micros,
+        tzinfo=timezone(-offset if m["sign"] == "-" else offset),
+    )
+    try:
+        moment = local.astimezone(UTC)
+    except OverflowError:
+        # Year 1 at +01:00, or 9999-12-31 at -01:00: no such moment in UTC.
+        raise ValueError(f"{shown} is out of range once converted to UTC") from None
+    if second == 60:
+        last_of_month = calendar.monthrange(moment.year, moment.month)[1]
+        if (moment.hour, moment.minute, moment.day) != (23, 59, last_of_month):
+            raise ValueError(
+                f"{shown}: a leap second (second 60) is 23:59:60 UTC on the last day of a"
+                f" month (RFC 3339 §5.7); this one falls at {moment:%Y-%m-%d %H:%M}:60 UTC"
+            )
+        moment = moment.replace(second=59, microsecond=999_999)
+    return moment
+
+
 def _timestamp(ts: object, path: str) -> str:
     if ts is None:
         return now_rfc3339()
@@ -57,12 +150,9 @@ def _timestamp(ts: object, path: str) -> str:
         return _in_utc(ts, path)
     if isinstance(ts, str):
         try:
-            parsed = datetime.fromisoformat(ts)
-        except ValueError:
-            raise PayloadError(path, f"{ts[:40]!r} is not an RFC 3339 timestamp") from None
-        if parsed.tzinfo is None:
-            raise PayloadError(path, f"{ts[:40]!r} has no UTC offset")
-        return _in_utc(parsed, path)
+            return rfc3339(parse_rfc3339(ts))
+        except ValueError as exc:
+            raise PayloadError(path, str(exc)) from None
     raise PayloadError(path, f"expected an aware datetime, an RFC 3339 str or None, got {ts!r}")
 
 
@@ -86,7 +176,8 @@ def event_body(
 ) -> dict[str, Any]:
     """Return the ``event`` body ``{"type", "severity", "payload", "ts"}``.
 
-    ``ts`` is an aware datetime, an RFC 3339 str (stored in UTC) or None (now);
+    ``ts`` is an aware datetime, an RFC 3339 §5.6 str (:func:`parse_rfc3339`;
+    stored in UTC) or None (now);
     ``max_values`` bounds the payload (:func:`~walchannel.payload.check_payload`).
 
     Raises:

@@ -592,7 +592,10 @@ class GrpcEngineChannel:
             type: the event type, e.g. ``"progress"``.
             severity: free text, e.g. ``"info"``.
             payload: a JSON-like mapping (SPEC "Payloads").
-            ts: an aware datetime, an RFC 3339 str, or None (now); sent in UTC.
+            ts: an aware datetime, an RFC 3339 §5.6 str
+                (:func:`~walchannel.messages.parse_rfc3339`: a leap second is
+                sent as ``23:59:59.999999``), or None (now); sent in UTC
+                (SPEC "Timestamps").
             progress: the harness's resume marker, committed with the row.
 
         Returns:

@@ -8,6 +8,10 @@ proxy policy of docs/design.md ("Proxies: one policy"); discovery is
 :func:`walchannel.discovery.discover` over the harness's ``http_client`` or
 a client of its own. grpc's errors become
 :class:`~walchannel.transport.StreamEnded` here, with the status they carry.
+
+It also watches for ``os.fork()`` while a transport is open (from the
+channel's construction to its close): gRPC's fork handlers can crash the
+forked child, so the first such fork warns once (:func:`warn_fork`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import asyncio
 import contextlib
 import fnmatch
 import os
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -39,6 +45,7 @@ __all__ = [
     "GrpcCall",
     "GrpcTransport",
     "token_tracers",
+    "warn_fork",
     "warn_grpc_trace",
 ]
 
@@ -94,6 +101,56 @@ def warn_grpc_trace() -> None:
             spec,
             "/".join(leaky),
         )
+
+
+#: ``GRPC_ENABLE_FORK_SUPPORT`` values that turn gRPC's fork handlers off: what
+#: gRPC core reads as false (absl::SimpleAtob: trimmed, any case). Any other
+#: value leaves them on (gRPC prints "... is not a bool" for one it cannot read).
+GRPC_FORK_SUPPORT_OFF: Final = frozenset({"0", "f", "false", "n", "no"})
+
+# The transports not closed yet (one per channel), and the once-per-process flags.
+_open_transports: weakref.WeakSet[GrpcTransport] = weakref.WeakSet()
+_fork_hook_registered = False
+_fork_warned = False
+
+
+def _watch_forks(transport: GrpcTransport) -> None:
+    """Count ``transport`` as open; register the fork hook once per process."""
+    global _fork_hook_registered
+    _open_transports.add(transport)
+    if not _fork_hook_registered:
+        _fork_hook_registered = True
+        # before= only: it runs in the parent; the child is left alone.
+        os.register_at_fork(before=warn_fork)
+
+
+def warn_fork() -> None:
+    """Warn once per process when it forks with a channel open (an ``os.register_at_fork`` hook).
+
+    gRPC's fork handlers, on unless ``GRPC_ENABLE_FORK_SUPPORT`` is false,
+    can crash a child forked while grpc.aio runs (SIGSEGV inside
+    ``os.fork()``, about 1 fork in 6-12 under load; docs/security.md). A
+    ``RuntimeWarning`` (``warnings.warn``, pointing at the caller of
+    ``os.fork``) says what to do, at the first fork with a channel open;
+    none without an open channel, once they are all closed, or when
+    ``GRPC_ENABLE_FORK_SUPPORT`` is already one of
+    :data:`GRPC_FORK_SUPPORT_OFF`. SPEC "The channel".
+    """
+    global _fork_warned
+    if _fork_warned or not _open_transports:
+        return
+    if os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").strip().lower() in GRPC_FORK_SUPPORT_OFF:
+        return
+    _fork_warned = True
+    warnings.warn(
+        f"os.fork() with {len(_open_transports)} open walchannel channel(s): gRPC's fork "
+        "handlers can crash the forked child (SIGSEGV inside fork()); set "
+        "GRPC_ENABLE_FORK_SUPPORT=false before grpc is imported, or use multiprocessing's "
+        "'spawn' or 'forkserver' start method (walchannel docs/security.md). Said once "
+        "per process.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _identity(data: bytes) -> bytes:
@@ -188,6 +245,7 @@ class GrpcTransport:
         # The last (address, proxy) logged, so a route is logged once.
         self._route: tuple[str, str | None] | None = None
         self._proxy_scheme_warned = False
+        _watch_forks(self)
 
     # -- dialing ------------------------------------------------------------------------
 
@@ -285,7 +343,11 @@ class GrpcTransport:
         )
 
     async def aclose(self) -> None:
-        """Close the discovery client this transport made (the harness's own stays open)."""
+        """Close the discovery client this transport made (the harness's own stays open).
+
+        From here on a fork no longer counts this transport as open (:func:`warn_fork`).
+        """
+        _open_transports.discard(self)
         if self._own_http and self._http is not None:
             http, self._http = self._http, None
             with contextlib.suppress(Exception):
