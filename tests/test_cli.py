@@ -754,11 +754,16 @@ async def test_a_completed_run_shows_completed_and_prune_removes_it(
     assert all(t.exists() for t in tombs)
 
     with RunLog.open(wal_dir, tombs[1].name.removesuffix(".wal.sqlite3"), correlation_id="c"):
-        # The second tombstone is held by a live owner: prune must leave it.
+        # The second tombstone is held by a live owner (this process): prune
+        # leaves it, and says so with exit 1, as its dry run does.
+        dry = await acli("prune", wal_dir, "--older-than", "0", "--dry-run")
         pruned = await acli("prune", wal_dir, "--older-than", "0")
-    assert pruned.rc == 0, pruned.err
-    assert f"removed {tombs[0]}" in pruned.out
-    assert "held by" in pruned.err
+    for result in (dry, pruned):
+        assert result.rc == 1, result
+        assert f"cannot remove {tombs[1]}" in result.err, result.err
+        assert f"held by pid {os.getpid()}" in result.err, result.err
+    assert f"would remove {tombs[0]}" in dry.out and f"{tombs[1]}" not in dry.out
+    assert f"removed {tombs[0]}" in pruned.out and f"{tombs[1]}" not in pruned.out
     for gone in (tombs[0], *(Path(f"{tombs[0]}{s}") for s in ("-wal", "-shm", ".lock"))):
         assert not gone.exists(), gone
     assert tombs[1].exists() and idle_log.exists()

@@ -229,9 +229,10 @@ Only tombstones (completed runs) are removed, with their -wal, -shm and
 tombstone, is never touched. A tombstone whose quarantine holds rows (sent
 as walchannel.row_lost: the engine never got them) is kept unless
 --include-quarantined is given; save them first with 'walchannel export
---quarantined LOG'. --dry-run reads like inspect and removes nothing. Exit
-0, 1 if a tombstone could not be removed, 2 on bad usage or an unreadable
-PATH.
+--quarantined LOG'. --dry-run reads like inspect and removes nothing, and
+makes the same checks. Exit 0, 1 if a tombstone could not be removed (its
+lock held by a live process, permission denied, unreadable: each named on
+stderr), 2 on bad usage or an unreadable PATH.
 """
 
 
