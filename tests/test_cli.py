@@ -540,7 +540,7 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     http = local_engine.http_addr
     bad = await acli("flush", log, "--http-addr", http, "--allowed-host", "bad host!", stdin=token)
     assert bad.rc == 2 and "--allowed-host" in bad.err and "bad host!" in bad.err
-    # Discovery answers 127.0.0.1, outside 10.0.0.0/8: never dialled.
+    # Discovery answers 127.0.0.1, outside 10.0.0.0/8: never dialled, refused at once.
     fenced = await acli(
         "flush",
         log,
@@ -552,7 +552,22 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
         "2",
         stdin=token,
     )
-    assert fenced.rc == 1 and "allowed_hosts" in fenced.err, fenced.err
+    assert fenced.rc == 2, fenced.err
+    assert f"discovery at {http} named 127.0.0.1:" in fenced.err, fenced.err
+    assert "--allowed-host allows; not dialled" in fenced.err, fenced.err
+    assert local_engine.accepted(run_id) == []
+    # So is a --grpc-addr outside it (an address copied from a log).
+    given = await acli(
+        "flush",
+        log,
+        "--grpc-addr",
+        local_engine.grpc_addr,
+        "--allowed-host",
+        "engine.internal",
+        stdin=token,
+    )
+    assert given.rc == 2, given.err
+    assert f"--grpc-addr {local_engine.grpc_addr}: its host 127.0.0.1 is not" in given.err
     assert local_engine.accepted(run_id) == []
     allowed = await acli(
         "flush",

@@ -279,12 +279,16 @@ examples:
   vault read -field=token secret/runs/run-42 | \\
       walchannel flush run-42.wal.sqlite3 --http-addr https://engines.internal
 
-The token comes from --token-env VAR or standard input (never an argument)
-and must match the sha256 stored in the log. flush takes the log's owner
+The token comes from --token-env VAR, else $WALCHANNEL_RUN_TOKEN when it is
+set, else standard input (never an argument), and must match the sha256
+stored in the log. --allowed-host holds --grpc-addr and every discovery
+answer: an engine outside is never dialled. flush takes the log's owner
 lock for its whole run, re-sends the stored handshake and every unacked
-row. Exit 0 when all is acked, 1 when not within --timeout (or the engine
-says the run is completed or is behind), 2 when refused (owner alive, wrong
-token, no stored handshake, corrupt log) or on bad usage.
+row. 'walchannel inspect' prints the command for an orphaned run, with the
+address the log recorded. Exit 0 when all is acked, 1 when not within
+--timeout (or the engine says the run is completed or is behind), 2 when
+refused (owner alive, wrong token, no stored handshake, corrupt log, an
+engine address outside --allowed-host) or on bad usage.
 """
 
 
@@ -310,7 +314,8 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--token-env",
         metavar="VAR",
-        help="read the run token from this environment variable (default: standard input)",
+        help="read the run token from this environment variable (default: "
+        "$WALCHANNEL_RUN_TOKEN when it is set, else standard input)",
     )
     p.add_argument(
         "--ca-file",
@@ -321,7 +326,8 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--allowed-host",
         action="append",
         metavar="HOST",
-        help="a host name or IP network discovery may name (repeat for more; default: any)",
+        help="a host name or IP network flush may dial, as --grpc-addr or a discovery "
+        "answer (repeat for more; default: any)",
     )
     p.add_argument(
         "--tls-server-name",

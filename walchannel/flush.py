@@ -13,9 +13,15 @@ refused), and delivers the unacked rows through a
 handshake. It is the only command that loads grpc and httpx, imported
 inside :func:`_flush`, so importing this module loads neither.
 
+The token comes from ``--token-env VAR``, else ``$WALCHANNEL_RUN_TOKEN``
+when set, else standard input. ``--allowed-host`` holds ``--grpc-addr``
+and every discovery answer before any dial (an address is often copied
+from a log, by ``inspect``'s NEXT STEP).
+
 Exit codes: 0 when all is acked; 1 when not within ``--timeout``, or the
 engine says the run is completed or is behind; 2 when refused (owner
-alive, wrong token, no stored handshake, corrupt log).
+alive, wrong token, no stored handshake, corrupt log, an engine address
+outside ``--allowed-host``).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from walchannel import files
-from walchannel.address import AllowedHost, parse_allowed_hosts
+from walchannel.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
 from walchannel.cli_logs import err
 from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
+from walchannel.inspection import FLUSH_TOKEN_ENV
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -61,8 +68,18 @@ class _Refused(Exception):
 
 
 def _read_token(env: str | None) -> str:
+    """Read the run token: from the variable ``env``, else ``$WALCHANNEL_RUN_TOKEN``, else stdin.
+
+    ``$WALCHANNEL_RUN_TOKEN`` counts when set and not empty; standard input
+    is not echoed on a terminal. The token is never printed.
+
+    Raises:
+        _Refused: no token there, or one gRPC cannot send (its position, not it).
+    """
     from walchannel.config import check_metadata_value
 
+    if env is None and os.environ.get(FLUSH_TOKEN_ENV, "").strip():
+        env = FLUSH_TOKEN_ENV
     source = env if env is not None else "standard input"
     if env is not None:
         value = os.environ.get(env, "").strip()
@@ -124,6 +141,10 @@ def flush_command(args: argparse.Namespace) -> int:
             allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None
         except ValueError as exc:
             raise _Refused(f"--allowed-host: {exc}") from None
+        if args.grpc_addr is not None:
+            # An address often copied from a log (inspect's NEXT STEP): held
+            # to --allowed-host as a discovery answer is, before any dial.
+            _check_allowed(args.grpc_addr, allowed, f"--grpc-addr {args.grpc_addr}")
         if allowed is None and (args.http_addr or "").startswith("http://"):
             # The config's InsecureDiscoveryWarning, in the CLI's terms (it is
             # silenced in _flush): its file and line would point into walchannel.
@@ -144,6 +165,23 @@ def flush_command(args: argparse.Namespace) -> int:
     except _Refused as exc:
         err("flush", f"refused: {exc}")
         return 2
+
+
+def _check_allowed(addr: str, allowed: tuple[AllowedHost, ...] | None, what: str) -> None:
+    """Refuse ``addr`` (``host:port``) unless its host is in ``--allowed-host`` (None: any).
+
+    Raises:
+        _Refused: not ``host:port``, or its host is not allowed; nothing was dialled.
+    """
+    try:
+        host, _port = parse_host_port(addr, what=what.split(" ", 1)[0])
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if not host_allowed(host, allowed):
+        raise _Refused(
+            f"{what}: its host {host} is not one --allowed-host allows; not dialled "
+            "(the run token was not sent)"
+        )
 
 
 async def _discover_until(
@@ -271,10 +309,15 @@ async def _flush(
             with _flush_logging():
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
-                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline, via)
+                    # Any answer, then checked here: one outside --allowed-host
+                    # is refused at once rather than asked again until the timeout.
+                    grpc_addr = await _discover_until(http, args.http_addr, None, deadline, via)
                     if grpc_addr is None:
                         err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
                         return 1
+                    _check_allowed(
+                        grpc_addr, allowed, f"discovery at {args.http_addr} named {grpc_addr}"
+                    )
                 remaining_ms = max(1.0, (deadline - loop.time()) * 1000)
                 try:
                     with warnings.catch_warnings():

@@ -889,10 +889,12 @@ class GrpcEngineChannel:
     ) -> None:
         """Store the handshake, start the connection loop, and wait for the engine's answer.
 
-        Every dial sends ``authorization: Bearer <run_token>`` metadata and
-        this handshake (seq 0); with ``engine_acks_handshake`` the engine's
-        ``Ack(h)`` answer is awaited before any row is written. Sends made
-        before this are delivered once connected.
+        The fields are stored in the log's meta (for a resume and ``flush``),
+        with ``http_addr`` when the config has one (for ``inspect``'s flush
+        step). Every dial sends ``authorization: Bearer <run_token>``
+        metadata and this handshake (seq 0); with ``engine_acks_handshake``
+        the engine's ``Ack(h)`` answer is awaited before any row is written.
+        Sends made before this are delivered once connected.
 
         Args:
             connector_version, harness_name, harness_version: the handshake fields.
@@ -919,10 +921,14 @@ class GrpcEngineChannel:
             check_text(value, f"handshake.{name}")
         self._admit(Call.HANDSHAKE)
         self._handshake_fields = (connector_version, harness_name, harness_version)
+        # The discovery URL too: the step inspect prints for an orphaned run
+        # names it, since the last engine streamed to may be dead by then.
+        discovery = {} if self._config.http_addr is None else {"http_addr": self._config.http_addr}
         self._log.update_meta(
             connector_version=connector_version,
             harness_name=harness_name,
             harness_version=harness_version,
+            **discovery,
         )
         self._start()
         driver = self._driver
