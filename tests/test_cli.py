@@ -585,6 +585,76 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     assert local_engine.accepted(run_id) == [1, 2, 3]
 
 
+def _stored_token_hash(log: Path) -> str | None:
+    from walchannel.log_reader import LogReader
+
+    with LogReader(log, log.name.removesuffix(".wal.sqlite3")) as reader:
+        return reader.meta().token_sha256
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@pytest.mark.asyncio
+async def test_flush_replace_token_flushes_a_log_started_with_a_wrong_token(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    """The operator's day, item 3: neither the right token nor the stored one could flush it."""
+    run_id, right = new_run()
+    wrong, other = new_token(), new_token()
+    local_engine.register_run(run_id, right)
+    wal_dir = tmp_path / "wal"
+    # The harness was started with a wrong token: the engine refuses every dial.
+    config = local_channel_config(local_engine, wal_dir, run_id, wrong, connect_timeout_ms=300)
+    async with GrpcEngineChannel(config) as ch:
+        for i in range(3):
+            ch.send_finding(finding(i))
+        with pytest.raises(EngineUnavailableError):
+            await ch.handshake("1", "cli-test", "1")
+    log = log_file(wal_dir, run_id)
+    assert _stored_token_hash(log) == _sha(wrong)
+    addr = ("--grpc-addr", local_engine.grpc_addr, "--token-env", "TOKEN")
+
+    # The right token alone is refused: the refusal names the flag.
+    refused = await acli("flush", log, *addr, env=child_env(TOKEN=right))
+    assert refused.rc == 2, refused.err
+    assert "token does not match" in refused.err and "--replace-token" in refused.err
+    # The stored one: the engine refuses it; the message names the flag too.
+    stored = await acli("flush", log, *addr, "--timeout", "2", env=child_env(TOKEN=wrong))
+    assert stored.rc == 1, stored.err
+    assert "UNAUTHENTICATED" in stored.err and "--replace-token" in stored.err, stored.err
+    # A new token the engine refuses leaves the old hash.
+    refused_new = await acli(
+        "flush", log, *addr, "--replace-token", "--timeout", "2", env=child_env(TOKEN=other)
+    )
+    assert refused_new.rc == 1, refused_new.err
+    assert "WARNING" in refused_new.err and "--replace-token" in refused_new.err
+    assert "keeps the sha256 of the token it was started with" in refused_new.err
+    assert _stored_token_hash(log) == _sha(wrong)
+    assert local_engine.accepted(run_id) == []
+
+    # The right one with the flag: a WARNING, every row delivered, the new hash stored.
+    replaced = await acli(
+        "flush", log, *addr, "--replace-token", "--timeout", "30", env=child_env(TOKEN=right)
+    )
+    assert replaced.rc == 0, replaced.err
+    assert "WARNING" in replaced.err and "--replace-token: flushing" in replaced.err
+    assert "accepted the replacement run token" in replaced.err, replaced.err
+    assert f"flushed run {run_id}: 3 row(s) delivered" in replaced.out
+    assert local_engine.accepted(run_id) == [1, 2, 3]
+    assert _stored_token_hash(log) == _sha(right)
+    # Now the right token flushes without the flag (nothing left to deliver).
+    again = await acli("flush", log, *addr, env=child_env(TOKEN=right))
+    assert again.rc == 0 and "nothing to deliver" in again.out, again.err
+
+    # No token in any file of the log folder (outputs: the autouse check).
+    for path in wal_dir.iterdir():
+        data = path.read_bytes()
+        for token in (right, wrong, other):
+            assert token.encode() not in data, path
+
+
 @pytest.mark.asyncio
 async def test_flush_follows_the_proxy_policy_and_names_a_dead_proxy(
     tmp_path: Path, local_engine: LocalEngine

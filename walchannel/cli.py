@@ -278,10 +278,14 @@ examples:
       --grpc-addr engine.internal:50051 --token-env RUN_TOKEN --ca-file ca.pem
   vault read -field=token secret/runs/run-42 | \\
       walchannel flush run-42.wal.sqlite3 --http-addr https://engines.internal
+  WALCHANNEL_RUN_TOKEN=... walchannel flush run-42.wal.sqlite3 \\
+      --grpc-addr engine.internal:50051 --replace-token   # started with a wrong token
 
 The token comes from --token-env VAR, else $WALCHANNEL_RUN_TOKEN when it is
 set, else standard input (never an argument), and must match the sha256
-stored in the log. --allowed-host holds --grpc-addr and every discovery
+stored in the log, unless --replace-token is given (a log started with a
+wrong token: the new sha256 is stored once the engine accepts the
+handshake; refused, the old one stays). --allowed-host holds --grpc-addr and every discovery
 answer: an engine outside is never dialled. flush takes the log's owner
 lock for its whole run, re-sends the stored handshake and every unacked
 row. 'walchannel inspect' prints the command for an orphaned run, with the
@@ -316,6 +320,12 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="VAR",
         help="read the run token from this environment variable (default: "
         "$WALCHANNEL_RUN_TOKEN when it is set, else standard input)",
+    )
+    p.add_argument(
+        "--replace-token",
+        action="store_true",
+        help="the log was started with a wrong token: flush with this one instead "
+        "(a WARNING; its sha256 replaces the stored one once the engine accepts it)",
     )
     p.add_argument(
         "--ca-file",

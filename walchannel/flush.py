@@ -18,6 +18,10 @@ when set, else standard input. ``--allowed-host`` holds ``--grpc-addr``
 and every discovery answer before any dial (an address is often copied
 from a log, by ``inspect``'s NEXT STEP).
 
+``--replace-token`` flushes a log started with a wrong token with the
+right one: a WARNING (never the token), and the new token's sha256 is
+stored only once an engine accepts the handshake.
+
 Exit codes: 0 when all is acked; 1 when not within ``--timeout``, or the
 engine says the run is completed or is behind; 2 when refused (owner
 alive, wrong token, no stored handshake, corrupt log, an engine address
@@ -54,6 +58,8 @@ if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
 __all__ = ["DEFAULT_FLUSH_TIMEOUT_S", "flush_command"]
+
+logger = logging.getLogger(__name__)
 
 #: flush's default bound for delivering everything (seconds).
 DEFAULT_FLUSH_TIMEOUT_S: Final = 300.0
@@ -102,7 +108,17 @@ def _read_token(env: str | None) -> str:
     return value
 
 
-def _check_flushable(wal: RunLog, token: str) -> RunMeta:
+def _check_flushable(wal: RunLog, token: str, *, replace_token: bool = False) -> RunMeta:
+    """Refuse a log flush cannot speak for with ``token``; return its meta.
+
+    With ``replace_token``, a token whose sha256 differs from the stored one
+    is let through (the caller warns, and the channel stores the new hash
+    only once an engine accepts it).
+
+    Raises:
+        _Refused: no stored handshake, another token (naming
+            ``--replace-token``), or ``quick_check`` finds damage.
+    """
     meta = wal.meta()
     if meta.completed_at is not None:
         return meta
@@ -111,16 +127,21 @@ def _check_flushable(wal: RunLog, token: str) -> RunMeta:
             f"{wal.path}: no stored handshake (the harness never called handshake()); "
             "flush cannot speak for it: restart the harness instead"
         )
-    digest = hashlib.sha256(token.encode("utf-8")).hexdigest()
-    if meta.token_sha256 is None or meta.token_sha256 != digest:
+    if not replace_token and not _token_matches(meta, token):
         raise _Refused(
             f"{wal.path}: the token does not match this run's (its sha256 differs from "
-            "the one stored in the log)"
+            "the one stored in the log); if the log was started with a wrong token, "
+            "flush with the right one and --replace-token (its sha256 is stored once "
+            "the engine accepts it)"
         )
     complaints = wal.quick_check()
     if complaints:
         raise _Refused(f"{wal.path}: corrupt: quick_check: {'; '.join(complaints[:3])}")
     return meta
+
+
+def _token_matches(meta: RunMeta, token: str) -> bool:
+    return meta.token_sha256 == hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def flush_command(args: argparse.Namespace) -> int:
@@ -285,13 +306,15 @@ async def _flush(
         raise _Refused(str(exc)) from None
     handed_over = False
     try:
-        meta = _check_flushable(wal, token)
+        meta = _check_flushable(wal, token, replace_token=args.replace_token)
+        replacing = meta.completed_at is None and not _token_matches(meta, token)
         if meta.completed_at is not None:
             print(f"run {run_id} is completed (its log is a tombstone): nothing to flush")
             return 0
         count = wal.unacked_count
         if count == 0:
-            print(f"run {run_id}: nothing to deliver (every row is acked)")
+            kept = "; the log keeps its token's sha256 (no engine was asked)" if replacing else ""
+            print(f"run {run_id}: nothing to deliver (every row is acked){kept}")
             return 0
         credentials = grpc.ssl_channel_credentials(root_certificates=ca) if ca else None
         # The same roots for https discovery; the channel reuses this client.
@@ -307,6 +330,14 @@ async def _flush(
             http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
         try:
             with _flush_logging():
+                if replacing:
+                    logger.warning(
+                        "run %s: --replace-token: flushing with a token other than the one "
+                        "%s was started with (their sha256 differ); its sha256 is stored in "
+                        "the log only once an engine accepts it",
+                        run_id,
+                        path,
+                    )
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
                     # Any answer, then checked here: one outside --allowed-host
@@ -339,7 +370,9 @@ async def _flush(
                         )
                 except ValueError as exc:
                     raise _Refused(str(exc)) from None
-                channel = GrpcEngineChannel(config, log=wal)
+                channel = GrpcEngineChannel(
+                    config, log=wal, token_hash_when="accepted" if replacing else "open"
+                )
                 handed_over = True
                 try:
                     try:
@@ -364,6 +397,8 @@ async def _flush(
                     delivered = await _wait_delivered(channel, deadline)
                     failed = channel.state is ChannelState.FAILED
                     last_error = channel.stats().last_error
+                    # Read before close() closes the log: did an engine take the new token?
+                    token_stored = not replacing or _token_matches(wal.meta(), token)
                 finally:
                     await channel.close()
         finally:
@@ -372,8 +407,19 @@ async def _flush(
         if not handed_over:
             wal.close()
     acked, high = wal.last_acked_seq, wal.high_water
+    if not token_stored:
+        err(
+            "flush",
+            f"run {run_id}: no engine accepted the token given with --replace-token; "
+            "the log keeps the sha256 of the token it was started with",
+        )
     if not delivered:
         why = f": {last_error}" if last_error else ""
+        if last_error and "UNAUTHENTICATED" in last_error and not replacing:
+            why += (
+                " (the engine refuses this token: if the log was started with a wrong "
+                "token, flush with the right one and --replace-token)"
+            )
         if failed:
             err("flush", f"run {run_id}: the channel stopped (acked up to seq {acked}){why}")
         else:
