@@ -75,7 +75,8 @@ EXPECTED = {
     "unreadable": "shorter path",
     "failed-behind": "restore its store",
     "failed-done": "raise the engine's receive limit, then 'walchannel flush",
-    "failed-undeliverable": "'walchannel export",
+    "failed-undeliverable": "may already be applied (this log may be an older copy); do not",
+    "failed-undeliverable-older": "do not re-send or re-import them",
     "failed-damaged": "aside and keep it",
     "failed-internal": "a walchannel bug: report",
     "orphaned": "restart the harness for run-orphaned",
@@ -96,6 +97,12 @@ def build_every_state(folder: Path, owned: ExitStack) -> dict[str, Path]:
     logs["failed-behind"] = failed(folder, "run-f1", FAILED_ENGINE_BEHIND)
     logs["failed-done"] = failed(folder, "run-f2", f"{FAILED_DONE_REFUSED}: seq 9")
     logs["failed-undeliverable"] = failed(folder, "run-f3", FAILED_UNDELIVERABLE)
+    # The text an older walchannel stored for the same cause.
+    older = (
+        "run completed with undeliverable rows: the engine says the run is completed while "
+        "this log still holds unacked rows (walchannel export saves them)"
+    )
+    logs["failed-undeliverable-older"] = failed(folder, "run-f6", older)
     logs["failed-damaged"] = failed(folder, "run-f4", FAILED_CORRUPT)
     logs["failed-internal"] = failed(folder, "run-f5", f"{FAILED_INTERNAL}: KeyError: 'x'")
     logs["orphaned"] = make(folder, "run-orphaned")

@@ -101,7 +101,9 @@ is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
 
 a failed run's reason names its cause: "engine behind" (the engine lost
 acked rows: restore its store; export the rest), "Done refused" (raise the
-engine's limit, then flush), "the log file is damaged" (as corrupt: --verify,
+engine's limit, then flush), "run completed with rows unacked here" (the
+engine applied a Done and every seq before it: the rows may already be
+applied; do not re-send or re-import them), "the log file is damaged" (as corrupt: --verify,
 export, move it aside), "walchannel stopped the run: its own invariant broke"
 (a walchannel bug: report the text; rows are kept: restart the harness or
 flush). A stuck run's last error of "discovery (keeping ...)", "dialing ..."

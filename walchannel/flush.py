@@ -384,11 +384,17 @@ async def _flush(
                     except EngineUnavailableError:
                         pass  # the channel keeps dialing until the deadline
                     except RunCompletedError:
-                        err(
-                            "flush",
-                            f"run {run_id}: the engine says the run is completed (its Done was "
-                            "applied): the rows left in this log cannot be delivered",
-                        )
+                        if wal.completed:  # its Done was this log's: the ack was lost
+                            what = "it applied this log's Done; the log is now a tombstone"
+                        else:
+                            # It applied a Done and every seq before it: never advise a re-send.
+                            what = (
+                                f"it applied a Done and every seq before it, so the "
+                                f"{count} row(s) in this log may already be applied (an older "
+                                "copy of the log?); nothing was re-sent: do not re-import "
+                                "them ('walchannel inspect' says what to do)"
+                            )
+                        err("flush", f"run {run_id}: the engine says the run is completed: {what}")
                         return 1
                     except EngineBehindError:
                         # The channel logged why (above): nothing can be delivered there.

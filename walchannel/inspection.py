@@ -37,7 +37,6 @@ from walchannel.log_state import (
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
     FAILED_INTERNAL,
-    FAILED_UNDELIVERABLE,
     next_seq_after,
 )
 
@@ -71,6 +70,8 @@ STATES: Final = (
 ALERT_STATES: Final = frozenset({"corrupt", "unreadable", "failed", "orphaned", "stuck"})
 # States whose DETAIL shows the last error.
 _ERROR_STATES: Final = frozenset({"failed", "orphaned", "stuck", "done-pending"})
+# How FAILED_UNDELIVERABLE begins, in this walchannel's text and in older logs'.
+_RUN_COMPLETED_WITH: Final = "run completed with "
 #: ``--stuck-after`` default (seconds).
 DEFAULT_STUCK_AFTER_S: Final = 120.0
 #: The variable ``walchannel flush`` reads the run token from without
@@ -332,10 +333,15 @@ def next_step(report: RunReport) -> str:
             )
         if reason.startswith(FAILED_DONE_REFUSED[:12]):
             return f"raise the engine's receive limit, then '{flush}'"
-        if reason.startswith(FAILED_UNDELIVERABLE[:40]):
+        if reason.startswith(_RUN_COMPLETED_WITH):
+            # The engine applied every seq up to its Done: never advise a re-send.
+            rows = report.unacked_count
+            these = "these rows" if rows is None else f"these {rows} row(s)"
             return (
-                f"'walchannel export {log}' saves the rows the engine will not take; "
-                "then remove the log"
+                f"the engine says the run is completed: {these} may already be applied "
+                "(this log may be an older copy); do not re-send or re-import them. "
+                f"'walchannel export {log}' lists them to compare with the engine's record "
+                "of the run; the log can go once that is done"
             )
         if reason.startswith(FAILED_CORRUPT[:25]):
             return f"move {log} aside and keep it; 'walchannel export {log}' saves what is readable"
