@@ -540,7 +540,7 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     http = local_engine.http_addr
     bad = await acli("flush", log, "--http-addr", http, "--allowed-host", "bad host!", stdin=token)
     assert bad.rc == 2 and "--allowed-host" in bad.err and "bad host!" in bad.err
-    # Discovery answers 127.0.0.1, outside 10.0.0.0/8: never dialled.
+    # Discovery answers 127.0.0.1, outside 10.0.0.0/8: never dialled, refused at once.
     fenced = await acli(
         "flush",
         log,
@@ -552,7 +552,22 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
         "2",
         stdin=token,
     )
-    assert fenced.rc == 1 and "allowed_hosts" in fenced.err, fenced.err
+    assert fenced.rc == 2, fenced.err
+    assert f"discovery at {http} named 127.0.0.1:" in fenced.err, fenced.err
+    assert "--allowed-host allows; not dialled" in fenced.err, fenced.err
+    assert local_engine.accepted(run_id) == []
+    # So is a --grpc-addr outside it (an address copied from a log).
+    given = await acli(
+        "flush",
+        log,
+        "--grpc-addr",
+        local_engine.grpc_addr,
+        "--allowed-host",
+        "engine.internal",
+        stdin=token,
+    )
+    assert given.rc == 2, given.err
+    assert f"--grpc-addr {local_engine.grpc_addr}: its host 127.0.0.1 is not" in given.err
     assert local_engine.accepted(run_id) == []
     allowed = await acli(
         "flush",
@@ -568,6 +583,76 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
     assert allowed.rc == 0, allowed.err
     assert "set allowed_hosts" not in allowed.err
     assert local_engine.accepted(run_id) == [1, 2, 3]
+
+
+def _stored_token_hash(log: Path) -> str | None:
+    from walchannel.log_reader import LogReader
+
+    with LogReader(log, log.name.removesuffix(".wal.sqlite3")) as reader:
+        return reader.meta().token_sha256
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@pytest.mark.asyncio
+async def test_flush_replace_token_flushes_a_log_started_with_a_wrong_token(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    """The operator's day, item 3: neither the right token nor the stored one could flush it."""
+    run_id, right = new_run()
+    wrong, other = new_token(), new_token()
+    local_engine.register_run(run_id, right)
+    wal_dir = tmp_path / "wal"
+    # The harness was started with a wrong token: the engine refuses every dial.
+    config = local_channel_config(local_engine, wal_dir, run_id, wrong, connect_timeout_ms=300)
+    async with GrpcEngineChannel(config) as ch:
+        for i in range(3):
+            ch.send_finding(finding(i))
+        with pytest.raises(EngineUnavailableError):
+            await ch.handshake("1", "cli-test", "1")
+    log = log_file(wal_dir, run_id)
+    assert _stored_token_hash(log) == _sha(wrong)
+    addr = ("--grpc-addr", local_engine.grpc_addr, "--token-env", "TOKEN")
+
+    # The right token alone is refused: the refusal names the flag.
+    refused = await acli("flush", log, *addr, env=child_env(TOKEN=right))
+    assert refused.rc == 2, refused.err
+    assert "token does not match" in refused.err and "--replace-token" in refused.err
+    # The stored one: the engine refuses it; the message names the flag too.
+    stored = await acli("flush", log, *addr, "--timeout", "2", env=child_env(TOKEN=wrong))
+    assert stored.rc == 1, stored.err
+    assert "UNAUTHENTICATED" in stored.err and "--replace-token" in stored.err, stored.err
+    # A new token the engine refuses leaves the old hash.
+    refused_new = await acli(
+        "flush", log, *addr, "--replace-token", "--timeout", "2", env=child_env(TOKEN=other)
+    )
+    assert refused_new.rc == 1, refused_new.err
+    assert "WARNING" in refused_new.err and "--replace-token" in refused_new.err
+    assert "keeps the sha256 of the token it was started with" in refused_new.err
+    assert _stored_token_hash(log) == _sha(wrong)
+    assert local_engine.accepted(run_id) == []
+
+    # The right one with the flag: a WARNING, every row delivered, the new hash stored.
+    replaced = await acli(
+        "flush", log, *addr, "--replace-token", "--timeout", "30", env=child_env(TOKEN=right)
+    )
+    assert replaced.rc == 0, replaced.err
+    assert "WARNING" in replaced.err and "--replace-token: flushing" in replaced.err
+    assert "accepted the replacement run token" in replaced.err, replaced.err
+    assert f"flushed run {run_id}: 3 row(s) delivered" in replaced.out
+    assert local_engine.accepted(run_id) == [1, 2, 3]
+    assert _stored_token_hash(log) == _sha(right)
+    # Now the right token flushes without the flag (nothing left to deliver).
+    again = await acli("flush", log, *addr, env=child_env(TOKEN=right))
+    assert again.rc == 0 and "nothing to deliver" in again.out, again.err
+
+    # No token in any file of the log folder (outputs: the autouse check).
+    for path in wal_dir.iterdir():
+        data = path.read_bytes()
+        for token in (right, wrong, other):
+            assert token.encode() not in data, path
 
 
 @pytest.mark.asyncio
@@ -755,11 +840,16 @@ async def test_a_completed_run_shows_completed_and_prune_removes_it(
     assert all(t.exists() for t in tombs)
 
     with RunLog.open(wal_dir, tombs[1].name.removesuffix(".wal.sqlite3"), correlation_id="c"):
-        # The second tombstone is held by a live owner: prune must leave it.
+        # The second tombstone is held by a live owner (this process): prune
+        # leaves it, and says so with exit 1, as its dry run does.
+        dry = await acli("prune", wal_dir, "--older-than", "0", "--dry-run")
         pruned = await acli("prune", wal_dir, "--older-than", "0")
-    assert pruned.rc == 0, pruned.err
-    assert f"removed {tombs[0]}" in pruned.out
-    assert "held by" in pruned.err
+    for result in (dry, pruned):
+        assert result.rc == 1, result
+        assert f"cannot remove {tombs[1]}" in result.err, result.err
+        assert f"held by pid {os.getpid()}" in result.err, result.err
+    assert f"would remove {tombs[0]}" in dry.out and f"{tombs[1]}" not in dry.out
+    assert f"removed {tombs[0]}" in pruned.out and f"{tombs[1]}" not in pruned.out
     for gone in (tombs[0], *(Path(f"{tombs[0]}{s}") for s in ("-wal", "-shm", ".lock"))):
         assert not gone.exists(), gone
     assert tombs[1].exists() and idle_log.exists()

@@ -8,13 +8,15 @@ engine refuses; ``walchannel inspect`` names the cause from
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import new_run
+from conftest import PYTHON, child_env, new_run
 from walchannel import EngineBehindError, GrpcEngineChannel, RunCompletedError, RunLog
 from walchannel.inspection import inspect_log
 from walchannel.log_state import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE
@@ -88,7 +90,7 @@ async def test_run_completed_with_undeliverable_rows_is_named_as_its_cause(
     report = inspect_log(path)
     assert report.state == "failed"
     assert report.reason is not None
-    assert report.reason.startswith("run completed with undeliverable rows")
+    assert report.reason.startswith("run completed with rows unacked here")
     assert "engine behind" not in report.reason
 
 
@@ -111,3 +113,65 @@ def test_a_log_without_failed_reason_still_opens_and_inspects(tmp_path: Path) ->
         wal.update_meta(failed_reason=FAILED_UNDELIVERABLE)
     report = inspect_log(path)
     assert report.reason is not None and report.reason.startswith(FAILED_UNDELIVERABLE)
+
+
+@pytest.mark.asyncio
+async def test_flushing_an_older_copy_of_a_completed_run_advises_no_re_send(
+    tmp_path: Path,
+) -> None:
+    """A copy of a log taken while its rows were unacked, flushed after the run completed.
+
+    The engine applied every row of the copy: flush must not say they
+    "cannot be delivered" and inspect must not advise exporting them for a
+    re-import (the operator's day, item 5).
+    """
+    engine = LocalEngine()
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        live, copy = tmp_path / "live", tmp_path / "copy"
+        async with channel_for(engine, live, run_id, token) as ch:
+            await ch.handshake("1", "h", "1")
+            await engine.kill()
+            for i in range(5):
+                ch.send_finding(finding(i))
+        copy.mkdir(mode=0o700)
+        log_name = f"{run_id}.wal.sqlite3"
+        shutil.copyfile(live / log_name, copy / log_name)  # closed: all in the main file
+        await engine.replace()
+        async with channel_for(engine, live, run_id, token) as ch:
+            await ch.handshake("1", "h", "1")
+            assert await ch.send_done("completed", 5, [], "")
+        assert engine.accepted(run_id) == [1, 2, 3, 4, 5, 6]
+
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON,
+            "-m",
+            "walchannel",
+            "flush",
+            str(copy / log_name),
+            "--grpc-addr",
+            engine.grpc_addr,
+            "--token-env",
+            "TOKEN",
+            "--timeout",
+            "30",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=child_env(TOKEN=token),
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 1, err
+        said = err.decode()
+        assert "the engine says the run is completed" in said, said
+        assert "may already be applied" in said and "cannot be delivered" not in said, said
+        assert token not in said + out.decode()
+        assert engine.accepted(run_id) == [1, 2, 3, 4, 5, 6]
+    finally:
+        await engine.stop()
+    report = inspect_log(copy / log_name)
+    assert report.state == "failed" and report.unacked_count == 5, report
+    assert report.reason is not None and "may already be applied" in report.reason
+    assert "do not re-send" in report.next_step, report.next_step
+    assert "saves the rows the engine will not take" not in report.next_step
+    assert "then remove the log" not in report.next_step

@@ -19,6 +19,7 @@ import pytest
 from conftest import eventually, new_run
 from walchannel import GrpcChannelConfig, GrpcEngineChannel, RunCompletedError
 from walchannel.cli import main
+from walchannel.inspection import inspect_log
 from walchannel.replication import (
     SOCKET_ENV,
     ReplicationError,
@@ -198,3 +199,47 @@ def test_replicated_durability_needs_the_control_socket(
             wal_dir=tmp_path,
             durability="replicated",
         )
+
+
+@pytest.mark.asyncio
+async def test_a_restored_older_copy_of_a_completed_run_is_never_advised_to_re_send(
+    local_engine: LocalEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's day, item 5: every row was applied, and re-importing them duplicates."""
+    run_id, token = new_run(local_engine)
+    wal_a, url = tmp_path / "host-a", (tmp_path / "replica").as_uri()
+    rep = Replicator(wal_a, url, sync_interval_s=0.1).start()
+    a = channel(local_engine, wal_a, run_id, token)
+    await a.handshake("1", "h", "1")
+    await local_engine.kill()  # rows are logged, not yet delivered, when the replica is taken
+    for n in range(46):
+        a.send_event("scan.item", "info", {"n": n}, progress={"next": n})
+    rep.drain(30)
+    rep.kill()  # the replica holds the 46 rows unacked
+    await local_engine.replace()  # discovery answers the new engine
+    assert await a.wait_acked(timeout_ms=20_000), a.stats()
+    assert await a.send_done("completed", 0, [], "")
+    await a.close()
+    assert local_engine.accepted(run_id) == list(range(1, 48))  # all 46, then the Done
+
+    host_b = tmp_path / "host-b"
+    assert main(["restore", run_id, "--from", url, "--wal-dir", str(host_b)]) == 0
+    assert "46 unacked" in capsys.readouterr().out
+    # The restored copy meets the completed run: the harness is told so and exits.
+    async with channel(local_engine, host_b, run_id, token) as b:
+        with pytest.raises(RunCompletedError):
+            await b.handshake("1", "h", "1")
+    assert local_engine.accepted(run_id) == list(range(1, 48))
+    assert local_engine.store.duplicates(run_id) == 0
+
+    report = inspect_log(host_b / f"{run_id}.wal.sqlite3")
+    assert report.state == "failed" and report.unacked_count == 46, report
+    assert report.reason is not None
+    # What is known: the engine says completed; these rows may already be applied.
+    assert "engine says the run is completed" in report.reason, report.reason
+    assert "may already be applied" in report.reason, report.reason
+    step = report.next_step
+    assert "may already be applied" in step and "do not re-send" in step, step
+    # Never a step that re-sends them.
+    assert "saves the rows the engine will not take" not in step, step
+    assert "'walchannel flush" not in step and "then remove the log" not in step, step

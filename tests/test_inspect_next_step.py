@@ -8,16 +8,22 @@ like an explicit PATH.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import shlex
 import subprocess
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from subprocess import PIPE
+from typing import Any
 
 import pytest
 
-from conftest import PYTHON, child_env
+from conftest import PYTHON, child_env, new_run
 from walchannel import RunLog
 from walchannel.files import log_path
 from walchannel.inspection import JSON_KEYS, inspect_log
@@ -28,6 +34,7 @@ from walchannel.log_state import (
     FAILED_INTERNAL,
     FAILED_UNDELIVERABLE,
 )
+from walchannel.testing.engine import LocalEngine
 
 FINDING = {"test_id": "B101", "n": 1}
 
@@ -68,7 +75,8 @@ EXPECTED = {
     "unreadable": "shorter path",
     "failed-behind": "restore its store",
     "failed-done": "raise the engine's receive limit, then 'walchannel flush",
-    "failed-undeliverable": "'walchannel export",
+    "failed-undeliverable": "may already be applied (this log may be an older copy); do not",
+    "failed-undeliverable-older": "do not re-send or re-import them",
     "failed-damaged": "aside and keep it",
     "failed-internal": "a walchannel bug: report",
     "orphaned": "restart the harness for run-orphaned",
@@ -89,6 +97,12 @@ def build_every_state(folder: Path, owned: ExitStack) -> dict[str, Path]:
     logs["failed-behind"] = failed(folder, "run-f1", FAILED_ENGINE_BEHIND)
     logs["failed-done"] = failed(folder, "run-f2", f"{FAILED_DONE_REFUSED}: seq 9")
     logs["failed-undeliverable"] = failed(folder, "run-f3", FAILED_UNDELIVERABLE)
+    # The text an older walchannel stored for the same cause.
+    older = (
+        "run completed with undeliverable rows: the engine says the run is completed while "
+        "this log still holds unacked rows (walchannel export saves them)"
+    )
+    logs["failed-undeliverable-older"] = failed(folder, "run-f6", older)
     logs["failed-damaged"] = failed(folder, "run-f4", FAILED_CORRUPT)
     logs["failed-internal"] = failed(folder, "run-f5", f"{FAILED_INTERNAL}: KeyError: 'x'")
     logs["orphaned"] = make(folder, "run-orphaned")
@@ -170,3 +184,169 @@ def test_an_explicit_walchannel_dir_that_is_missing_is_an_error(tmp_path: Path) 
     # Only the default folder may be missing quietly (no run logged here yet).
     quiet = cli("inspect", WALCHANNEL_DIR="", XDG_STATE_HOME=str(tmp_path / "state"))
     assert quiet.returncode == 0 and "does not exist yet" in quiet.stdout
+
+
+# -- the orphan's flush step, run as printed (the operator's day, item 2) ----------------------
+
+# A harness: handshakes, logs 3 findings and waits for their acks, says
+# "acked", then on a line of stdin logs 4 more (its engine is dead by then),
+# says "ready" and waits to be killed. argv: WAL_DIR RUN_ID GRPC_ADDR
+# HTTP_ADDR (or "-"); the token in $HARNESS_TOKEN.
+_HARNESS = textwrap.dedent(
+    """
+    import asyncio, os, sys, warnings
+    from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel
+
+    async def main():
+        wal_dir, run_id, grpc_addr, http_addr = sys.argv[1:5]
+        warnings.simplefilter("ignore")  # plaintext discovery on loopback
+        config = GrpcChannelConfig(
+            grpc_addr=grpc_addr, http_addr=None if http_addr == "-" else http_addr,
+            run_id=run_id, correlation_id="corr-" + run_id,
+            run_token=os.environ["HARNESS_TOKEN"], wal_dir=wal_dir, connect_timeout_ms=2000,
+            backoff=Backoff(initial_ms=100, max_ms=200, jitter_ms=0))
+        channel = GrpcEngineChannel(config)
+        await channel.handshake("1.2", "next-step-test", "0.1")
+        for i in range(3):
+            channel.send_finding({"n": i})
+        assert await channel.wait_acked(timeout_ms=20_000)
+        while channel.log.last_acked_seq < 3:  # acks are stored within ~100 ms
+            await asyncio.sleep(0.02)
+        print("acked", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        for i in range(3, 7):
+            channel.send_finding({"n": i})
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def _run(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def _orphan(
+    wal_dir: Path, run_id: str, token: str, grpc_addr: str, http_addr: str, kill_engine: Any
+) -> str:
+    """Run the harness until 3 rows are acked, kill its engine, log 4 more, SIGKILL it.
+
+    Returns what the harness wrote on stderr (to look for the token in).
+    """
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON,
+        "-c",
+        _HARNESS,
+        str(wal_dir),
+        run_id,
+        grpc_addr,
+        http_addr,
+        stdin=PIPE,
+        stdout=PIPE,
+        stderr=PIPE,
+        env=child_env(HARNESS_TOKEN=token),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"acked\n"
+        await kill_engine()
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"ready\n"
+    finally:
+        proc.kill()
+        _, err = await proc.communicate()
+    return err.decode()
+
+
+def _printed_flush(step: str) -> list[str]:
+    """The ``walchannel flush …`` command a NEXT STEP prints, as argv (shell rules)."""
+    found = re.search(r"'(walchannel flush [^']*)'", step)
+    assert found, step
+    argv = shlex.split(found.group(1))
+    return [PYTHON, "-m", *argv]  # `walchannel` is `python -m walchannel`
+
+
+@pytest.mark.asyncio
+async def test_the_orphans_flush_step_names_discovery_and_runs_as_printed(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    """The harness's engine is dead: the step asks discovery (stored by handshake())."""
+    run_id, token = new_run(local_engine)
+    wal_dir = tmp_path / "wal"
+    outputs = [
+        await _orphan(
+            wal_dir,
+            run_id,
+            token,
+            local_engine.grpc_addr,
+            local_engine.http_addr,
+            local_engine.kill,
+        )
+    ]
+    await local_engine.replace()  # a new engine behind the same discovery URL
+    rc, out, err = await _run(
+        PYTHON, "-m", "walchannel", "inspect", str(wal_dir), "--json", env=child_env()
+    )
+    outputs += [out, err]
+    [item] = json.loads(out)
+    assert item["state"] == "orphaned" and item["unacked_count"] == 4, item
+    step = item["next_step"]
+    # Where the token will go, and where it comes from, are in the step itself.
+    assert f"--http-addr {local_engine.http_addr}" in step, step
+    assert "--token-env WALCHANNEL_RUN_TOKEN" in step, step
+
+    rc, out, err = await _run(*_printed_flush(step), env=child_env(WALCHANNEL_RUN_TOKEN=token))
+    outputs += [out, err]
+    assert rc == 0, err
+    assert local_engine.accepted(run_id) == list(range(1, 8))
+    assert local_engine.duplicates(run_id) == 0
+    assert all(token not in text for text in outputs)
+
+
+@pytest.mark.asyncio
+async def test_the_orphans_flush_step_names_the_last_engine_without_discovery(
+    tmp_path: Path,
+) -> None:
+    """Without discovery the step names the last engine; one stands in at that address."""
+    store = tmp_path / "engine.sqlite3"
+    first = LocalEngine(store, http_port=None)
+    await first.start()
+    run_id, token = new_run(first)
+    addr = first.grpc_addr
+    wal_dir = tmp_path / "wal"
+    try:
+        outputs = [await _orphan(wal_dir, run_id, token, addr, "-", first.stop)]
+    finally:
+        await first.stop()
+    report = inspect_log(log_path(wal_dir, run_id))
+    assert report.state == "orphaned" and report.unacked_count == 4
+    assert f"--grpc-addr {addr}" in report.next_step, report.next_step
+    assert "--token-env WALCHANNEL_RUN_TOKEN" in report.next_step
+    second = LocalEngine(store, grpc_port=int(addr.rsplit(":", 1)[1]), http_port=None)
+    await second.start()
+    try:
+        argv = _printed_flush(report.next_step)
+        # flush applies --allowed-host to an address read from a log: outside, never dialled.
+        rc, out, err = await _run(
+            *argv, "--allowed-host", "10.0.0.0/8", env=child_env(WALCHANNEL_RUN_TOKEN=token)
+        )
+        outputs += [out, err]
+        assert rc == 2, err
+        assert f"{addr}" in err and "--allowed-host" in err, err
+        assert second.accepted(run_id) == [1, 2, 3]
+        rc, out, err = await _run(*argv, env=child_env(WALCHANNEL_RUN_TOKEN=token))
+        outputs += [out, err]
+        assert rc == 0, err
+        assert second.accepted(run_id) == list(range(1, 8))
+        assert second.duplicates(run_id) == 0
+    finally:
+        await second.stop()
+    assert all(token not in text for text in outputs)

@@ -196,10 +196,12 @@ def test_read_only_folder_another_user_sees_the_real_states(folder: Path) -> Non
     assert exported.rc == 0, exported.err
     assert [json.loads(line)["seq"] for line in exported.out.splitlines()] == [1, 2, 3]
 
+    # The tombstone is found, and named as one this user may not remove
+    # (the folder is read-only): exit 1, as prune itself would.
     dry = cli_as(NOBODY, "prune", folder, "--older-than", "0", "--dry-run")
-    assert dry.rc == 0, dry.err
-    assert f"would remove {log_of(folder, 'done-run')}" in dry.out
-    assert "idle-run" not in dry.out and "orphaned-run" not in dry.out
+    assert dry.rc == 1, dry.err
+    assert f"cannot remove {log_of(folder, 'done-run')}" in dry.err
+    assert "idle-run" not in dry.out + dry.err and "orphaned-run" not in dry.out + dry.err
 
     assert tree(folder) == before
     folder.chmod(0o755)
@@ -364,7 +366,48 @@ def test_a_log_this_user_cannot_read_is_unreadable_not_corrupt(folder: Path) -> 
     assert tree(folder) == before
 
 
-# -- (e) flush's first read -------------------------------------------------------------------
+# -- (e) prune as a user who may not remove a tombstone ----------------------------------------
+
+
+def test_prune_as_a_user_who_cannot_take_the_lock_exits_1_naming_the_log(folder: Path) -> None:
+    """The operator's day, item 1: not "nothing to prune" and exit 0 while a tombstone stays."""
+    write_log(folder, "done-run", 2, done=True)
+    write_log(folder, "idle-run", 0)
+    readable(folder, 0o777)  # every file 0644: readable, but the lock only the harness may take
+    log, lock = log_of(folder, "done-run"), Path(f"{log_of(folder, 'done-run')}.lock")
+    before = tree(folder)
+
+    # The dry run says what the real one will do, and both exit 1 naming the log and why.
+    dry = cli_as(NOBODY, "prune", folder, "--older-than", "0", "--dry-run")
+    real = cli_as(NOBODY, "prune", folder, "--older-than", "0")
+    for result in (dry, real):
+        assert result.rc == 1, result
+        assert f"cannot remove {log}" in result.err, result.err
+        assert str(lock) in result.err and "Permission denied" in result.err, result.err
+        assert f"uid {NOBODY}" in result.err, result.err
+        assert "nothing to prune" not in result.out and "would remove" not in result.out
+        assert "idle-run" not in result.out + result.err
+    assert tree(folder) == before
+
+    # A read-only folder: the files cannot be removed even with the lock open to all.
+    lock.chmod(0o666)
+    folder.chmod(0o555)
+    before = tree(folder)
+    for args in (("--dry-run",), ()):
+        result = cli_as(NOBODY, "prune", folder, "--older-than", "0", *args)
+        assert result.rc == 1, result
+        assert f"cannot remove {log}" in result.err and "Permission denied" in result.err
+        assert "nothing to prune" not in result.out and "would remove" not in result.out
+    assert tree(folder) == before
+
+    # As the log's owner the same command removes it and exits 0.
+    folder.chmod(0o755)
+    owner = cli_as(HARNESS, "prune", folder, "--older-than", "0")
+    assert owner.rc == 0, owner.err
+    assert f"removed {log}" in owner.out and not log.exists()
+
+
+# -- (f) flush's first read -------------------------------------------------------------------
 
 
 def test_flush_as_another_user_reads_without_creating_files_and_is_refused_clearly(

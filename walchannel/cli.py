@@ -104,7 +104,9 @@ is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
 
 a failed run's reason names its cause: "engine behind" (the engine lost
 acked rows: restore its store; export the rest), "Done refused" (raise the
-engine's limit, then flush), "the log file is damaged" (as corrupt: --verify,
+engine's limit, then flush), "run completed with rows unacked here" (the
+engine applied a Done and every seq before it: the rows may already be
+applied; do not re-send or re-import them), "the log file is damaged" (as corrupt: --verify,
 export, move it aside), "walchannel stopped the run: its own invariant broke"
 (a walchannel bug: report the text; rows are kept: restart the harness or
 flush). A stuck run's last error of "discovery (keeping ...)", "dialing ..."
@@ -239,9 +241,10 @@ Only tombstones (completed runs) are removed, with their -wal, -shm and
 tombstone, is never touched. A tombstone whose quarantine holds rows (sent
 as walchannel.row_lost: the engine never got them) is kept unless
 --include-quarantined is given; save them first with 'walchannel export
---quarantined LOG'. --dry-run reads like inspect and removes nothing. Exit
-0, 1 if a tombstone could not be removed, 2 on bad usage or an unreadable
-PATH.
+--quarantined LOG'. --dry-run reads like inspect and removes nothing, and
+makes the same checks. Exit 0, 1 if a tombstone could not be removed (its
+lock held by a live process, permission denied, unreadable: each named on
+stderr), 2 on bad usage or an unreadable PATH.
 """
 
 
@@ -287,13 +290,21 @@ examples:
       --grpc-addr engine.internal:50051 --token-env RUN_TOKEN --ca-file ca.pem
   vault read -field=token secret/runs/run-42 | \\
       walchannel flush run-42.wal.sqlite3 --http-addr https://engines.internal
+  WALCHANNEL_RUN_TOKEN=... walchannel flush run-42.wal.sqlite3 \\
+      --grpc-addr engine.internal:50051 --replace-token   # started with a wrong token
 
-The token comes from --token-env VAR or standard input (never an argument)
-and must match the sha256 stored in the log. flush takes the log's owner
+The token comes from --token-env VAR, else $WALCHANNEL_RUN_TOKEN when it is
+set, else standard input (never an argument), and must match the sha256
+stored in the log, unless --replace-token is given (a log started with a
+wrong token: the new sha256 is stored once the engine accepts the
+handshake; refused, the old one stays). --allowed-host holds --grpc-addr and every discovery
+answer: an engine outside is never dialled. flush takes the log's owner
 lock for its whole run, re-sends the stored handshake and every unacked
-row. Exit 0 when all is acked, 1 when not within --timeout (or the engine
-says the run is completed or is behind), 2 when refused (owner alive, wrong
-token, no stored handshake, corrupt log) or on bad usage.
+row. 'walchannel inspect' prints the command for an orphaned run, with the
+address the log recorded. Exit 0 when all is acked, 1 when not within
+--timeout (or the engine says the run is completed or is behind), 2 when
+refused (owner alive, wrong token, no stored handshake, corrupt log, an
+engine address outside --allowed-host) or on bad usage.
 """
 
 
@@ -319,7 +330,14 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--token-env",
         metavar="VAR",
-        help="read the run token from this environment variable (default: standard input)",
+        help="read the run token from this environment variable (default: "
+        "$WALCHANNEL_RUN_TOKEN when it is set, else standard input)",
+    )
+    p.add_argument(
+        "--replace-token",
+        action="store_true",
+        help="the log was started with a wrong token: flush with this one instead "
+        "(a WARNING; its sha256 replaces the stored one once the engine accepts it)",
     )
     p.add_argument(
         "--ca-file",
@@ -330,7 +348,8 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--allowed-host",
         action="append",
         metavar="HOST",
-        help="a host name or IP network discovery may name (repeat for more; default: any)",
+        help="a host name or IP network flush may dial, as --grpc-addr or a discovery "
+        "answer (repeat for more; default: any)",
     )
     p.add_argument(
         "--tls-server-name",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -368,17 +369,49 @@ def _remove_litestream_state(log: Path) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
+class _Unreadable(Exception):
+    """A log prune cannot read: it may be a tombstone it cannot remove (the message says why)."""
+
+
 def _tombstone_meta(log: Path) -> RunMeta | None:
+    """The meta of a tombstone, None for any other log.
+
+    Raises:
+        _Unreadable: this user cannot read the log, which may be a tombstone.
+    """
     try:
         with LogReader(log, run_id_from_name(log)) as reader:
             meta = reader.meta()
     except WalCorruptError:
         return None
     except LogUnreadableError as exc:
-        # Maybe a tombstone; say why it is left, rather than skip it silently.
-        err("prune", f"kept {log}: cannot read it: {exc.reason}")
-        return None
+        raise _Unreadable(exc.reason) from None
     return meta if meta.completed_at is not None else None
+
+
+def _as_whom() -> str:
+    return f"uid {os.geteuid()}"
+
+
+def _cannot_remove_why(log: Path, lock_file: Path) -> str | None:
+    """Why this user could not take the lock of ``log`` or remove its files, or None.
+
+    Checked before the lock is taken, by a dry run and a real one alike: a
+    prune opens the lock file for writing (creating it when missing) and
+    unlinks the log and its sidecars from their folder. ``os.access`` with
+    the effective ids (as the kernel will judge the open and the unlinks;
+    a read-only mount is EROFS, also refused).
+    """
+    folder = log.parent
+    effective = os.access in os.supports_effective_ids
+    denied = os.strerror(errno.EACCES)
+    if os.path.lexists(lock_file) and not os.access(
+        lock_file, os.R_OK | os.W_OK, effective_ids=effective
+    ):
+        return f"cannot take its lock {lock_file}: {denied} (as {_as_whom()})"
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        return f"cannot remove files from the folder {folder}: {denied} (as {_as_whom()})"
+    return None
 
 
 def _quarantined_count(log: Path) -> int | None:
@@ -397,19 +430,40 @@ def _prune_one(
     dry_run: bool = False,
     include_quarantined: bool = False,
 ) -> bool | None:
-    """Remove one old tombstone. True: removed (or would be); False: failed; None: kept."""
+    """Remove one old tombstone.
+
+    Returns:
+        True: removed (or, dry, would be); None: kept on purpose (not an old
+        tombstone, or its quarantine holds rows); False: a log that is, or
+        may be, an old tombstone and that this user cannot remove now (its
+        lock held by a live process, permission denied, unreadable): said on
+        stderr, naming the path and why, and prune exits 1 (SPEC "Operating
+        tools"). A dry run returns False where the real one would.
+    """
     lock_file = files.lock_path(log)
+    try:
+        meta = _tombstone_meta(log)
+    except _Unreadable as exc:
+        err("prune", f"cannot remove {log} (it may be a tombstone): cannot read it: {exc}")
+        return False
+    if meta is None or meta.completed_at is None or meta.completed_at > cutoff:
+        return None
     try:
         owner = probe_owner(lock_file)
     except OSError as exc:
-        err("prune", f"kept {log}: cannot probe its lock: {exc.strerror or exc}")
-        return None
-    meta = _tombstone_meta(log)
-    if meta is None or meta.completed_at is None or meta.completed_at > cutoff:
-        return None
+        err(
+            "prune",
+            f"cannot remove {log}: cannot probe its lock {lock_file}: "
+            f"{exc.strerror or exc} (as {_as_whom()})",
+        )
+        return False
     if owner is not None:
-        err("prune", f"kept {log}: its lock is held by {owner.describe()}")
-        return None
+        err(
+            "prune",
+            f"cannot remove {log}: its lock is held by {owner.describe()} (a harness or "
+            "walchannel command still has it open); prune again once it has exited",
+        )
+        return False
     if not include_quarantined:
         held = _quarantined_count(log)
         if held is None or held > 0:
@@ -421,6 +475,11 @@ def _prune_one(
                 f"--quarantined {log}', then prune with --include-quarantined",
             )
             return None
+    # Checked first, by a dry run too: a prune that would fail touches nothing.
+    why = _cannot_remove_why(log, lock_file)
+    if why is not None:
+        err("prune", f"cannot remove {log}: {why}; prune as the log's owner or root")
+        return False
     if dry_run:
         age = format_age(now - meta.completed_at)
         say(f"would remove {log} (run {meta.run_id}, completed {age} ago)")
@@ -429,21 +488,33 @@ def _prune_one(
     try:
         lock = OwnerLock.acquire(lock_file, log=log)
     except WalLockedError as exc:
-        err("prune", f"kept {log}: {exc}")
-        return None
+        err("prune", f"cannot remove {log}: {exc}; prune again once it has exited")
+        return False
     except OSError as exc:
-        err("prune", f"kept {log}: cannot take its lock: {exc.strerror or exc}")
-        return None
+        err(
+            "prune",
+            f"cannot remove {log}: cannot take its lock {lock_file}: {exc.strerror or exc} "
+            f"(as {_as_whom()}); prune as the log's owner or root",
+        )
+        return False
     try:
-        if _tombstone_meta(log) is None:  # changed under us: leave it
-            return None
+        try:
+            if _tombstone_meta(log) is None:  # changed under us: leave it
+                return None
+        except _Unreadable as exc:
+            err("prune", f"cannot remove {log}: cannot read it: {exc}")
+            return False
         try:
             # The log first: a crash after it leaves only harmless sidecars.
             for victim in (log, *_sidecars(log)):
                 with contextlib.suppress(FileNotFoundError):
                     victim.unlink()
         except OSError as exc:
-            err("prune", f"cannot remove {log}: {exc.strerror or exc}")
+            err(
+                "prune",
+                f"cannot remove {log}: {exc.filename or log}: {exc.strerror or exc} "
+                f"(as {_as_whom()})",
+            )
             return False
         _remove_litestream_state(log)
     finally:
@@ -471,7 +542,11 @@ def prune_command(args: argparse.Namespace) -> int:
         )
         for log in logs
     ]
-    removed = outcomes.count(True)
+    removed, failed = outcomes.count(True), outcomes.count(False)
+    if failed:
+        # Never "nothing to prune" while a tombstone stays for a reason to fix.
+        err("prune", f"{failed} log(s) in {folder} could not be pruned (said above)")
+        return 1
     if not removed:
         say(f"nothing to prune in {folder}")
-    return 1 if False in outcomes else 0
+    return 0

@@ -13,9 +13,19 @@ refused), and delivers the unacked rows through a
 handshake. It is the only command that loads grpc and httpx, imported
 inside :func:`_flush`, so importing this module loads neither.
 
+The token comes from ``--token-env VAR``, else ``$WALCHANNEL_RUN_TOKEN``
+when set, else standard input. ``--allowed-host`` holds ``--grpc-addr``
+and every discovery answer before any dial (an address is often copied
+from a log, by ``inspect``'s NEXT STEP).
+
+``--replace-token`` flushes a log started with a wrong token with the
+right one: a WARNING (never the token), and the new token's sha256 is
+stored only once an engine accepts the handshake.
+
 Exit codes: 0 when all is acked; 1 when not within ``--timeout``, or the
 engine says the run is completed or is behind; 2 when refused (owner
-alive, wrong token, no stored handshake, corrupt log).
+alive, wrong token, no stored handshake, corrupt log, an engine address
+outside ``--allowed-host``).
 """
 
 from __future__ import annotations
@@ -34,9 +44,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from walchannel import files
-from walchannel.address import AllowedHost, parse_allowed_hosts
+from walchannel.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
 from walchannel.cli_logs import err
 from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
+from walchannel.formatting import get_logger
+from walchannel.inspection import FLUSH_TOKEN_ENV
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -47,6 +59,8 @@ if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
 __all__ = ["DEFAULT_FLUSH_TIMEOUT_S", "flush_command"]
+
+logger = get_logger(__name__)
 
 #: flush's default bound for delivering everything (seconds).
 DEFAULT_FLUSH_TIMEOUT_S: Final = 300.0
@@ -61,8 +75,18 @@ class _Refused(Exception):
 
 
 def _read_token(env: str | None) -> str:
+    """Read the run token: from the variable ``env``, else ``$WALCHANNEL_RUN_TOKEN``, else stdin.
+
+    ``$WALCHANNEL_RUN_TOKEN`` counts when set and not empty; standard input
+    is not echoed on a terminal. The token is never printed.
+
+    Raises:
+        _Refused: no token there, or one gRPC cannot send (its position, not it).
+    """
     from walchannel.config import check_metadata_value
 
+    if env is None and os.environ.get(FLUSH_TOKEN_ENV, "").strip():
+        env = FLUSH_TOKEN_ENV
     source = env if env is not None else "standard input"
     if env is not None:
         value = os.environ.get(env, "").strip()
@@ -85,7 +109,17 @@ def _read_token(env: str | None) -> str:
     return value
 
 
-def _check_flushable(wal: RunLog, token: str) -> RunMeta:
+def _check_flushable(wal: RunLog, token: str, *, replace_token: bool = False) -> RunMeta:
+    """Refuse a log flush cannot speak for with ``token``; return its meta.
+
+    With ``replace_token``, a token whose sha256 differs from the stored one
+    is let through (the caller warns, and the channel stores the new hash
+    only once an engine accepts it).
+
+    Raises:
+        _Refused: no stored handshake, another token (naming
+            ``--replace-token``), or ``quick_check`` finds damage.
+    """
     meta = wal.meta()
     if meta.completed_at is not None:
         return meta
@@ -94,16 +128,21 @@ def _check_flushable(wal: RunLog, token: str) -> RunMeta:
             f"{wal.path}: no stored handshake (the harness never called handshake()); "
             "flush cannot speak for it: restart the harness instead"
         )
-    digest = hashlib.sha256(token.encode("utf-8")).hexdigest()
-    if meta.token_sha256 is None or meta.token_sha256 != digest:
+    if not replace_token and not _token_matches(meta, token):
         raise _Refused(
             f"{wal.path}: the token does not match this run's (its sha256 differs from "
-            "the one stored in the log)"
+            "the one stored in the log); if the log was started with a wrong token, "
+            "flush with the right one and --replace-token (its sha256 is stored once "
+            "the engine accepts it)"
         )
     complaints = wal.quick_check()
     if complaints:
         raise _Refused(f"{wal.path}: corrupt: quick_check: {'; '.join(complaints[:3])}")
     return meta
+
+
+def _token_matches(meta: RunMeta, token: str) -> bool:
+    return meta.token_sha256 == hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def flush_command(args: argparse.Namespace) -> int:
@@ -124,6 +163,10 @@ def flush_command(args: argparse.Namespace) -> int:
             allowed = parse_allowed_hosts(args.allowed_host) if args.allowed_host else None
         except ValueError as exc:
             raise _Refused(f"--allowed-host: {exc}") from None
+        if args.grpc_addr is not None:
+            # An address often copied from a log (inspect's NEXT STEP): held
+            # to --allowed-host as a discovery answer is, before any dial.
+            _check_allowed(args.grpc_addr, allowed, f"--grpc-addr {args.grpc_addr}")
         if allowed is None and (args.http_addr or "").startswith("http://"):
             # The config's InsecureDiscoveryWarning, in the CLI's terms (it is
             # silenced in _flush): its file and line would point into walchannel.
@@ -144,6 +187,23 @@ def flush_command(args: argparse.Namespace) -> int:
     except _Refused as exc:
         err("flush", f"refused: {exc}")
         return 2
+
+
+def _check_allowed(addr: str, allowed: tuple[AllowedHost, ...] | None, what: str) -> None:
+    """Refuse ``addr`` (``host:port``) unless its host is in ``--allowed-host`` (None: any).
+
+    Raises:
+        _Refused: not ``host:port``, or its host is not allowed; nothing was dialled.
+    """
+    try:
+        host, _port = parse_host_port(addr, what=what.split(" ", 1)[0])
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if not host_allowed(host, allowed):
+        raise _Refused(
+            f"{what}: its host {host} is not one --allowed-host allows; not dialled "
+            "(the run token was not sent)"
+        )
 
 
 async def _discover_until(
@@ -247,13 +307,15 @@ async def _flush(
         raise _Refused(str(exc)) from None
     handed_over = False
     try:
-        meta = _check_flushable(wal, token)
+        meta = _check_flushable(wal, token, replace_token=args.replace_token)
+        replacing = meta.completed_at is None and not _token_matches(meta, token)
         if meta.completed_at is not None:
             print(f"run {run_id} is completed (its log is a tombstone): nothing to flush")
             return 0
         count = wal.unacked_count
         if count == 0:
-            print(f"run {run_id}: nothing to deliver (every row is acked)")
+            kept = "; the log keeps its token's sha256 (no engine was asked)" if replacing else ""
+            print(f"run {run_id}: nothing to deliver (every row is acked){kept}")
             return 0
         credentials = grpc.ssl_channel_credentials(root_certificates=ca) if ca else None
         # The same roots for https discovery; the channel reuses this client.
@@ -269,12 +331,25 @@ async def _flush(
             http = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
         try:
             with _flush_logging():
+                if replacing:
+                    logger.warning(
+                        "run %s: --replace-token: flushing with a token other than the one "
+                        "%s was started with (their sha256 differ); its sha256 is stored in "
+                        "the log only once an engine accepts it",
+                        run_id,
+                        path,
+                    )
                 grpc_addr = args.grpc_addr
                 if grpc_addr is None:
-                    grpc_addr = await _discover_until(http, args.http_addr, allowed, deadline, via)
+                    # Any answer, then checked here: one outside --allowed-host
+                    # is refused at once rather than asked again until the timeout.
+                    grpc_addr = await _discover_until(http, args.http_addr, None, deadline, via)
                     if grpc_addr is None:
                         err("flush", f"run {run_id}: no engine address within {args.timeout:g} s")
                         return 1
+                    _check_allowed(
+                        grpc_addr, allowed, f"discovery at {args.http_addr} named {grpc_addr}"
+                    )
                 remaining_ms = max(1.0, (deadline - loop.time()) * 1000)
                 try:
                     with warnings.catch_warnings():
@@ -296,7 +371,9 @@ async def _flush(
                         )
                 except ValueError as exc:
                     raise _Refused(str(exc)) from None
-                channel = GrpcEngineChannel(config, log=wal)
+                channel = GrpcEngineChannel(
+                    config, log=wal, token_hash_when="accepted" if replacing else "open"
+                )
                 handed_over = True
                 try:
                     try:
@@ -308,11 +385,17 @@ async def _flush(
                     except EngineUnavailableError:
                         pass  # the channel keeps dialing until the deadline
                     except RunCompletedError:
-                        err(
-                            "flush",
-                            f"run {run_id}: the engine says the run is completed (its Done was "
-                            "applied): the rows left in this log cannot be delivered",
-                        )
+                        if wal.completed:  # its Done was this log's: the ack was lost
+                            what = "it applied this log's Done; the log is now a tombstone"
+                        else:
+                            # It applied a Done and every seq before it: never advise a re-send.
+                            what = (
+                                f"it applied a Done and every seq before it, so the "
+                                f"{count} row(s) in this log may already be applied (an older "
+                                "copy of the log?); nothing was re-sent: do not re-import "
+                                "them ('walchannel inspect' says what to do)"
+                            )
+                        err("flush", f"run {run_id}: the engine says the run is completed: {what}")
                         return 1
                     except EngineBehindError:
                         # The channel logged why (above): nothing can be delivered there.
@@ -321,6 +404,8 @@ async def _flush(
                     delivered = await _wait_delivered(channel, deadline)
                     failed = channel.state is ChannelState.FAILED
                     last_error = channel.stats().last_error
+                    # Read before close() closes the log: did an engine take the new token?
+                    token_stored = not replacing or _token_matches(wal.meta(), token)
                 finally:
                     await channel.close()
         finally:
@@ -329,8 +414,19 @@ async def _flush(
         if not handed_over:
             wal.close()
     acked, high = wal.last_acked_seq, wal.high_water
+    if not token_stored:
+        err(
+            "flush",
+            f"run {run_id}: no engine accepted the token given with --replace-token; "
+            "the log keeps the sha256 of the token it was started with",
+        )
     if not delivered:
         why = f": {last_error}" if last_error else ""
+        if last_error and "UNAUTHENTICATED" in last_error and not replacing:
+            why += (
+                " (the engine refuses this token: if the log was started with a wrong "
+                "token, flush with the right one and --replace-token)"
+            )
         if failed:
             err("flush", f"run {run_id}: the channel stopped (acked up to seq {acked}){why}")
         else:

@@ -37,18 +37,19 @@ from walchannel.log_state import (
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
     FAILED_INTERNAL,
-    FAILED_UNDELIVERABLE,
     next_seq_after,
 )
 
 __all__ = [
     "ALERT_STATES",
     "DEFAULT_STUCK_AFTER_S",
+    "FLUSH_TOKEN_ENV",
     "JSON_KEYS",
     "PathError",
     "RunReport",
     "STATES",
     "ShownRow",
+    "flush_command",
     "inspect_log",
     "list_logs",
 ]
@@ -69,8 +70,13 @@ STATES: Final = (
 ALERT_STATES: Final = frozenset({"corrupt", "unreadable", "failed", "orphaned", "stuck"})
 # States whose DETAIL shows the last error.
 _ERROR_STATES: Final = frozenset({"failed", "orphaned", "stuck", "done-pending"})
+# How FAILED_UNDELIVERABLE begins, in this walchannel's text and in older logs'.
+_RUN_COMPLETED_WITH: Final = "run completed with "
 #: ``--stuck-after`` default (seconds).
 DEFAULT_STUCK_AFTER_S: Final = 120.0
+#: The variable ``walchannel flush`` reads the run token from without
+#: ``--token-env`` (when it is set), and that the NEXT STEP's command names.
+FLUSH_TOKEN_ENV: Final = "WALCHANNEL_RUN_TOKEN"  # noqa: S105 - a variable's name, not a token
 #: The keys of one ``inspect --json`` object, in order (SPEC "Operating tools").
 JSON_KEYS: Final = (
     "run_id",
@@ -189,6 +195,9 @@ class RunReport:
     #: wall-clock steps when the log's boot times allow (``last_ack_at`` is
     #: the JSON's).
     last_ack_age_s: float | None = None
+    #: The discovery URL the harness's last handshake stored (not a JSON key:
+    #: ``next_step``'s flush command names it).
+    http_addr: str | None = None
 
     @property
     def urgency(self) -> int:
@@ -278,6 +287,23 @@ def _unread(
     )
 
 
+def flush_command(report: RunReport) -> str:
+    """The ``walchannel flush`` command for ``report``'s log, to run as printed.
+
+    It names where the token will go — the discovery URL the harness's last
+    handshake stored (``--http-addr``), else the last engine it streamed to
+    (``--grpc-addr``), else a placeholder to fill in — and the variable it
+    is read from (``--token-env`` :data:`FLUSH_TOKEN_ENV`). Shell-quoted.
+    """
+    if report.http_addr:
+        where = f"--http-addr {shlex.quote(report.http_addr)}"
+    elif report.last_engine_addr:
+        where = f"--grpc-addr {shlex.quote(report.last_engine_addr)}"
+    else:
+        where = "--grpc-addr ENGINE_HOST:PORT"
+    return f"walchannel flush {shlex.quote(report.file)} {where} --token-env {FLUSH_TOKEN_ENV}"
+
+
 def next_step(report: RunReport) -> str:
     """What the operator does about a run in ``report.state`` (SPEC "Operating tools").
 
@@ -285,6 +311,7 @@ def next_step(report: RunReport) -> str:
     "States, and what to do about each" gives the reasoning.
     """
     log = shlex.quote(report.file)
+    flush = flush_command(report)
     reason = report.reason or ""
     state = report.state
     if state == "corrupt":
@@ -305,25 +332,33 @@ def next_step(report: RunReport) -> str:
                 "saves the rows still here"
             )
         if reason.startswith(FAILED_DONE_REFUSED[:12]):
-            return f"raise the engine's receive limit, then 'walchannel flush {log}'"
-        if reason.startswith(FAILED_UNDELIVERABLE[:40]):
+            return f"raise the engine's receive limit, then '{flush}'"
+        if reason.startswith(_RUN_COMPLETED_WITH):
+            # The engine applied every seq up to its Done: never advise a re-send.
+            rows = report.unacked_count
+            these = "these rows" if rows is None else f"these {rows} row(s)"
             return (
-                f"'walchannel export {log}' saves the rows the engine will not take; "
-                "then remove the log"
+                f"the engine says the run is completed: {these} may already be applied "
+                "(this log may be an older copy); do not re-send or re-import them. "
+                f"'walchannel export {log}' lists them to compare with the engine's record "
+                "of the run; the log can go once that is done"
             )
         if reason.startswith(FAILED_CORRUPT[:25]):
             return f"move {log} aside and keep it; 'walchannel export {log}' saves what is readable"
         if reason.startswith(FAILED_INTERNAL):
             return (
                 "a walchannel bug: report the reason's text; the rows are kept: restart "
-                f"the harness or 'walchannel flush {log}'"
+                f"the harness or '{flush}'"
             )
-        return f"read the last error; restart the harness or 'walchannel flush {log}'"
+        return f"read the last error; restart the harness or '{flush}'"
     if state == "orphaned":
         run = report.run_id or "the run"
+        unknown = ""
+        if not (report.http_addr or report.last_engine_addr):
+            unknown = " (no engine address is recorded in the log: put yours in)"
         return (
-            f"restart the harness for {run} (it resumes from this log), or "
-            f"'walchannel flush {log}' if it will not come back"
+            f"restart the harness for {run} (it resumes from this log), or if it will "
+            f"not come back, with the run's token in ${FLUSH_TOKEN_ENV}: '{flush}'{unknown}"
         )
     if state == "stuck":
         if report.last_error:
@@ -506,6 +541,7 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         oldest_unacked_age_s=oldest_age,
         last_ack_at=meta.last_ack_at,
         last_engine_addr=meta.last_engine_addr,
+        http_addr=meta.http_addr,
         last_error=meta.last_error,
         last_error_at=meta.last_error_at,
         locked_by=owner,

@@ -109,6 +109,7 @@ WRITABLE_META: Final = frozenset(
         "harness_version",
         "token_sha256",
         "last_engine_addr",
+        "http_addr",
         "last_ack_at",
         "last_error",
         "last_error_at",
@@ -1027,9 +1028,10 @@ class RunLog:
 
         Only the caller-owned fields may be set: the handshake fields,
         ``correlation_id``, ``token_sha256``, ``last_engine_addr``,
-        ``last_ack_at``, ``last_error``, ``last_error_at``, ``reconnects``
-        and ``failed_at``. The cursor, high-water, progress and completion
-        belong to the log's own operations.
+        ``http_addr``, ``last_ack_at``, ``last_error``, ``last_error_at``,
+        ``reconnects``, ``failed_at`` and ``failed_reason``. The cursor,
+        high-water, progress and completion belong to the log's own
+        operations.
 
         Raises:
             ValueError: an unknown or log-owned field name.

@@ -165,7 +165,10 @@ class RunMeta:
     age holds across a wall-clock step; None in a log written before them.
     ``file_id`` is random, written when the file is made (created or
     restored) and never changed after: a ``-wal`` whose frames say another
-    id belongs to another file (:func:`read_file_id`).
+    id belongs to another file (:func:`read_file_id`). ``http_addr`` is the
+    discovery base URL the harness's last ``handshake()`` was configured
+    with (None without discovery, or in an older log): ``inspect``'s
+    ``flush`` step names it, as the last engine may be dead.
     """
 
     schema_version: int
@@ -194,6 +197,7 @@ class RunMeta:
     boot_id: str | None = None
     last_ack_boot: float | None = None
     file_id: str | None = None
+    http_addr: str | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
@@ -206,6 +210,7 @@ OPTIONAL_META_TYPES: Final = {
     "boot_id": "TEXT",
     "last_ack_boot": "REAL",
     "file_id": "TEXT",
+    "http_addr": "TEXT",
 }
 OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
 #: Row columns added the same way (NULL in the rows of an older writer).
@@ -432,6 +437,7 @@ _META_TEXTS_OR_NONE: Final = (
     "last_engine_addr",
     "last_error",
     "failed_reason",
+    "http_addr",
 )
 
 
@@ -461,7 +467,7 @@ def _check_meta_values(values: dict[str, Any]) -> None:
         if type(value) not in (int, float) or not math.isfinite(value):
             raise bad(name, "unix seconds")
     for name in (*_META_TEXTS, *_META_TEXTS_OR_NONE):
-        value = values.get(name)  # failed_reason: absent from older logs
+        value = values.get(name)  # failed_reason, http_addr: absent from older logs
         if type(value) is not str and (value is not None or name in _META_TEXTS):
             raise bad(name, "text")
     progress = values["progress"]

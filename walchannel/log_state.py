@@ -46,10 +46,16 @@ FAILED_ENGINE_BEHIND: Final = (
     "already deleted, which cannot be re-sent"
 )
 #: ``failed_reason``: the engine says "run completed" while this log holds
-#: unacked rows and no ``Done`` (docs/design.md).
+#: unacked rows and no ``Done`` (docs/design.md). The engine applied a
+#: ``Done`` and, taking seqs in order, every seq before it: these rows are
+#: most likely among them (an older copy of the log), so the text never
+#: suggests re-sending them. Logs written before it hold an older text that
+#: also begins "run completed with ".
 FAILED_UNDELIVERABLE: Final = (
-    "run completed with undeliverable rows: the engine says the run is completed while "
-    "this log still holds unacked rows (walchannel export saves them)"
+    "run completed with rows unacked here: the engine says the run is completed (it "
+    "applied a Done, and every seq before it) while this log still holds unacked rows; "
+    "they may already be applied (this log may be an older copy: restored, copied or "
+    "rolled back), and re-sending them could apply them twice"
 )
 #: ``failed_reason``: the log file turned out damaged where the channel read it.
 FAILED_CORRUPT: Final = (

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# A child of another uid cannot import from a 0700 home where Python may
+# live; codecs are looked up lazily (walchannel.clock reads the boot id as
+# ascii), so load the ones the children use here.
+import encodings.ascii  # noqa: F401
 import os
 import pickle
 from collections.abc import Callable

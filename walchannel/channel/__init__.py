@@ -41,7 +41,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from walchannel import _killpoints, messages, metrics, wire
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
@@ -159,6 +159,12 @@ class GrpcEngineChannel:
         clock: the clocks read (default: the system's,
             :data:`~walchannel.clock.SYSTEM_CLOCK`); the simulator passes
             its virtual ones. Timers follow the event loop's own time.
+        token_hash_when: when the log's stored sha256 of the run token
+            (SPEC "The log"; what ``flush`` checks a token against) is set to
+            this config's token: ``"open"`` (default) in the constructor;
+            ``"accepted"`` only once an engine has answered a handshake
+            sent with it (``walchannel flush --replace-token``), so a token
+            no engine accepts leaves the stored hash as it was.
 
     Raises:
         RunCompletedError: the log is a tombstone: the run already finished.
@@ -179,9 +185,14 @@ class GrpcEngineChannel:
         log: RunLog | None = None,
         transport: Transport | None = None,
         clock: Clock | None = None,
+        token_hash_when: Literal["open", "accepted"] = "open",  # noqa: S107 - not a secret
     ) -> None:
         if not isinstance(config, GrpcChannelConfig):
             raise TypeError("config must be a GrpcChannelConfig")
+        if token_hash_when not in ("open", "accepted"):
+            raise ValueError(
+                f"token_hash_when must be 'open' or 'accepted', got {token_hash_when!r}"
+            )
         self._config = config
         self._run_id = config.run_id
         self._rng = rng if rng is not None else random.SystemRandom()
@@ -206,8 +217,13 @@ class GrpcEngineChannel:
                 )
             token_hash = hashlib.sha256(config.run_token.encode("utf-8")).hexdigest()
             meta = log.meta()
+            # Stored on the first answered handshake instead ("accepted").
+            self._pending_token_hash: str | None = None
             if meta.token_sha256 != token_hash:
-                log.update_meta(token_sha256=token_hash)
+                if token_hash_when == "open":  # noqa: S105 - a policy, not a secret
+                    log.update_meta(token_sha256=token_hash)
+                else:
+                    self._pending_token_hash = token_hash
             self._handshake_fields: tuple[str, str, str] | None = None
             if meta.harness_name is not None:
                 self._handshake_fields = (
@@ -904,10 +920,12 @@ class GrpcEngineChannel:
     ) -> None:
         """Store the handshake, start the connection loop, and wait for the engine's answer.
 
-        Every dial sends ``authorization: Bearer <run_token>`` metadata and
-        this handshake (seq 0); with ``engine_acks_handshake`` the engine's
-        ``Ack(h)`` answer is awaited before any row is written. Sends made
-        before this are delivered once connected.
+        The fields are stored in the log's meta (for a resume and ``flush``),
+        with ``http_addr`` when the config has one (for ``inspect``'s flush
+        step). Every dial sends ``authorization: Bearer <run_token>``
+        metadata and this handshake (seq 0); with ``engine_acks_handshake``
+        the engine's ``Ack(h)`` answer is awaited before any row is written.
+        Sends made before this are delivered once connected.
 
         Args:
             connector_version, harness_name, harness_version: the handshake fields.
@@ -934,10 +952,14 @@ class GrpcEngineChannel:
             check_text(value, f"handshake.{name}")
         self._admit(Call.HANDSHAKE)
         self._handshake_fields = (connector_version, harness_name, harness_version)
+        # The discovery URL too: the step inspect prints for an orphaned run
+        # names it, since the last engine streamed to may be dead by then.
+        discovery = {} if self._config.http_addr is None else {"http_addr": self._config.http_addr}
         self._log.update_meta(
             connector_version=connector_version,
             harness_name=harness_name,
             harness_version=harness_version,
+            **discovery,
         )
         self._start()
         driver = self._driver
@@ -1153,10 +1175,27 @@ class GrpcEngineChannel:
         self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())
         self._state_changed()
         logger.info("run %s: streaming to %s", self._run_id, stream.addr)
+        stored: dict[str, Any] = {
+            "last_engine_addr": stream.addr,
+            "reconnects": self._driver.reconnects,
+        }
+        if self._pending_token_hash is not None:
+            # The engine answered a handshake sent with this token: it accepts it.
+            stored["token_sha256"] = self._pending_token_hash
         try:
-            self._log.update_meta(last_engine_addr=stream.addr, reconnects=self._driver.reconnects)
+            self._log.update_meta(**stored)
         except WalchannelError as exc:
             logger.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
+        else:
+            if self._pending_token_hash is not None:
+                self._pending_token_hash = None
+                logger.warning(
+                    "run %s: the engine at %s accepted the replacement run token; its "
+                    "sha256 is now the one stored in %s",
+                    self._run_id,
+                    stream.addr,
+                    self._log.path,
+                )
         stream.start()
 
     def _take_answer(self, engine_high: int | None) -> int | None:
