@@ -1987,7 +1987,9 @@ class World:
             else:
                 ch.send_findings([self.finding(i) for i in items], progress={"n": items[-1] + 1})
         except PayloadError as exc:
-            if exc.path != "finding" or not self.big.intersection(items):
+            # send_finding names "finding"; a batch names "findings[i]" (PayloadError.index).
+            refused_path = exc.path == "finding" or exc.path.startswith("findings[")
+            if not refused_path or not self.big.intersection(items):
                 raise
             self.refused_at_send.update(self.big.intersection(items))
             kept = [i for i in items if i not in self.big]

@@ -56,6 +56,10 @@ _PROTOCOL = (
     "that answers above the high-water"
 )
 _BUG = "only a bug in walchannel reaches it (the planted bugs of tests/plants.py do)"
+_REPLACED_TOKEN = (
+    "token_hash_when='accepted' is walchannel flush --replace-token's seam; the simulated "
+    "harness never replaces its token; tests/test_cli.py flushes with a replaced token"
+)
 _CLIENT_LIMIT = (
     "a down message over max_receive_message_bytes is refused by grpcio's own client, which "
     "the simulated transport does not model; tests/test_receive_limit.py drives real engines"
@@ -155,6 +159,16 @@ ALLOWED: dict[str, str] = {
     "self._on_down_too_large(stream, plan.too_large, code, details, text)": _CLIENT_LIMIT,
     "walchannel/channel/__init__.py::GrpcEngineChannel._record_end::return": _CLIENT_LIMIT,
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_down_too_large": _CLIENT_LIMIT,
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::raise ValueError(": (
+        _REPLACED_TOKEN
+    ),
+    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "self._pending_token_hash = token_hash": _REPLACED_TOKEN,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._open::"
+    'stored["token_sha256"] = self._pending_token_hash': _REPLACED_TOKEN,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._open::"
+    "self._pending_token_hash = None": _REPLACED_TOKEN,
+    "walchannel/channel/__init__.py::GrpcEngineChannel._open::logger.warning(": _REPLACED_TOKEN,
     "walchannel/channel/__init__.py::GrpcEngineChannel._asked_again::except WalchannelError:": (
         _READ_FAILS
     ),
