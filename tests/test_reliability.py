@@ -150,6 +150,37 @@ async def test_fault_proxy_modes_on_an_echo_server() -> None:
         FaultProxy("10.1.2.3:80")
 
 
+@pytest.mark.asyncio
+async def test_fault_proxy_rate_makes_a_slow_link_and_the_sender_wait() -> None:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    target = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    proxy = FaultProxy(target, rate_bytes_per_s=128 * 1024, socket_buffer_bytes=64 * 1024)
+    await proxy.start()
+    host, port = proxy.addr.split(":")
+    try:
+        r, w = await asyncio.open_connection(host, int(port))
+        data = secrets.token_bytes(384 * 1024)
+        t0 = time.monotonic()
+        assert await _round_trip(r, w, data, 30) == data
+        took = time.monotonic() - t0
+        # 384 KiB at 128 KiB/s each way (pipelined): 3 s, never less.
+        assert 2.8 <= took < 20, took
+        assert proxy.stats().rate_bytes_per_s == 128 * 1024
+        # Back to no limit on the same flow: fast again.
+        proxy.rate_bytes_per_s = None
+        t0 = time.monotonic()
+        assert await _round_trip(r, w, data, 30) == data
+        assert time.monotonic() - t0 < 2.8
+        w.close()
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+    for bad in ({"rate_bytes_per_s": 0}, {"socket_buffer_bytes": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            FaultProxy(target, **bad)  # type: ignore[arg-type]
+
+
 def test_fault_proxy_process_form() -> None:
     proc = subprocess.Popen(
         [PYTHON, "-m", "walchannel.testing.proxy", "--target", dead_addr()],
@@ -167,6 +198,8 @@ def test_fault_proxy_process_form() -> None:
             ("freeze", lambda s: s["mode"] == "freeze"),
             ("latency 25", lambda s: s["latency_ms"] == 25),
             ("idle_timeout 2.5", lambda s: s["idle_timeout_s"] == 2.5),
+            ("rate 36864", lambda s: s["rate_bytes_per_s"] == 36864),
+            ("rate 0", lambda s: s["rate_bytes_per_s"] is None),
             ("bogus", lambda s: "error" in s),
             ("quit", lambda s: s["mode"] == "freeze"),
         ):
