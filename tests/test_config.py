@@ -36,6 +36,7 @@ def test_defaults_are_the_spec_table() -> None:
     assert (c.done_ack_timeout_ms, c.close_timeout_ms) == (5_000, 2_000)
     assert c.backoff == Backoff(initial_ms=500, multiplier=2, max_ms=15_000, jitter_ms=250)
     assert c.max_message_bytes == c.max_receive_message_bytes == 4 * 1024 * 1024
+    assert c.min_send_rate_bytes_per_s == 16 * 1024
     assert c.max_unacked_bytes is None and c.dead_stream_ms is None
     assert c.durability == "process" and c.hard_deadline is None
     assert c.proxy_from_env is True
@@ -85,6 +86,11 @@ def test_token_never_in_repr_or_str() -> None:
         ("max_receive_message_bytes", 4.5e6),
         ("max_receive_message_bytes", "8MiB"),
         ("max_receive_message_bytes", None),
+        ("min_send_rate_bytes_per_s", 0),
+        ("min_send_rate_bytes_per_s", -16_384),
+        ("min_send_rate_bytes_per_s", 1.5e4),
+        ("min_send_rate_bytes_per_s", True),
+        ("min_send_rate_bytes_per_s", None),
         ("tls_server_name", ""),
         ("allowed_hosts", "engine"),
         ("allowed_hosts", ["ok", ""]),

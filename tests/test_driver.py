@@ -34,6 +34,7 @@ from walchannel.driver import (
     StateError,
     Verdict,
     describe_end,
+    stall_bound_ms,
     stream_verdict,
     unproven_refusal,
     watchdog_period_ms,
@@ -599,6 +600,8 @@ def verdict(now: float, **kw: object) -> Any:
         "next_beat_ms": 1e18,
         "dead_stream_ms": 3_000.0,
         "keepalive_ms": 1_000.0,
+        "pending_bytes": 0,
+        "min_send_rate": 16_384.0,
     }
     args.update(kw)
     return stream_verdict(now, **args)  # type: ignore[arg-type]
@@ -628,6 +631,66 @@ def test_a_write_blocked_past_keepalive_plus_ten_seconds_with_no_down_message_is
     assert verdict(stall, write_since_ms=0.0, last_down_ms=stall - 100, **args) is None
     # Not in a write: never stalled.
     assert verdict(10 * stall, **args) is None
+
+
+MIB = 1024 * 1024
+
+
+def test_the_stall_bound_grows_with_the_bytes_the_engine_must_receive_first() -> None:
+    # grpc.aio cannot report progress inside a write: a large row on a slow
+    # link is blocked and silent as long as it takes to cross. The bound is
+    # keepalive + 10 s + pending_bytes / min_send_rate.
+    args: dict[str, object] = {"dead_stream_ms": None, "write_since_ms": 0.0}
+    old = 1_000.0 + KEEPALIVE_TIMEOUT_MS
+    # A small row: keepalive + 10 s, as before (60 bytes at 16 KiB/s: 3.7 ms more).
+    small = old + 60 * 1000 / 16_384
+    assert stall_bound_ms(1_000.0, 60, 16_384.0) == small
+    assert verdict(small - 1, pending_bytes=60, **args) is None
+    assert verdict(small, pending_bytes=60, **args)[0] is Verdict.STALLED
+    # The largest message at the default rate: 4 MiB at 16 KiB/s is 256 s more.
+    big = old + 256_000.0
+    assert stall_bound_ms(1_000.0, 4 * MIB, 16_384.0) == big
+    assert verdict(old, pending_bytes=4 * MIB, **args) is None
+    assert verdict(big - 1, pending_bytes=4 * MIB, **args) is None
+    found = verdict(big, pending_bytes=4 * MIB, **args)
+    assert found[0] is Verdict.STALLED and found[4] == big
+    # The bound is the operator's minimum rate: 1 MiB/s makes it 4 s more.
+    fast: dict[str, object] = {**args, "min_send_rate": float(MIB)}
+    assert verdict(old + 4_000 - 1, pending_bytes=4 * MIB, **fast) is None
+    assert verdict(old + 4_000, pending_bytes=4 * MIB, **fast)[0] is Verdict.STALLED
+    # A down message meanwhile still means alive, whatever the size.
+    assert verdict(big, pending_bytes=4 * MIB, last_down_ms=big - 100, **args) is None
+
+
+def test_the_dead_stream_bound_grows_with_the_bytes_ahead_of_the_heartbeats() -> None:
+    # Heartbeats that went out behind 400 KiB cannot be answered before those
+    # bytes cross: dead_stream_ms 3 s + 400 KiB at 16 KiB/s (25 s).
+    ahead = 400 * 1024
+    assert verdict(3_000.0, heartbeats_since_down=2, pending_bytes=ahead) is None
+    assert verdict(27_999.0, heartbeats_since_down=2, pending_bytes=ahead) is None
+    dead = verdict(28_000.0, heartbeats_since_down=2, pending_bytes=ahead)
+    assert dead[0] is Verdict.DEAD and dead[4] == 28_000.0
+    # Behind a blocked write too.
+    assert verdict(27_999.0, write_since_ms=0.0, next_beat_ms=1_000.0, pending_bytes=ahead) is None
+    assert verdict(28_000.0, write_since_ms=0.0, next_beat_ms=1_000.0, pending_bytes=ahead)[3]
+    # Nothing ahead: dead_stream_ms alone, as before.
+    assert verdict(3_000.0, heartbeats_since_down=2)[0] is Verdict.DEAD
+
+
+def test_the_driver_takes_the_minimum_rate_from_the_config() -> None:
+    d = driver(keepalive_ms=1_000, min_send_rate_bytes_per_s=1024)
+    look: dict[str, Any] = {
+        "last_down_ms": 0.0,
+        "heartbeats_since_down": 0,
+        "write_since_ms": 0.0,
+        "next_beat_ms": 1e18,
+        "pending_bytes": 2048,  # 2 s at 1 KiB/s
+    }
+    assert d.stream_verdict(12_999.0, **look) is None
+    assert d.stream_verdict(13_000.0, **look)[0] is Verdict.STALLED
+    # The default rate, 16 KiB/s: 2 KiB is 125 ms more.
+    assert driver(keepalive_ms=1_000).stream_verdict(11_124.0, **look) is None
+    assert driver(keepalive_ms=1_000).stream_verdict(11_125.0, **look)[0] is Verdict.STALLED
 
 
 # -- giving disk back -----------------------------------------------------------------------------

@@ -150,6 +150,37 @@ async def test_fault_proxy_modes_on_an_echo_server() -> None:
         FaultProxy("10.1.2.3:80")
 
 
+@pytest.mark.asyncio
+async def test_fault_proxy_rate_makes_a_slow_link_and_the_sender_wait() -> None:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    target = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    proxy = FaultProxy(target, rate_bytes_per_s=128 * 1024, socket_buffer_bytes=64 * 1024)
+    await proxy.start()
+    host, port = proxy.addr.split(":")
+    try:
+        r, w = await asyncio.open_connection(host, int(port))
+        data = secrets.token_bytes(384 * 1024)
+        t0 = time.monotonic()
+        assert await _round_trip(r, w, data, 30) == data
+        took = time.monotonic() - t0
+        # 384 KiB at 128 KiB/s each way (pipelined): 3 s, never less.
+        assert 2.8 <= took < 20, took
+        assert proxy.stats().rate_bytes_per_s == 128 * 1024
+        # Back to no limit on the same flow: fast again.
+        proxy.rate_bytes_per_s = None
+        t0 = time.monotonic()
+        assert await _round_trip(r, w, data, 30) == data
+        assert time.monotonic() - t0 < 2.8
+        w.close()
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+    for bad in ({"rate_bytes_per_s": 0}, {"socket_buffer_bytes": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            FaultProxy(target, **bad)  # type: ignore[arg-type]
+
+
 def test_fault_proxy_process_form() -> None:
     proc = subprocess.Popen(
         [PYTHON, "-m", "walchannel.testing.proxy", "--target", dead_addr()],
@@ -167,6 +198,8 @@ def test_fault_proxy_process_form() -> None:
             ("freeze", lambda s: s["mode"] == "freeze"),
             ("latency 25", lambda s: s["latency_ms"] == 25),
             ("idle_timeout 2.5", lambda s: s["idle_timeout_s"] == 2.5),
+            ("rate 36864", lambda s: s["rate_bytes_per_s"] == 36864),
+            ("rate 0", lambda s: s["rate_bytes_per_s"] is None),
             ("bogus", lambda s: "error" in s),
             ("quit", lambda s: s["mode"] == "freeze"),
         ):
@@ -201,6 +234,8 @@ async def test_frozen_link_under_a_blocked_writer_is_left_by_the_dead_stream_rul
         http_addr=None,
         keepalive_ms=1000,
         dead_stream_ms=3000,
+        # A fast link: the 60 KB row in flight adds 60 ms, not 3.7 s at 16 KiB/s.
+        min_send_rate_bytes_per_s=1024 * 1024,
     )
     caplog.set_level(logging.WARNING, logger="walchannel.channel")
     pad = "x" * 60_000
@@ -226,6 +261,137 @@ async def test_frozen_link_under_a_blocked_writer_is_left_by_the_dead_stream_rul
         audit(local_engine, run_id, 250)
     finally:
         await proxy.stop()
+
+
+# -- large rows on a slow link: slow is not dead -------------------------------------------
+#
+# The link moves 36 KiB/s (FaultProxy's rate, 64 KiB socket buffers), so the
+# 512 KiB row needs ~14 s to cross: longer than keepalive 1 s + 10 s and than
+# dead_stream_ms 3 s. grpc.aio cannot tell progress inside a write, and
+# nothing comes down until the row has crossed, so the watchdog saw death:
+# - "stalled": an engine with a fixed HTTP/2 window (bdp_probe=False). gRPC
+#   takes the big row at once; the write of the 128 KiB row after it waits
+#   until the big row has crossed: blocked and silent ~14 s > 11 s.
+# - "dead": gRPC's default window takes both rows and the heartbeats behind
+#   them at once; no heartbeat can be answered before the rows cross:
+#   silent ~14 s > 3 s.
+# The stream ended, the big row restarted from byte 0 on the next stream,
+# and nothing behind it was ever delivered (grpc/grpc#22963, #15871).
+# Both rules now also wait the time the bytes the engine must receive
+# first need at min_send_rate_bytes_per_s (16 KiB/s by default): 512 KiB
+# -> 32 s more, so the 14 s crossing is not death.
+
+SLOW_LINK_BYTES_PER_S = 36 * 1024
+BIG_ROW = 512 * 1024  # the pad of the big row; the next one is a quarter of it
+
+
+def _slow_link_engine(rule: str) -> LocalEngine:
+    return LocalEngine(bdp_probe=rule != "stalled")
+
+
+def _slow_link_config(
+    engine: LocalEngine, tmp_path: Path, run_id: str, token: str, addr: str, rule: str, **kw: object
+) -> GrpcChannelConfig:
+    return local_channel_config(
+        engine,
+        tmp_path / "wal",
+        run_id,
+        token,
+        grpc_addr=addr,
+        http_addr=None,
+        keepalive_ms=1000,
+        dead_stream_ms=3000 if rule == "dead" else None,
+        **kw,
+    )
+
+
+def _send_big_then_small(ch: GrpcEngineChannel, first: int) -> int:
+    """Send the big row, a quarter-size one and three small ones; return the next n."""
+    ch.send_finding({"n": first, "pad": "x" * BIG_ROW})
+    ch.send_finding({"n": first + 1, "pad": "y" * (BIG_ROW // 4)})
+    for n in range(first + 2, first + 5):
+        ch.send_finding({"n": n})
+    return first + 5
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("rule", ["stalled", "dead"])
+async def test_a_large_row_on_a_slow_link_gets_through_on_the_first_stream(
+    rule: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="walchannel.channel")
+    async with _slow_link_engine(rule) as engine:
+        run_id, token = new_run(engine)
+        proxy = FaultProxy(
+            engine.grpc_addr,
+            rate_bytes_per_s=SLOW_LINK_BYTES_PER_S,
+            socket_buffer_bytes=64 * 1024,
+        )
+        await proxy.start()
+        try:
+            config = _slow_link_config(engine, tmp_path, run_id, token, proxy.addr, rule)
+            async with GrpcEngineChannel(config) as ch:
+                await ch.handshake("1", "h", "1")
+                t0 = time.monotonic()
+                n = _send_big_then_small(ch, 0)
+                assert await ch.wait_acked(timeout_ms=45_000), ch.stats()
+                took = time.monotonic() - t0
+                stats = ch.stats()
+            # The link was as slow as meant: the old bounds would have fired.
+            assert took > 12, f"the rows crossed in {took:.1f} s: the link is not slow enough"
+            assert stats.reconnects == 0, (stats.last_error, caplog.text)
+            assert "the stream is dead" not in caplog.text
+            audit(engine, run_id, n)
+            assert engine.duplicates(run_id) == 0  # nothing restarted, nothing sent twice
+        finally:
+            await proxy.stop()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("rule", ["stalled", "dead"])
+async def test_a_dead_link_under_a_large_row_is_still_left_within_the_stated_bound(
+    rule: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same rows, the link frozen (nothing moves either way). The rule
+    # fires once its bound is over, not before: stalled, keepalive 1 s + 10 s
+    # + 512 KiB at 128 KiB/s = 15 s of a blocked write and of silence; dead,
+    # dead_stream_ms 3 s + 4 s = 7 s of silence. Before, 11 s and 3 s.
+    rate = 128 * 1024
+    bound = {"stalled": 11.0, "dead": 3.0}[rule] + BIG_ROW / rate  # the row is a little more
+    caplog.set_level(logging.WARNING, logger="walchannel.channel")
+    async with _slow_link_engine(rule) as engine:
+        run_id, token = new_run(engine)
+        proxy = FaultProxy(engine.grpc_addr, socket_buffer_bytes=64 * 1024)
+        await proxy.start()
+        try:
+            config = _slow_link_config(
+                engine, tmp_path, run_id, token, proxy.addr, rule, min_send_rate_bytes_per_s=rate
+            )
+            async with GrpcEngineChannel(config) as ch:
+                await ch.handshake("1", "h", "1")
+                # The last down message comes after t0 (this row's ack, or a
+                # heartbeat's answer before the freeze), the blocked write too.
+                t0 = time.monotonic()
+                ch.send_finding({"n": 0})
+                assert await ch.wait_acked(timeout_ms=10_000)
+                proxy.set_mode("freeze")
+                n = _send_big_then_small(ch, 1)
+                await eventually(
+                    lambda: ch.stats().reconnects >= 1 or ch.state is not ChannelState.STREAMING,
+                    timeout=bound + 20,
+                    what=f"the {rule} rule",
+                )
+                took = time.monotonic() - t0
+                assert took >= bound - 0.1, f"{rule}: left after {took:.1f} s, bound {bound:.1f} s"
+                assert took < bound + 10, f"{rule}: left after {took:.1f} s, bound {bound:.1f} s"
+                word = {"stalled": "stalled stream", "dead": "dead stream"}[rule]
+                assert word in (ch.stats().last_error or ""), ch.stats().last_error
+                assert "the stream is dead" in caplog.text
+                proxy.set_mode("pass")
+                assert await ch.wait_acked(timeout_ms=30_000)
+            audit(engine, run_id, n)
+        finally:
+            await proxy.stop()
 
 
 # -- GOAWAY too_many_pings -----------------------------------------------------------------

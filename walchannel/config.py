@@ -44,6 +44,8 @@ logger = get_logger(__name__)
 
 #: gRPC's default receive limit: larger messages can never be delivered.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: The slowest link a live stream is assumed to move at (bytes/s): 128 kbit/s.
+DEFAULT_MIN_SEND_RATE_BYTES_PER_S = 16 * 1024
 #: Below this keepalive many engines (gRPC servers) answer with GOAWAY too_many_pings.
 KEEPALIVE_WARN_BELOW_MS = 10_000
 
@@ -212,6 +214,14 @@ class GrpcChannelConfig:
             accepts (bytes; gRPC's ``grpc.max_receive_message_length``). A
             larger one ends the stream; the channel names this field in
             ``last_error`` and keeps retrying (SPEC "Down messages").
+        min_send_rate_bytes_per_s: the slowest rate a live link moves
+            (bytes/s, > 0). The watchdog's bounds (``dead_stream_ms``, the
+            stalled-write rule) also wait the time the bytes ahead of the
+            engine's next answer need at this rate, so a large message on
+            a slow link is not taken for a dead peer; the price: a dead
+            peer behind a ``max_message_bytes`` message is found
+            ``max_message_bytes / rate`` later (4 MiB at 16 KiB/s: 256 s).
+            SPEC "Reconnect".
         credentials: ``grpc.ChannelCredentials`` (None: plaintext).
         tls_server_name: the name to check the engine's certificate against
             when the address is an IP (``grpc.ssl_target_name_override``).
@@ -256,6 +266,7 @@ class GrpcChannelConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_unacked_bytes: int | None = None
     max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    min_send_rate_bytes_per_s: int = DEFAULT_MIN_SEND_RATE_BYTES_PER_S
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False, compare=False)
     tls_server_name: str | None = None
     allowed_hosts: Sequence[AllowedHost] | None = None
@@ -312,6 +323,11 @@ class GrpcChannelConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be an int > 0 (bytes), got {value!r}")
+        rate = self.min_send_rate_bytes_per_s
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
+            raise ValueError(
+                f"min_send_rate_bytes_per_s must be an int > 0 (bytes/s), got {rate!r}"
+            )
         if self.tls_server_name is not None and (
             not isinstance(self.tls_server_name, str) or not self.tls_server_name
         ):

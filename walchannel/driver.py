@@ -80,6 +80,7 @@ __all__ = [
     "pick_refused_row",
     "refusal_sets_aside",
     "status_lost",
+    "stall_bound_ms",
     "stream_verdict",
     "unproven_refusal",
     "watchdog_period_ms",
@@ -92,7 +93,8 @@ ACK_STORE_AFTER_MS: Final = 100.0
 #: A stream up this long resets the backoff attempt counter (ms).
 STABLE_STREAM_MS: Final = 30_000.0
 #: gRPC keepalive ping timeout (ms), as in the design note; also the slack
-#: a blocked write gets beyond ``keepalive_ms`` before it counts as stalled.
+#: a blocked write gets beyond ``keepalive_ms`` (and the pending bytes' time
+#: at ``min_send_rate_bytes_per_s``) before it counts as stalled.
 KEEPALIVE_TIMEOUT_MS: Final = 10_000
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS: Final = 300_000
@@ -189,6 +191,7 @@ class Completion(enum.Enum):
 class Verdict(enum.Enum):
     """Why the watchdog ends a live stream."""
 
+    # Each bound also waits the time the pending bytes need at the minimum rate.
     DEAD = "dead"  # dead_stream_ms of silence while heartbeats went out
     STALLED = "stalled"  # a write blocked past keepalive + 10 s, silent as long
 
@@ -247,7 +250,8 @@ class Driver:
 
     Args:
         config: the run's configuration (read: run id, backoff, keepalive,
-            ``dead_stream_ms``, ``hard_deadline``, ``engine_acks_handshake``).
+            ``dead_stream_ms``, ``min_send_rate_bytes_per_s``,
+            ``hard_deadline``, ``engine_acks_handshake``).
         log: where the log's facts are read (the open ``RunLog``).
         failed_mark: the log holds ``failed_at`` from an earlier run (a
             healthy handshake answer clears it).
@@ -288,6 +292,7 @@ class Driver:
         self.run_id = config.run_id
         self._backoff = config.backoff
         self._dead_stream_ms = config.dead_stream_ms
+        self._min_send_rate = float(config.min_send_rate_bytes_per_s)
         self._acks_handshake = config.engine_acks_handshake
         deadline = config.hard_deadline
         self._deadline_s = None if deadline is None else deadline.timestamp()
@@ -746,16 +751,19 @@ class Driver:
         heartbeats_since_down: int,
         write_since_ms: float | None,
         next_beat_ms: float,
-    ) -> tuple[Verdict, float, float, bool] | None:
-        """:func:`stream_verdict` with this channel's ``dead_stream_ms`` and keepalive."""
+        pending_bytes: int,
+    ) -> tuple[Verdict, float, float, bool, float] | None:
+        """:func:`stream_verdict` with this channel's bounds, keepalive and minimum rate."""
         return stream_verdict(
             now_ms,
             last_down_ms=last_down_ms,
             heartbeats_since_down=heartbeats_since_down,
             write_since_ms=write_since_ms,
             next_beat_ms=next_beat_ms,
+            pending_bytes=pending_bytes,
             dead_stream_ms=self._dead_stream_ms,
             keepalive_ms=self.keepalive_ms,
+            min_send_rate=self._min_send_rate,
         )
 
     # -- a row the engine refused for its size ---------------------------------------------
@@ -883,6 +891,29 @@ def watchdog_period_ms(dead_stream_ms: float | None, keepalive_ms: float) -> flo
     return max(50.0, min(dead_stream_ms or stall_ms, keepalive_ms) / 4)
 
 
+def stall_bound_ms(keepalive_ms: float, pending_bytes: int, min_send_rate: float) -> float:
+    """How long a write may be blocked, and the stream silent, before it is stalled (ms).
+
+    ``keepalive_ms + 10 s + pending_bytes / min_send_rate``: gRPC's
+    keepalive and ping timeout, plus the time the bytes the engine must
+    receive before it can answer need at the slowest rate the operator
+    states (``min_send_rate_bytes_per_s``). grpc.aio reports no progress
+    inside a write, so a large row on a slow link looks blocked and silent
+    for as long as it takes to cross (grpc/grpc#22963, #15871). SPEC
+    "Reconnect".
+
+    Args:
+        keepalive_ms: the current keepalive (ms).
+        pending_bytes: the bytes ahead of the engine's next answer (see
+            :func:`stream_verdict`).
+        min_send_rate: the slowest rate a live link moves (bytes/s, > 0).
+
+    Returns:
+        The bound (ms).
+    """
+    return keepalive_ms + KEEPALIVE_TIMEOUT_MS + pending_bytes * 1000.0 / min_send_rate
+
+
 def stream_verdict(
     now_ms: float,
     *,
@@ -890,19 +921,26 @@ def stream_verdict(
     heartbeats_since_down: int,
     write_since_ms: float | None,
     next_beat_ms: float,
+    pending_bytes: int,
     dead_stream_ms: float | None,
     keepalive_ms: float,
-) -> tuple[Verdict, float, float, bool] | None:
+    min_send_rate: float,
+) -> tuple[Verdict, float, float, bool, float] | None:
     """Decide whether a live stream is dead; None while it looks alive.
 
+    Both rules wait, beyond their own bound, the time ``pending_bytes``
+    need at ``min_send_rate``: the engine cannot answer before those bytes
+    have crossed, and a slow link is not a dead one (SPEC "Reconnect").
+
     ``dead_stream_ms`` (SPEC "Reconnect"): no down message for that long
-    while heartbeats go out. A heartbeat that falls due while the writer is
-    blocked in a write (flow control: a frozen engine, or a proxy that
-    stopped reading) counts as going out: it is only stuck behind that write.
+    (plus the pending bytes' time) while heartbeats go out. A heartbeat that
+    falls due while the writer is blocked in a write (flow control: a
+    frozen engine, or a proxy that stopped reading) counts as going out: it
+    is only stuck behind that write.
 
     Stalled write (always on, docs/design.md): a write blocked for
-    ``keepalive_ms + 10 s`` with no down message for as long. gRPC
-    keepalive cannot catch it: its ping queues behind the blocked bytes.
+    :func:`stall_bound_ms` with no down message for as long. gRPC keepalive
+    cannot catch it: its ping queues behind the blocked bytes.
 
     Args:
         now_ms: the time (ms).
@@ -912,25 +950,30 @@ def stream_verdict(
         write_since_ms: when the write in progress started, None when the
             writer is not in a write.
         next_beat_ms: when the next heartbeat is due (ms).
+        pending_bytes: the bytes the engine must receive before it can
+            answer: the larger of the oldest row written on this stream that
+            no ack covers and the write in progress (bytes; 0: none).
         dead_stream_ms: the config's bound (None: off).
         keepalive_ms: the current keepalive (ms).
+        min_send_rate: ``min_send_rate_bytes_per_s`` (bytes/s, > 0).
 
     Returns:
         None, or ``(verdict, silent ms, blocked ms, a heartbeat is overdue
-        behind a blocked write)``.
+        behind a blocked write, the bound that was passed in ms)``.
     """
     silent = now_ms - last_down_ms
     blocked = 0.0 if write_since_ms is None else now_ms - write_since_ms
     beat_overdue = write_since_ms is not None and now_ms >= next_beat_ms
+    crossing = pending_bytes * 1000.0 / min_send_rate
     if (
         dead_stream_ms is not None
-        and silent >= dead_stream_ms
+        and silent >= dead_stream_ms + crossing
         and (heartbeats_since_down > 0 or beat_overdue)
     ):
-        return Verdict.DEAD, silent, blocked, beat_overdue
-    stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
+        return Verdict.DEAD, silent, blocked, beat_overdue, dead_stream_ms + crossing
+    stall_ms = stall_bound_ms(keepalive_ms, pending_bytes, min_send_rate)
     if blocked >= stall_ms and silent >= stall_ms:
-        return Verdict.STALLED, silent, blocked, beat_overdue
+        return Verdict.STALLED, silent, blocked, beat_overdue, stall_ms
     return None
 
 

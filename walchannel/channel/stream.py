@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
@@ -66,6 +67,7 @@ class Stream:
         last_down_ms: when the last down message arrived (the dial's time before).
         heartbeats_since_down: heartbeats written since then.
         write_since_ms: when the write in progress started (None: not in a write).
+        write_bytes: the size of the last write started (bytes on the wire).
         next_beat_ms: when the next heartbeat is due.
         top_written: the highest seq whose write started on this stream (a
             refused row's write may never complete).
@@ -108,6 +110,9 @@ class Stream:
         self.last_down_ms = clock.monotonic_ms()
         self.heartbeats_since_down = 0
         self.write_since_ms: float | None = None
+        self.write_bytes = 0
+        # Rows written on this stream that no ack covered yet: (seq, bytes), in write order.
+        self._unacked: deque[tuple[int, int]] = deque()
         self.next_beat_ms = float("inf")
         self.top_written = 0
         self.status: tuple[str, str] | None = None
@@ -116,6 +121,25 @@ class Stream:
     def route(self) -> str:
         """`` via proxy host:port`` when the dial goes through a proxy, else ""."""
         return self.call.route
+
+    def pending_bytes(self) -> int:
+        """The bytes the engine must receive before it can answer (bytes on the wire).
+
+        The larger of the oldest row written on this stream that no ack
+        covers and the write in progress; 0 when there is neither. The
+        watchdog's bounds wait the time these need at
+        ``min_send_rate_bytes_per_s``: grpc.aio takes a large message at once
+        and blocks a later write, or a heartbeat's answer, until it has
+        crossed (SPEC "Reconnect").
+        """
+        unacked = self._unacked
+        acked = self._driver.acked
+        while unacked and unacked[0][0] <= acked:
+            unacked.popleft()
+        head = unacked[0][1] if unacked else 0
+        if self.write_since_ms is None:
+            return head
+        return max(head, self.write_bytes)
 
     def start(self) -> None:
         """The handshake is answered: start the writer and the watchdog."""
@@ -166,6 +190,7 @@ class Stream:
         now_ms = self._clock.monotonic_ms
         replica = self._replica
         wakeup = self._wakeup
+        unacked = self._unacked
         next_beat_ms = now_ms() + driver.keepalive_ms
         self.next_beat_ms = next_beat_ms
         loop = self._loop
@@ -197,6 +222,11 @@ class Stream:
                     if driver.is_replay(seq):
                         _killpoints.reached("in_replay")
                     self.write_since_ms = now = now_ms()
+                    self.write_bytes = size = len(data)
+                    acked = driver.acked
+                    while unacked and unacked[0][0] <= acked:
+                        unacked.popleft()  # what acks covered: the deque stays short
+                    unacked.append((seq, size))
                     if seq > self.top_written:
                         self.top_written = seq
                     await call.write(data)
@@ -207,8 +237,10 @@ class Stream:
                         continue  # the common case: no heartbeat due, no clock read
                 if now_ms() >= next_beat_ms:
                     self.heartbeats_since_down += 1
+                    beat = self._heartbeat()
                     self.write_since_ms = now_ms()
-                    await call.write(self._heartbeat())
+                    self.write_bytes = len(beat)
+                    await call.write(beat)
                     self.write_since_ms = None
                     next_beat_ms = now_ms() + driver.keepalive_ms
                     self.next_beat_ms = next_beat_ms
@@ -239,46 +271,58 @@ class Stream:
         10 s`` with no down message for as long. gRPC keepalive cannot catch
         this case: its ping queues behind the blocked bytes and its timeout
         only starts once the ping is written; a proxy answers pings itself.
+        Both bounds also wait the time :meth:`pending_bytes` need at
+        ``min_send_rate_bytes_per_s``: a slow link is not a dead one.
         The rules are :meth:`~walchannel.driver.Driver.stream_verdict`'s.
         """
         driver = self._driver
         now_ms = self._clock.monotonic_ms
         while not self.ended.is_set():
             await asyncio.sleep(driver.watchdog_period_ms() / 1000)
+            pending = self.pending_bytes()
             found = driver.stream_verdict(
                 now_ms(),
                 last_down_ms=self.last_down_ms,
                 heartbeats_since_down=self.heartbeats_since_down,
                 write_since_ms=self.write_since_ms,
                 next_beat_ms=self.next_beat_ms,
+                pending_bytes=pending,
             )
             if found is None:
                 continue
-            verdict, silent, blocked, beat_overdue = found
+            verdict, silent, blocked, beat_overdue, bound = found
             if verdict is Verdict.DEAD:
                 logger.warning(
-                    "run %s: no down message from %s for %.0f ms while heartbeats went out%s: "
-                    "the stream is dead",
+                    "run %s: no down message from %s for %.0f ms while heartbeats went out%s "
+                    "(bound %.0f ms with %d bytes to cross): the stream is dead",
                     self._run_id,
                     self.addr,
                     silent,
                     " (one is stuck behind a write blocked by flow control)"
                     if beat_overdue
                     else "",
+                    bound,
+                    pending,
                 )
-                self.finish(StreamEnded(f"dead stream: no down message for {silent:.0f} ms"))
+                self.finish(
+                    StreamEnded(
+                        f"dead stream: no down message for {silent:.0f} ms (bound {bound:.0f} ms)"
+                    )
+                )
                 return
             logger.warning(
-                "run %s: a write to %s has been blocked for %.0f ms with no down message: "
-                "the stream is dead",
+                "run %s: a write to %s has been blocked for %.0f ms with no down message "
+                "(bound %.0f ms with %d bytes to cross): the stream is dead",
                 self._run_id,
                 self.addr,
                 blocked,
+                bound,
+                pending,
             )
             self.finish(
                 StreamEnded(
                     f"stalled stream: a write blocked for {blocked:.0f} ms, "
-                    f"no down message for {silent:.0f} ms"
+                    f"no down message for {silent:.0f} ms (bound {bound:.0f} ms)"
                 )
             )
             return

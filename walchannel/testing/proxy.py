@@ -14,6 +14,11 @@ and forwards bytes both ways, until told otherwise:
   upstream connection, nothing read or answered); live flows go on.
 - ``idle_timeout_s=T`` (any mode): a flow with no byte either way for
   ``T`` seconds is forgotten and reset, like a cloud load balancer.
+- ``rate_bytes_per_s=R`` (any mode): each flow reads at most ``R`` bytes
+  a second each way, a slow link. With ``socket_buffer_bytes`` (set at
+  construction) the proxy's sockets and its read buffer are that small, so
+  the sender blocks as on a slow path instead of the kernel taking the
+  bytes at once.
 
 Loopback only: the proxy listens on ``127.0.0.1`` and refuses a non-loopback
 target. In-process (asyncio)::
@@ -27,8 +32,9 @@ As a process (``python -m walchannel.testing.proxy --target HOST:PORT``):
 prints one JSON line ``{"addr", "pid"}``, then reads commands from
 standard input, one per line, answering each with one JSON line of its
 stats: ``pass``, ``reset``, ``freeze``, ``blackhole``, ``latency MS``,
-``idle_timeout S`` (0: off), ``target HOST:PORT``, ``reset_all``,
-``stats``, ``quit``. It stops on ``quit``, end of input or SIGTERM.
+``idle_timeout S`` (0: off), ``rate BYTES_PER_S`` (0: off), ``target
+HOST:PORT``, ``reset_all``, ``stats``, ``quit``. It stops on ``quit``, end
+of input or SIGTERM.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ _QUEUE_CHUNKS: Final = 64
 # How often the idle monitor looks (a fraction of the idle timeout, seconds).
 _IDLE_TICK_MAX_S: Final = 0.25
 _CONNECT_TIMEOUT_S: Final = 5.0
+# A rate-limited flow reads at most this long's worth of bytes at a time (seconds).
+_RATE_TICK_S: Final = 0.05
 #: Events kept (oldest dropped first).
 MAX_EVENTS: Final = 10_000
 
@@ -99,6 +107,7 @@ class ProxyStats:
     mode: str
     latency_ms: float
     idle_timeout_s: float | None
+    rate_bytes_per_s: float | None
     live_flows: int
     accepted: int
     resets: int
@@ -173,6 +182,15 @@ class FaultProxy:
         mode: the starting mode (``pass``, ``reset``, ``freeze``, ``blackhole``).
         latency_ms: added delay per chunk, each way (milliseconds, >= 0).
         idle_timeout_s: reset a flow quiet for this long (seconds; None: never).
+        rate_bytes_per_s: the most each flow forwards per second, each way
+            (bytes/s, > 0; None: as fast as the sockets go).
+        socket_buffer_bytes: ``SO_RCVBUF`` and ``SO_SNDBUF`` of the proxy's
+            sockets, and the size of its read buffer (bytes, > 0; None: the
+            kernel's, which grow to megabytes and would take a whole large
+            message at once on a slow link). Keep it at 64 KiB or more: at
+            16 KiB a gRPC flow at 24 KiB/s on loopback was ended after ~10 s
+            by the TCP user timeout gRPC sets (ETIMEDOUT), before any rule
+            of the channel could look.
 
     Raises:
         ValueError: a non-loopback target, an unknown mode, a negative value.
@@ -186,8 +204,17 @@ class FaultProxy:
         mode: FaultMode = "pass",
         latency_ms: float = 0.0,
         idle_timeout_s: float | None = None,
+        rate_bytes_per_s: float | None = None,
+        socket_buffer_bytes: int | None = None,
     ) -> None:
         self._target = _split(target)
+        if socket_buffer_bytes is not None and not socket_buffer_bytes > 0:
+            raise ValueError(
+                f"socket_buffer_bytes must be > 0 or None, got {socket_buffer_bytes!r}"
+            )
+        self._buffer_bytes = socket_buffer_bytes
+        # The stream readers' limit: they stop reading the socket past twice it.
+        self._read_limit = _CHUNK if socket_buffer_bytes is None else socket_buffer_bytes
         self._listen_port = listen_port
         self._server: asyncio.Server | None = None
         self._port: int | None = None
@@ -213,6 +240,8 @@ class FaultProxy:
         self.latency_ms = latency_ms
         self._idle_timeout_s: float | None = None
         self.idle_timeout_s = idle_timeout_s
+        self._rate: float | None = None
+        self.rate_bytes_per_s = rate_bytes_per_s
 
     # -- settings ----------------------------------------------------------
 
@@ -286,6 +315,17 @@ class FaultProxy:
             raise ValueError(f"idle_timeout_s must be > 0 or None, got {value!r}")
         self._idle_timeout_s = value
 
+    @property
+    def rate_bytes_per_s(self) -> float | None:
+        """The most each flow forwards per second, each way (bytes/s), or None."""
+        return self._rate
+
+    @rate_bytes_per_s.setter
+    def rate_bytes_per_s(self, value: float | None) -> None:
+        if value is not None and not value > 0:
+            raise ValueError(f"rate_bytes_per_s must be > 0 or None, got {value!r}")
+        self._rate = None if value is None else float(value)
+
     def reset_all(self) -> int:
         """RST every live flow now; return how many."""
         flows = list(self._flows.values())
@@ -305,6 +345,7 @@ class FaultProxy:
             mode=self._mode,
             latency_ms=self.latency_ms,
             idle_timeout_s=self._idle_timeout_s,
+            rate_bytes_per_s=self._rate,
             live_flows=len(self._flows),
             **self._counts,
         )
@@ -326,8 +367,24 @@ class FaultProxy:
         """
         if self._server is not None:
             raise RuntimeError("the proxy is already started")
+        sock = None
+        if self._buffer_bytes is not None:
+            # Set on the listening socket before listen(): accepted sockets
+            # inherit the sizes, and the TCP window offered is chosen from them.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                self._small_buffers(sock)
+                sock.bind(("127.0.0.1", self._listen_port))
+            except OSError:
+                sock.close()
+                raise
         self._server = await asyncio.start_server(
-            self._on_client, "127.0.0.1", self._listen_port, limit=_CHUNK
+            self._on_client,
+            None if sock else "127.0.0.1",
+            None if sock else self._listen_port,
+            sock=sock,
+            limit=self._read_limit,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         self._monitor = asyncio.create_task(self._idle_monitor(), name="fault-proxy-idle")
@@ -361,6 +418,25 @@ class FaultProxy:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _small_buffers(self, sock: socket.socket) -> None:
+        if self._buffer_bytes is not None:
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, self._buffer_bytes)
+
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._buffer_bytes is None:
+            return await asyncio.open_connection(*self._target, limit=_CHUNK)
+        # Sizes set before connect(), so the window offered is that small too.
+        sock = socket.socket(socket.AF_INET6 if ":" in self._target[0] else socket.AF_INET)
+        try:
+            self._small_buffers(sock)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, self._target)
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock, limit=self._read_limit)
+
     # -- flows ---------------------------------------------------------------
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -386,7 +462,7 @@ class FaultProxy:
                 return
             try:
                 target_reader, target_writer = await asyncio.wait_for(
-                    asyncio.open_connection(*self._target, limit=_CHUNK), _CONNECT_TIMEOUT_S
+                    self._open_upstream(), _CONNECT_TIMEOUT_S
                 )
             except (OSError, TimeoutError):
                 self._counts["connect_failures"] += 1
@@ -415,11 +491,15 @@ class FaultProxy:
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
         sender = asyncio.create_task(self._send(flow, queue, writer, direction))
         flow.tasks.append(sender)
+        # With a rate: when this direction may read again (time.monotonic()).
+        paced = time.monotonic()
         try:
             while True:
                 await self._flowing.wait()
+                rate = self._rate
+                size = _CHUNK if rate is None else max(1, min(_CHUNK, int(rate * _RATE_TICK_S)))
                 try:
-                    data = await reader.read(_CHUNK)
+                    data = await reader.read(size)
                 except (ConnectionError, OSError):
                     data = b""
                 if not data:
@@ -430,7 +510,14 @@ class FaultProxy:
                 self._counts["bytes_up" if direction == "up" else "bytes_down"] += len(data)
                 # Frozen after the read: hold it (forward nothing) until thawed.
                 await self._flowing.wait()
-                await queue.put((time.monotonic() + self._latency_s, data))
+                now = time.monotonic()
+                await queue.put((now + self._latency_s, data))
+                if rate is not None:
+                    # Read nothing more until these bytes' time at the rate is up:
+                    # the socket's buffer fills and the sender blocks.
+                    paced = max(paced, now) + len(data) / rate
+                    if paced > now:
+                        await asyncio.sleep(paced - now)
         except asyncio.CancelledError:
             raise
 
@@ -482,7 +569,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "A loopback TCP fault proxy. Prints one JSON line {addr, pid}, then reads"
             " commands from stdin (pass, reset, freeze, blackhole, latency MS,"
-            " idle_timeout S, target HOST:PORT, reset_all, stats, quit), answering each"
+            " idle_timeout S, rate BYTES_PER_S, target HOST:PORT, reset_all, stats, quit),"
+            " answering each"
             " with a JSON line of stats. reset and freeze act on live connections too;"
             " blackhole only on new ones (reset_all cuts the live ones)."
         ),
@@ -496,6 +584,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=MODES, default="pass", help="starting mode")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="added delay each way")
     parser.add_argument("--idle-timeout", type=float, default=None, help="seconds (default: off)")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="bytes/s each way per flow (default: no limit)"
+    )
+    parser.add_argument(
+        "--socket-buffer",
+        type=int,
+        default=None,
+        help="SO_RCVBUF/SO_SNDBUF of the proxy's sockets, bytes (default: the kernel's)",
+    )
     parser.add_argument(
         "--log-level",
         type=str.upper,
@@ -521,6 +618,9 @@ def _command(proxy: FaultProxy, line: str) -> bool:
     elif name == "idle_timeout" and len(args) == 1:
         value = float(args[0])
         proxy.idle_timeout_s = value if value > 0 else None
+    elif name == "rate" and len(args) == 1:
+        value = float(args[0])
+        proxy.rate_bytes_per_s = value if value > 0 else None
     elif name == "target" and len(args) == 1:
         proxy.target = args[0]
     elif name == "reset_all":
@@ -546,6 +646,8 @@ async def _serve(args: argparse.Namespace) -> int:
         mode=args.mode,
         latency_ms=args.latency_ms,
         idle_timeout_s=args.idle_timeout,
+        rate_bytes_per_s=args.rate,
+        socket_buffer_bytes=args.socket_buffer,
     )
     await proxy.start()
     _write_line({"addr": proxy.addr, "pid": os.getpid()})

@@ -102,6 +102,12 @@ class LocalEngine:
             gRPC's default, 4 MiB). A larger one ends the stream with
             RESOURCE_EXHAUSTED "Received message larger than max (N vs. M)",
             as an engine with a smaller limit than the client's does.
+        bdp_probe: let gRPC grow the HTTP/2 flow-control window from its
+            bandwidth-delay probes (gRPC's default): the client's gRPC then
+            takes megabytes of messages ahead of a slow link. False keeps
+            the window fixed (``grpc.http2.bdp_probe`` 0), as some engines
+            do: a client's write then waits until the message before it has
+            crossed the link.
 
     Raises:
         ValueError: a knob out of range.
@@ -125,6 +131,7 @@ class LocalEngine:
         grpc_port: int = 0,
         http_port: int | None = 0,
         max_receive_message_bytes: int | None = None,
+        bdp_probe: bool = True,
     ) -> None:
         if isinstance(ack_every, bool) or not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
@@ -154,6 +161,9 @@ class LocalEngine:
         self._grpc_port = grpc_port
         self._http_port = http_port
         self._max_receive = max_receive_message_bytes
+        if not isinstance(bdp_probe, bool):
+            raise ValueError(f"bdp_probe must be a bool, got {bdp_probe!r}")
+        self._bdp_probe = bdp_probe
         self._store = EngineStore(store_path)
         self._store_path = store_path
         # One worker: this engine's transactions run in order, off the event loop.
@@ -299,6 +309,8 @@ class LocalEngine:
             limit: tuple[tuple[str, int], ...] = ()
             if self._max_receive is not None:
                 limit = (("grpc.max_receive_message_length", self._max_receive),)
+            if not self._bdp_probe:
+                limit += (("grpc.http2.bdp_probe", 0),)
             server = aio.server(options=[*_BASE_OPTIONS, *ping, *limit])
             pb_grpc.add_EngineChannelServicer_to_server(self._servicer, server)
             bind = f"127.0.0.1:{port}"
