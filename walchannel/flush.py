@@ -27,6 +27,7 @@ import getpass
 import hashlib
 import logging
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from walchannel import files
 from walchannel.address import AllowedHost, parse_allowed_hosts
 from walchannel.cli_logs import err
 from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
+from walchannel.log_format import MetaDamagedError
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -118,6 +120,12 @@ def flush_command(args: argparse.Namespace) -> int:
         try:
             with LogReader(path, run_id) as reader:
                 correlation_id = reader.meta().correlation_id
+        except MetaDamagedError as exc:
+            # Without the marker the harness cannot resume exactly once: refuse,
+            # and say what does work on this file.
+            raise _Refused(
+                f"{exc}; 'walchannel export {shlex.quote(str(path))}' saves its rows"
+            ) from None
         except (WalCorruptError, LogUnreadableError) as exc:
             raise _Refused(str(exc)) from None
         try:
