@@ -899,10 +899,11 @@ def test_a_meta_value_walchannel_never_writes_reads_as_corrupt(tmp_path: Path) -
     assert result.rc == 1 and "Traceback" not in result.err, result.err
     [item] = result.json()
     assert item["state"] == "corrupt" and "last_acked_seq is 'abc'" in item["reason"], item
-    # export must not answer "nothing to deliver" (it used to print nothing, exit 0).
+    # export must not answer "nothing to deliver" (it used to print nothing, exit 0):
+    # it names the damaged cursor and salvages every row the log holds (exit 1).
     exported = cli("export", log)
-    assert exported.rc == 2 and str(log) in exported.err and "last_acked_seq" in exported.err
-    assert exported.out == ""
+    assert exported.rc == 1 and str(log) in exported.err and "last_acked_seq" in exported.err
+    assert [json.loads(line)["seq"] for line in exported.out.splitlines()] == [1, 2, 3, 4, 5]
 
 
 def test_json_keys_show_and_export(tmp_path: Path) -> None:

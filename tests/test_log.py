@@ -485,7 +485,7 @@ BAD_META = {
         ("other-run", "belongs to run 'run-2'"),
         ("truncated", ""),
         ("no-meta", "broken meta: 0 meta rows"),
-        ("bad-progress", "broken meta: Expecting value"),
+        ("bad-progress", "broken meta: progress is not JSON (Expecting value"),
         ("text-acked", "broken meta: last_acked_seq is 'abc'"),
         ("float-acked", "broken meta: last_acked_seq is 2.5"),
         ("negative-high", "broken meta: high_water is -1"),

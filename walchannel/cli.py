@@ -17,8 +17,8 @@ about each state.
 
 Exit codes: 0 all is well; 1 something needs attention (inspect: a run is
 stuck, orphaned, failed, corrupt or unreadable; flush: not all acked in time, or the
-engine refused the run); 2 bad usage, an unreadable PATH or LOG, or a
-refused flush. The run token is read from an environment variable or
+engine refused the run; export: it salvaged a damaged log); 2 bad usage, an
+unreadable PATH or LOG, or a refused flush. The run token is read from an environment variable or
 standard input, never from an argument, and is never printed.
 
 This module is the argparse wiring (every subcommand's options, examples
@@ -200,7 +200,11 @@ place. With --quarantined, the quarantine instead: the original rows that
 went out as walchannel.row_lost events (damaged, or refused by the engine
 for their size), one {"seq", "kind", "body", "body_hex", "appended_at",
 "reason", "quarantined_at"} per line; body is null and body_hex holds the
-stored bytes when a row does not decode. Exit 0, or 2 if LOG cannot be read.
+stored bytes when a row does not decode. A damaged meta field (the progress
+marker, the stored handshake, ...) blocks no row: every row is written and
+the field named on stderr; restart and flush refuse such a log. Exit 0; 1
+when it salvaged a damaged log (a meta field or rows, named on stderr); 2 if
+LOG cannot be read.
 """
 
 

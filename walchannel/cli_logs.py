@@ -10,7 +10,9 @@ to do about each state.
   ``--json``); read-only, never takes the owner lock
   (:mod:`walchannel.log_reader`), ``--watch`` refreshes (:mod:`walchannel.watch`).
 - export: the unacked rows (or ``--quarantined``, the quarantine) as JSON
-  lines; read-only.
+  lines; read-only. It salvages a damaged log: a damaged meta field blocks
+  no row, a damaged row is written as its ``row_lost`` event; each is named
+  and the exit code is 1.
 - prune: remove old tombstones and their sidecars, holding the owner lock
   while it removes them (``--dry-run``: only list them).
 
@@ -43,6 +45,7 @@ from walchannel.formatting import (
 )
 from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
 from walchannel.lock import OwnerLock, probe_owner
+from walchannel.log_format import ROW_LOST_TYPE, MetaDamagedError, Row
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -290,7 +293,13 @@ def _is_the_logs_file(output: Path, log: Path) -> bool:
 
 
 def export_command(args: argparse.Namespace) -> int:
-    """Run ``walchannel export`` with the parsed ``args``; return the exit code."""
+    """Run ``walchannel export`` with the parsed ``args``; return the exit code.
+
+    0: the rows written, the log sound; 1: salvaged: every row that reads
+    written, and the damage (a meta field, rows) named on standard error; 2:
+    the log cannot be read, or the output cannot be written. SPEC
+    "Operating tools".
+    """
     path = Path(args.log).expanduser()
     if args.output not in (None, "-") and _is_the_logs_file(Path(args.output).expanduser(), path):
         # Opening the output truncates it: that would destroy the rows to export.
@@ -300,9 +309,17 @@ def export_command(args: argparse.Namespace) -> int:
             "write over it (choose another -o)",
         )
         return 2
+    damaged_rows: list[tuple[int, str]] = []
+    salvaged = False
     try:
         with LogReader(path, run_id_from_name(path)) as reader:
-            after = reader.meta().last_acked_seq
+            after = 0
+            if not args.quarantined:
+                # Before the output is opened: a log that cannot be read truncates nothing.
+                after, note = _export_after(reader)
+                if note is not None:
+                    err("export", note)
+                    salvaged = True
             with _output(args.output) as out:
                 records: Iterator[dict[str, Any]]
                 if args.quarantined:
@@ -326,7 +343,7 @@ def export_command(args: argparse.Namespace) -> int:
                             "body": row.body,
                             "appended_at": row.appended_at,
                         }
-                        for row, _damage in reader.rows(after)
+                        for row in _noting_damage(reader.rows(after), damaged_rows)
                     )
                 for record in records:
                     out.write(
@@ -346,7 +363,50 @@ def export_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         err("export", f"{args.output}: cannot write: {exc.strerror or exc}")
         return 2
-    return 0
+    for seq, why in damaged_rows[:_DAMAGED_ROWS_NAMED]:
+        err(
+            "export",
+            f"{path}: row seq {seq} is damaged ({why}): written as its {ROW_LOST_TYPE} event",
+        )
+    if len(damaged_rows) > _DAMAGED_ROWS_NAMED:
+        err("export", f"{path}: and {len(damaged_rows) - _DAMAGED_ROWS_NAMED} more damaged row(s)")
+    return 1 if salvaged or damaged_rows else 0
+
+
+# Damaged rows export names one line each, up to this many.
+_DAMAGED_ROWS_NAMED: Final = 20
+
+
+def _export_after(reader: LogReader) -> tuple[int, str | None]:
+    """The seq to export the rows above, and what to say of a damaged meta field (or None).
+
+    A damaged field blocks no row: only the ack cursor decides which rows
+    to write, and when it is damaged every row the log holds is written
+    (an ack deletes the rows it covers in its own transaction, so none of
+    them is acked). SPEC "Operating tools".
+    """
+    try:
+        return reader.meta().last_acked_seq, None
+    except MetaDamagedError as exc:
+        acked = exc.reading.values.get("last_acked_seq")
+        refused = "restart and flush refuse this log"
+        if acked is None:
+            return 0, (
+                f"{exc}; salvaging: every row it holds is written (an ack deletes the rows "
+                f"it covers, so none of them is acked); {refused}"
+            )
+        above = f"the rows above the ack cursor (seq {acked}) are written"
+        return int(acked), f"{exc}; salvaging: {above}; {refused}"
+
+
+def _noting_damage(
+    rows: Iterator[tuple[Row, str | None]], damaged: list[tuple[int, str]]
+) -> Iterator[Row]:
+    """Yield each row (a damaged one as its ``row_lost`` event), noting the damaged ones."""
+    for row, damage in rows:
+        if damage is not None:
+            damaged.append((row.seq, damage))
+        yield row
 
 
 # -- prune ---------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import getpass
 import hashlib
 import logging
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ from walchannel.cli_logs import err
 from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
 from walchannel.formatting import get_logger
 from walchannel.inspection import FLUSH_TOKEN_ENV
+from walchannel.log_format import MetaDamagedError
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
@@ -157,6 +159,12 @@ def flush_command(args: argparse.Namespace) -> int:
         try:
             with LogReader(path, run_id) as reader:
                 correlation_id = reader.meta().correlation_id
+        except MetaDamagedError as exc:
+            # Without the marker the harness cannot resume exactly once: refuse,
+            # and say what does work on this file.
+            raise _Refused(
+                f"{exc}; 'walchannel export {shlex.quote(str(path))}' saves its rows"
+            ) from None
         except (WalCorruptError, LogUnreadableError) as exc:
             raise _Refused(str(exc)) from None
         try:

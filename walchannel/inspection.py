@@ -25,6 +25,7 @@ from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
+from walchannel.log_format import MetaDamagedError, Row
 from walchannel.log_reader import (
     LogReader,
     LogUnreadableError,
@@ -168,7 +169,9 @@ class RunReport:
     keys (SPEC "Operating tools"); ``next_step`` says what to do (every
     state has one); ``locked_by`` is the live owner or None.
     ``shown`` holds the rows ``--show N`` decoded and ``shown_quarantined``
-    the quarantined rows it lists (human output only).
+    the quarantined rows it lists (human output only). A damaged meta field
+    is named in ``reason`` and listed in ``damaged_fields``; the JSON values
+    read from it are null (never guessed).
     """
 
     run_id: str | None
@@ -198,6 +201,11 @@ class RunReport:
     #: The discovery URL the harness's last handshake stored (not a JSON key:
     #: ``next_step``'s flush command names it).
     http_addr: str | None = None
+    #: For a ``corrupt`` log: the rows ``walchannel export`` was seen to
+    #: read from it (None: they cannot be read, so export is no next step).
+    salvage: int | None = None
+    #: The meta fields that are damaged (named in ``reason``).
+    damaged_fields: tuple[str, ...] = ()
 
     @property
     def urgency(self) -> int:
@@ -210,10 +218,13 @@ class RunReport:
         return (self.urgency, -(self.oldest_unacked_age_s or 0.0), self.file)
 
     def last_ack_text(self) -> str:
-        """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, or ``"-"`` when unread."""
+        """The LAST ACK cell: ``"3m05s ago"``, ``"never"``, ``"-"`` when unread, or damaged."""
+        if "last_ack_at" in self.damaged_fields:
+            return "damaged: last_ack_at"
         if self.last_ack_age_s is not None:
             return f"{format_age(self.last_ack_age_s)} ago"
-        return "-" if self.state in ("corrupt", "unreadable") else "never"
+        meta_read = self.last_acked_seq is not None or bool(self.damaged_fields)
+        return "-" if self.state in ("corrupt", "unreadable") and not meta_read else "never"
 
     def owner_text(self) -> str:
         """The OWNER cell: ``"pid 4242"``, ``"pid 4242@host"`` for another host, or ``"-"``."""
@@ -315,9 +326,20 @@ def next_step(report: RunReport) -> str:
     reason = report.reason or ""
     state = report.state
     if state == "corrupt":
+        # Only a step that works on this file: export, if its rows were read.
+        if report.salvage is None:
+            return (
+                f"move {log} aside and keep it (export cannot read its rows either); "
+                "the harness then starts a new log for the run"
+            )
+        if report.salvage == 0:
+            return (
+                f"move {log} aside and keep it (it holds no unacked row to export); "
+                "the harness then starts a new log for the run"
+            )
         return (
-            f"move {log} aside and keep it ('walchannel export {log}' may read what is "
-            "left); the harness then starts a new log for the run"
+            f"'walchannel export {log} -o FILE' saves its {report.salvage} row(s); then "
+            f"move {log} aside and keep it; the harness then starts a new log for the run"
         )
     if state == "unreadable":
         if "bytes long" in reason:
@@ -474,7 +496,9 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         return _unread(path, named, exc, owner)
     with reader:
         try:
-            snap = reader.snapshot()
+            snap = reader.snapshot(salvage=True)
+            if snap.reading.damaged:
+                return _salvaged(path, named, reader, snap, owner, show, verify, clock)
             meta = snap.meta
             acked = meta.last_acked_seq
             top = snap.top_seq if snap.top_seq is not None and snap.top_seq > acked else acked
@@ -482,21 +506,13 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
             size = reader.unacked_bytes(acked, top) if unacked else 0
             shown: tuple[ShownRow, ...] = ()
             if show > 0 and unacked:
-                shown = tuple(
-                    ShownRow(
-                        row.seq,
-                        row.kind if damage is None else "damaged",
-                        max(0.0, now - row.appended_at),
-                        row.size,
-                        row.body,
-                        damage,
-                    )
-                    for row, damage in reader.rows(acked, show)
-                )
+                shown = tuple(_shown(row, damage, now) for row, damage in reader.rows(acked, show))
             shown_quarantined: tuple[QuarantinedRow, ...] = ()
             if show > 0 and snap.quarantined:
                 shown_quarantined = tuple(reader.quarantined(show))
             complaints = reader.quick_check() if verify else []
+            # Damaged pages: say export only if it can read the rows.
+            readable = _read_rows(reader, acked, 0, now) if complaints else None
         except (WalCorruptError, LogUnreadableError) as exc:
             return _unread(path, named, exc, owner)
     # Ages by boot time within the boot that wrote them (a wall-clock step
@@ -550,4 +566,133 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         shown=shown,
         shown_quarantined=shown_quarantined,
         last_ack_age_s=last_ack_age,
+        salvage=readable.count if readable is not None else None,
+    )
+
+
+def _shown(row: Row, damage: str | None, now: float) -> ShownRow:
+    return ShownRow(
+        row.seq,
+        row.kind if damage is None else "damaged",
+        max(0.0, now - row.appended_at),
+        row.size,
+        row.body,
+        damage,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _RowsRead:
+    """The rows above a seq, read as ``export`` reads them."""
+
+    count: int
+    # (seq, why) of each row whose CRC, msgpack or kind does not check out.
+    damaged: tuple[tuple[int, str], ...]
+    shown: tuple[ShownRow, ...]
+
+
+def _read_rows(reader: LogReader, after: int, show: int, now: float) -> _RowsRead | None:
+    """Read every row above ``after`` (None: they cannot be read); keep the first ``show``."""
+    count = 0
+    damaged: list[tuple[int, str]] = []
+    shown: list[ShownRow] = []
+    try:
+        for row, damage in reader.rows(after):
+            count += 1
+            if damage is not None:
+                damaged.append((row.seq, damage))
+            if len(shown) < show:
+                shown.append(_shown(row, damage, now))
+    except (WalCorruptError, LogUnreadableError):
+        return None
+    return _RowsRead(count, tuple(damaged), tuple(shown))
+
+
+def _salvaged(
+    path: Path,
+    named: str | None,
+    reader: LogReader,
+    snap: Snapshot,
+    owner: LockOwner | None,
+    show: int,
+    verify: bool,
+    clock: Clock,
+) -> RunReport:
+    """The report of a log whose meta has damaged fields: ``corrupt``, its rows salvaged.
+
+    The damaged fields are named; a value read from one is null, never
+    guessed (``next_seq`` needs both ``high_water`` and ``last_acked_seq``);
+    every row is read as ``export`` reads it, so the next step is export only
+    if that works. Restart and flush refuse such a log (SPEC "Operating tools").
+
+    Raises:
+        WalCorruptError, LogUnreadableError: as :class:`LogReader`'s reads.
+    """
+    now = clock.wall_s()
+    reading = snap.reading
+    values = reading.values
+    acked: int | None = values.get("last_acked_seq")
+    high_water: int | None = values.get("high_water")
+    boot_id: str | None = values.get("boot_id")
+    # Above the cursor, or every row if it is damaged: an ack deletes the rows
+    # it covers in the same transaction, so no acked row is left to export.
+    after = acked if acked is not None else 0
+    rows = _read_rows(reader, after, show, now)
+    top = snap.top_seq if snap.top_seq is not None and snap.top_seq > after else after
+    size = reader.unacked_bytes(after, top) if top > after else 0
+    shown_quarantined = tuple(reader.quarantined(show)) if show > 0 and snap.quarantined else ()
+    complaints = reader.quick_check() if verify else []
+    reason = MetaDamagedError(reading).reason + "; restart and flush refuse it"
+    if rows is None:
+        reason += "; its rows cannot be read either"
+    else:
+        reason += f"; export reads its {rows.count} row(s)"
+        if rows.damaged:
+            seqs = ", ".join(str(seq) for seq, _ in rows.damaged[:5])
+            more = ", ..." if len(rows.damaged) > 5 else ""
+            reason += (
+                f", {len(rows.damaged)} of them damaged (seq {seqs}{more}; each is written as "
+                "its walchannel.row_lost event)"
+            )
+    if complaints:
+        reason += f"; quick_check: {complaints[0]}"
+    oldest_age = None
+    if snap.oldest_appended_at is not None:
+        oldest_age = age_s(
+            clock,
+            wall_at=snap.oldest_appended_at,
+            boot_at=snap.oldest_appended_boot,
+            boot_id=boot_id,
+        )
+    last_ack_at: float | None = values.get("last_ack_at")
+    last_ack_age = None
+    if last_ack_at is not None:
+        last_ack_age = age_s(
+            clock, wall_at=last_ack_at, boot_at=values.get("last_ack_boot"), boot_id=boot_id
+        )
+    next_seq = None
+    if acked is not None and high_water is not None:
+        next_seq = next_seq_after(max(high_water, top), acked)
+    return RunReport(
+        run_id=values.get("run_id") or named,
+        file=str(path),
+        state="corrupt",
+        reason=reason,
+        next_seq=next_seq,
+        last_acked_seq=acked,
+        unacked_count=rows.count if rows is not None else None,
+        unacked_bytes=size,
+        oldest_unacked_age_s=oldest_age,
+        last_ack_at=last_ack_at,
+        last_engine_addr=values.get("last_engine_addr"),
+        last_error=values.get("last_error"),
+        last_error_at=values.get("last_error_at"),
+        locked_by=owner,
+        quarantined=snap.quarantined,
+        file_bytes=files.disk_bytes(path),
+        shown=rows.shown if rows is not None else (),
+        shown_quarantined=shown_quarantined,
+        last_ack_age_s=last_ack_age,
+        salvage=rows.count if rows is not None else None,
+        damaged_fields=tuple(reading.damaged),
     )

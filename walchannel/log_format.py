@@ -12,8 +12,10 @@ holds the schema version. This module holds what a file must look like and
 how it is read: the schema (:data:`SCHEMA`, :data:`SCHEMA_VERSION`), the
 :class:`Row` and :class:`RunMeta` types, the body encoding and CRC
 (:func:`encode_body`, :func:`body_crc`), row and meta decoding
-(:func:`decode_row`, :func:`read_meta`), the header checks
-(:func:`check_header`) and ``PRAGMA quick_check`` (:func:`quick_check`).
+(:func:`decode_row`, :func:`read_meta`; :func:`read_meta_fields` reads meta
+field by field, so one damaged field is named and the others still read),
+the header checks (:func:`check_header`) and ``PRAGMA quick_check``
+(:func:`quick_check`).
 
 It never writes a file and never takes a lock: the writer is
 :class:`walchannel.log.RunLog`, the readers are in
@@ -24,12 +26,13 @@ imports neither grpc nor httpx.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
 import sqlite3
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +47,8 @@ __all__ = [
     "APPLICATION_ID",
     "KINDS",
     "META_FIELDS",
+    "MetaDamagedError",
+    "MetaReading",
     "OPTIONAL_META_FIELDS",
     "OPTIONAL_META_TYPES",
     "OPTIONAL_ROW_TYPES",
@@ -53,6 +58,7 @@ __all__ = [
     "RunMeta",
     "SCHEMA",
     "SCHEMA_VERSION",
+    "UndecodableText",
     "body_crc",
     "check_header",
     "decode_row",
@@ -62,7 +68,9 @@ __all__ = [
     "not_damage",
     "read_file_id",
     "read_meta",
+    "read_meta_fields",
     "row_lost_body",
+    "undecodable_text_kept",
 ]
 
 #: ``PRAGMA application_id`` of every walchannel log ("WALC").
@@ -217,6 +225,57 @@ OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
 OPTIONAL_ROW_TYPES: Final = {"appended_boot": "REAL"}
 
 
+@dataclass(frozen=True, slots=True)
+class UndecodableText:
+    """A TEXT value whose bytes are not UTF-8 (a flipped byte), kept instead of raising.
+
+    SQLite hands back whatever bytes a TEXT cell holds; Python's ``sqlite3``
+    raises on the whole fetch when they do not decode, which would make one
+    damaged cell hide every other column of its row
+    (:func:`undecodable_text_kept`).
+
+    Attributes:
+        raw: the stored bytes.
+    """
+
+    raw: bytes
+
+    def __str__(self) -> str:
+        try:
+            self.raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return (
+                f"not UTF-8 text (byte {self.raw[exc.start]:#04x} at offset {exc.start} "
+                f"of {len(self.raw)})"
+            )
+        return "not UTF-8 text"  # pragma: no cover - only made for bytes that do not decode
+
+    __repr__ = __str__
+
+
+def _text_or_undecodable(raw: bytes) -> str | UndecodableText:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return UndecodableText(raw)
+
+
+@contextlib.contextmanager
+def undecodable_text_kept(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within the block, a TEXT cell that is not UTF-8 comes out as :class:`UndecodableText`.
+
+    Fetch inside the block: Python's ``sqlite3`` decodes TEXT as rows are
+    fetched, with the connection's ``text_factory`` of that moment. The
+    factory before is restored after.
+    """
+    saved = conn.text_factory
+    conn.text_factory = _text_or_undecodable
+    try:
+        yield
+    finally:
+        conn.text_factory = saved
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -295,7 +354,8 @@ def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> No
 
     Raises:
         WalCorruptError: not a walchannel log, a newer schema, another run's
-            log, or a broken header, schema or meta row (path and reason).
+            log, or a broken header, schema or meta row (path and reason). A
+            damaged meta field is :func:`read_meta_fields`'s to name.
     """
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -318,16 +378,14 @@ def check_header(conn: sqlite3.Connection, path: Path, run_id: str | None) -> No
                 raise WalCorruptError(
                     str(path), f"broken schema: table {table} lacks {', '.join(missing)}"
                 )
-        metas = conn.execute("SELECT run_id, schema_version FROM meta").fetchall()
+        with undecodable_text_kept(conn):
+            metas = conn.execute("SELECT run_id FROM meta").fetchall()
         if len(metas) != 1:
             raise WalCorruptError(str(path), f"broken meta: {len(metas)} meta rows, expected 1")
-        stored_run, stored_version = metas[0]
-        if stored_version != version:
-            raise WalCorruptError(
-                str(path),
-                f"broken meta: schema version {stored_version} != header {version}",
-            )
-        if run_id is not None and stored_run != run_id:
+        # A damaged run_id (or schema_version) is a damaged field, named by
+        # read_meta_fields: a reader can still salvage the rows.
+        stored_run = metas[0][0]
+        if run_id is not None and isinstance(stored_run, str) and stored_run != run_id:
             raise WalCorruptError(str(path), f"belongs to run {stored_run!r}, not {run_id!r}")
     except sqlite3.DatabaseError as exc:
         if not_damage(exc):
@@ -396,6 +454,67 @@ _IOERR_NOT_DAMAGE: Final = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class MetaReading:
+    """The meta row read field by field: what decodes, and what does not.
+
+    A damaged field (a flipped byte: text that is not UTF-8, a progress
+    marker that is not JSON, a value walchannel never writes) is named
+    with what is wrong with it, and the other fields still read: a reader
+    salvaging the rows needs only the ack cursor (SPEC "Operating tools").
+
+    Attributes:
+        path: the log file.
+        values: every field that decodes and checks out, by name (an
+            optional column a log lacks is None); damaged fields are absent.
+        damaged: each damaged field's name and what is wrong with it, e.g.
+            ``{"progress": "progress is not JSON (Expecting value: ...)"}``,
+            in :data:`META_FIELDS` order.
+    """
+
+    path: str
+    values: Mapping[str, Any]
+    damaged: Mapping[str, str]
+
+    def describe(self) -> str:
+        """The damaged fields and what is wrong with each, ``; ``-separated ("" if none)."""
+        return "; ".join(self.damaged.values())
+
+    def meta(self) -> RunMeta:
+        """The meta row as a :class:`RunMeta`.
+
+        Raises:
+            MetaDamagedError: a field is damaged (names every one, the path
+                and the run).
+        """
+        if self.damaged:
+            raise MetaDamagedError(self)
+        return RunMeta(**self.values)
+
+
+class MetaDamagedError(WalCorruptError):
+    """The meta row has damaged fields: a :class:`~walchannel.errors.WalCorruptError`.
+
+    The owner's open and ``flush`` refuse such a log, as any corrupt one
+    (without its progress marker a harness cannot resume exactly once);
+    ``export`` and ``inspect`` catch this to salvage the rows beside it
+    from :attr:`reading` (SPEC "Operating tools").
+
+    Attributes:
+        path: the log file.
+        reason: ``broken meta: <field> <what is wrong>[; ...] (run <run_id>)``.
+        reading: the fields that do read, and the damaged ones.
+        fields: the damaged fields' names.
+    """
+
+    def __init__(self, reading: MetaReading) -> None:
+        self.reading = reading
+        self.fields = tuple(reading.damaged)
+        run = reading.values.get("run_id")
+        where = f" (run {run})" if isinstance(run, str) else ""
+        super().__init__(reading.path, f"broken meta: {reading.describe()}{where}")
+
+
 def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:
     """Read and decode the meta row (after :func:`check_header`).
 
@@ -404,22 +523,50 @@ def read_meta(conn: sqlite3.Connection, path: str | Path) -> RunMeta:
         path: the log file, for the error.
 
     Raises:
-        WalCorruptError: the meta row does not decode (no row, or a
-            ``progress`` that is not JSON).
+        MetaDamagedError: a field does not decode or holds a value
+            walchannel never writes (every such field named).
+        WalCorruptError: there is no meta row.
         sqlite3.Error: SQLite cannot read it; the caller says whether that
             is damage or only a lock or permission.
     """
+    return read_meta_fields(conn, path).meta()
+
+
+def read_meta_fields(conn: sqlite3.Connection, path: str | Path) -> MetaReading:
+    """Read the meta row field by field: one damaged field never hides the others.
+
+    A TEXT cell that is not UTF-8 is a damaged field, not an error of the
+    whole read (:func:`undecodable_text_kept`); ``schema_version`` must
+    match the header's ``PRAGMA user_version``.
+
+    Args:
+        conn: a connection to the log.
+        path: the log file, for the reading and its errors.
+
+    Returns:
+        The fields that read, and the damaged ones with what is wrong.
+
+    Raises:
+        WalCorruptError: there is no meta row.
+        sqlite3.Error: SQLite cannot read it.
+    """
     present = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
     names = [f for f in META_FIELDS if f in present or f not in OPTIONAL_META_FIELDS]
-    cur = conn.execute(f"SELECT {', '.join(names)} FROM meta WHERE id = 1")  # noqa: S608
-    try:
-        values = dict(zip(names, cur.fetchone(), strict=True))
-        raw = values["progress"]
-        values["progress"] = json.loads(raw) if raw is not None else None
-        _check_meta_values(values)
-        return RunMeta(**values)
-    except (ValueError, TypeError) as exc:
-        raise WalCorruptError(str(path), f"broken meta: {exc}") from None
+    header = conn.execute("PRAGMA user_version").fetchone()[0]
+    with undecodable_text_kept(conn):
+        row = conn.execute(f"SELECT {', '.join(names)} FROM meta WHERE id = 1").fetchone()  # noqa: S608
+    if row is None:
+        raise WalCorruptError(str(path), "broken meta: no meta row")
+    values: dict[str, Any] = dict.fromkeys(META_FIELDS)
+    damaged: dict[str, str] = {}
+    for name, raw in zip(names, row, strict=True):
+        value, wrong = _decode_meta_field(name, raw, header)
+        if wrong is None:
+            values[name] = value
+        else:
+            del values[name]
+            damaged[name] = f"{name} {wrong}"
+    return MetaReading(str(path), values, damaged)
 
 
 #: Meta columns by the values walchannel writes there ("?": None allowed too).
@@ -427,6 +574,7 @@ _META_COUNTS: Final = ("schema_version", "last_acked_seq", "high_water", "reconn
 _META_COUNTS_OR_NONE: Final = ("unverified_from", "owner_pid")
 _META_TIMES: Final = ("created_at", "updated_at")
 _META_TIMES_OR_NONE: Final = ("last_ack_at", "last_error_at", "failed_at", "completed_at")
+_META_BOOT_TIMES_OR_NONE: Final = ("last_ack_boot",)
 _META_TEXTS: Final = ("run_id", "correlation_id")
 _META_TEXTS_OR_NONE: Final = (
     "connector_version",
@@ -438,41 +586,59 @@ _META_TEXTS_OR_NONE: Final = (
     "last_error",
     "failed_reason",
     "http_addr",
+    "boot_id",
+    "file_id",
 )
 
 
-def _check_meta_values(values: dict[str, Any]) -> None:
-    """Refuse meta values walchannel never writes (an edited or damaged row).
+def _decode_meta_field(name: str, raw: Any, header_version: int) -> tuple[Any, str | None]:
+    """Decode and check one meta value, as walchannel writes it.
 
-    Without this a wrong type surfaces later as a ``TypeError`` far from
+    Refuses what walchannel never writes (an edited or damaged field):
+    without this a wrong type surfaces later as a ``TypeError`` far from
     the file (comparing a seq with a str), or as a wrong count.
 
-    Raises:
-        ValueError: naming the column and its value.
+    Returns:
+        ``(value, None)``, or ``(None, what is wrong)`` (the text follows
+        the field's name: ``"is 'abc', expected an integer >= 0"``).
     """
+    if isinstance(raw, UndecodableText):
+        return None, f"is {raw}"
 
-    def bad(name: str, expected: str) -> ValueError:
-        return ValueError(f"{name} is {values[name]!r}, expected {expected}")
+    def bad(expected: str) -> tuple[None, str]:
+        return None, f"is {raw!r}, expected {expected}"
 
-    for name in (*_META_COUNTS, *_META_COUNTS_OR_NONE):
-        value = values[name]
-        if value is None and name in _META_COUNTS_OR_NONE:
-            continue
-        if type(value) is not int or value < 0:
-            raise bad(name, "an integer >= 0")
-    for name in (*_META_TIMES, *_META_TIMES_OR_NONE):
-        value = values[name]
-        if value is None and name in _META_TIMES_OR_NONE:
-            continue
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise bad(name, "unix seconds")
-    for name in (*_META_TEXTS, *_META_TEXTS_OR_NONE):
-        value = values.get(name)  # failed_reason, http_addr: absent from older logs
-        if type(value) is not str and (value is not None or name in _META_TEXTS):
-            raise bad(name, "text")
-    progress = values["progress"]
-    if progress is not None and not isinstance(progress, dict):
-        raise bad("progress", "a JSON object")
+    if name == "progress":
+        if raw is None:
+            return None, None
+        if not isinstance(raw, str):
+            return bad("a JSON object")
+        try:
+            marker = json.loads(raw)
+        except ValueError as exc:
+            return None, f"is not JSON ({exc})"
+        if not isinstance(marker, dict):
+            return None, f"is {marker!r}, expected a JSON object"
+        return marker, None
+    if name in _META_COUNTS or name in _META_COUNTS_OR_NONE:
+        if raw is None and name in _META_COUNTS_OR_NONE:
+            return None, None
+        if type(raw) is not int or raw < 0:
+            return bad("an integer >= 0")
+        if name == "schema_version" and raw != header_version:
+            return None, f"is {raw}, the header says {header_version}"
+        return raw, None
+    if name in _META_TIMES or name in _META_TIMES_OR_NONE or name in _META_BOOT_TIMES_OR_NONE:
+        if raw is None and name not in _META_TIMES:
+            return None, None
+        if type(raw) not in (int, float) or not math.isfinite(raw):
+            return bad("seconds" if name in _META_BOOT_TIMES_OR_NONE else "unix seconds")
+        return raw, None
+    if name in _META_TEXTS or name in _META_TEXTS_OR_NONE:
+        if type(raw) is not str and (raw is not None or name in _META_TEXTS):
+            return bad("text")
+        return raw, None
+    return raw, None  # pragma: no cover - every META_FIELDS name is listed above
 
 
 def quick_check(conn: sqlite3.Connection) -> list[str]:

@@ -45,7 +45,8 @@ root"):
   :func:`~walchannel.log_format.decode_row`,
   :func:`~walchannel.log_format.quick_check`), never re-implemented. A
   damaged row is shown as damaged (it is not quarantined: that is a write,
-  and the owner's job).
+  and the owner's job); a damaged meta field is named, and
+  ``snapshot(salvage=True)`` still reads the rows beside it.
 - A log that cannot be read for a reason other than damage (permissions,
   a lock held too long) raises :class:`LogUnreadableError`, never
   :class:`~walchannel.errors.WalCorruptError`: ``inspect`` calls it
@@ -76,6 +77,7 @@ from walchannel import files
 from walchannel.errors import WalCorruptError
 from walchannel.log_format import (
     ROWS_AFTER,
+    MetaReading,
     Row,
     RunMeta,
     check_header,
@@ -83,6 +85,8 @@ from walchannel.log_format import (
     not_damage,
     quick_check,
     read_meta,
+    read_meta_fields,
+    undecodable_text_kept,
 )
 
 __all__ = ["LogReader", "LogUnreadableError", "QuarantinedRow", "Snapshot", "run_id_from_name"]
@@ -137,9 +141,15 @@ def run_id_from_name(path: Path) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """One consistent read of the meta row and the ends of the backlog."""
+    """One consistent read of the meta row and the ends of the backlog.
 
-    meta: RunMeta
+    ``reading`` is the meta row field by field; :attr:`meta` is it as a
+    :class:`~walchannel.log_format.RunMeta`. Only ``snapshot(salvage=True)``
+    returns a snapshot with damaged fields; ``top_seq`` and the oldest row
+    are then read above the stored ack cursor if it reads, else above 0.
+    """
+
+    reading: MetaReading
     top_seq: int | None
     top_kind: str | None
     oldest_appended_at: float | None
@@ -148,6 +158,16 @@ class Snapshot:
     last_quarantined: tuple[int, str] | None = None
     # The oldest unacked row's CLOCK_BOOTTIME reading (the boot in meta.boot_id).
     oldest_appended_boot: float | None = None
+
+    @property
+    def meta(self) -> RunMeta:
+        """The meta row.
+
+        Raises:
+            walchannel.log_format.MetaDamagedError: a field is damaged (only
+                from ``snapshot(salvage=True)``).
+        """
+        return self.reading.meta()
 
 
 # (inode, size, mtime in ns) of a file, or None when it does not exist.
@@ -411,24 +431,43 @@ class LogReader:
         """Return the meta row.
 
         Raises:
+            walchannel.log_format.MetaDamagedError: a field is damaged (a
+                ``WalCorruptError``; its ``reading`` holds the fields that read).
             WalCorruptError: it cannot be read.
             LogUnreadableError: the log cannot be read here (permissions, locks).
         """
         return self._read("meta", lambda conn: read_meta(conn, self.path))
 
-    def snapshot(self) -> Snapshot:
-        """Read meta and the ends of the backlog in one short read transaction."""
+    def snapshot(self, *, salvage: bool = False) -> Snapshot:
+        """Read meta and the ends of the backlog in one short read transaction.
 
-        def op(conn: sqlite3.Connection) -> Snapshot:
+        Args:
+            salvage: return a snapshot whose meta has damaged fields too
+                (``inspect`` names them and salvages the rows), rather than
+                raise.
+
+        Raises:
+            walchannel.log_format.MetaDamagedError: a meta field is damaged
+                (without ``salvage``).
+            WalCorruptError: it cannot be read.
+            LogUnreadableError: the log cannot be read here (permissions, locks).
+        """
+
+        def read(conn: sqlite3.Connection) -> Snapshot:
             conn.execute("BEGIN")
-            meta = read_meta(conn, self.path)
+            reading = read_meta_fields(conn, self.path)
+            if not salvage:
+                reading.meta()  # raises MetaDamagedError
+            # The rows above the ack cursor; all of them if it is damaged
+            # (an ack deletes the rows it covers in its own transaction).
+            acked = reading.values.get("last_acked_seq") or 0
             top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchall()
             # appended_boot: an optional column, absent from older logs.
             columns = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
             boot = "appended_boot" if "appended_boot" in columns else "NULL"
             oldest = conn.execute(
                 f"SELECT appended_at, {boot} FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",  # noqa: S608
-                (meta.last_acked_seq,),
+                (acked,),
             ).fetchall()
             quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
             last_q = conn.execute(
@@ -436,7 +475,7 @@ class LogReader:
             ).fetchall()
             conn.execute("COMMIT")
             return Snapshot(
-                meta=meta,
+                reading=reading,
                 top_seq=int(top[0][0]) if top else None,
                 top_kind=str(top[0][1]) if top else None,
                 oldest_appended_at=float(oldest[0][0]) if oldest else None,
@@ -448,6 +487,11 @@ class LogReader:
                 quarantined=int(quarantined),
                 last_quarantined=(int(last_q[0][0]), str(last_q[0][1])) if last_q else None,
             )
+
+        def op(conn: sqlite3.Connection) -> Snapshot:
+            # A kind or reason that is not UTF-8 is named, not an error of the read.
+            with undecodable_text_kept(conn):
+                return read(conn)
 
         return self._read("meta and rows", op)
 
@@ -530,7 +574,9 @@ class LogReader:
             params = (cursor, *bounds, size)
 
             def fetch(conn: sqlite3.Connection, params: tuple[Any, ...] = params) -> list[Any]:
-                return conn.execute(sql, params).fetchall()
+                # A kind that is not UTF-8 is that row's damage, not the batch's.
+                with undecodable_text_kept(conn):
+                    return conn.execute(sql, params).fetchall()
 
             batch = self._read(what, fetch)
             yield from batch
