@@ -10,12 +10,19 @@ names the option in ``last_error`` and ``inspect``, said once at ERROR; with
 the option raised every row is delivered. Every kind of down message is a
 member: ``BudgetUpdate`` (a scripted engine), ``Stop`` and
 ``ApprovalDecision`` (the local engine re-sends both after every handshake).
+
+``walchannel flush`` builds its own config: ``--max-receive-message-bytes``
+raises its limit; stuck on it, flush names the flag, and inspect's flush
+step carries it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +31,7 @@ from typing import Any
 import pytest
 from google.protobuf.struct_pb2 import Struct
 
-from conftest import eventually, new_run
+from conftest import PYTHON, child_env, eventually, new_run
 from helpers.rogue import RogueEngine, RogueStream
 from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2 as pb
@@ -268,3 +275,90 @@ def test_a_status_grpc_lost_to_a_write_keeps_the_receive_limit_as_the_cause() ->
     d.on_ack(1, 1.0)
     assert d.on_end(*lost).end is End.RECONNECT
     assert "grpc/grpc#36066" in describe_end(*lost)
+
+
+# -- walchannel flush --------------------------------------------------------------------
+
+
+async def flush_cli(*args: str | Path, token: str) -> tuple[int, str, str]:
+    """Run ``python -m walchannel flush ARGS`` for real, the token in an environment variable."""
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON,
+        "-m",
+        "walchannel",
+        "flush",
+        *map(str, args),
+        "--token-env",
+        "TOKEN",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(TOKEN=token),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    assert token not in out.decode() + err.decode()
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.asyncio
+async def test_flush_raises_the_receive_limit_with_a_flag_and_names_it_when_stuck(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An engine re-sending a 5 MiB Stop after every handshake: flush's own flag gets through."""
+    async with LocalEngine() as engine:
+        run_id, token = new_run(engine)
+        await engine.send_stop(run_id, "r" * BIG)
+        with RunLog.open(tmp_path, run_id, correlation_id=f"corr-{run_id}") as wal:
+            wal.update_meta(connector_version="1", harness_name="h", harness_version="1")
+            wal.update_meta(token_sha256=hashlib.sha256(token.encode()).hexdigest())
+            seqs = [
+                wal.append("finding", {"fields": {"n": i, "pad": "x" * 200}}) for i in range(ROWS)
+            ]
+        log = tmp_path / f"{run_id}.wal.sqlite3"
+        addr = ("--grpc-addr", engine.grpc_addr)
+
+        # The default limit: every stream ends on the Stop; flush says which flag raises it.
+        rc, out, err = await flush_cli(log, *addr, "--timeout", "15", token=token)
+        assert rc == 1, (out, err)
+        last = err.strip().splitlines()[-1]
+        assert "max_receive_message_bytes (4194304)" in last, err
+        assert "--max-receive-message-bytes" in last, err
+        assert set(engine.accepted(run_id)) < set(seqs)
+        # inspect's flush step carries the flag: as printed, it would get through.
+        capsys.readouterr()
+        assert main(["inspect", str(log), "--json"]) == 1
+        (report,) = json.loads(capsys.readouterr().out)
+        assert report["state"] == "orphaned", report
+        assert "--max-receive-message-bytes 6291456'" in report["next_step"], report
+
+        # Raised: every row is applied, once.
+        rc, out, err = await flush_cli(
+            log, *addr, "--max-receive-message-bytes", str(8 * MiB), "--timeout", "60", token=token
+        )
+        assert rc == 0, err
+        assert f"flushed run {run_id}" in out
+        assert engine.accepted(run_id) == seqs
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "4MiB", "1.5"])
+def test_flush_refuses_a_bad_receive_limit_naming_the_flag(tmp_path: Path, bad: str) -> None:
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "walchannel",
+            "flush",
+            str(tmp_path / "r.wal.sqlite3"),
+            "--grpc-addr",
+            "127.0.0.1:1",
+            "--max-receive-message-bytes",
+            bad,
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc
+    assert "argument --max-receive-message-bytes: " in proc.stderr, proc.stderr

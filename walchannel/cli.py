@@ -43,6 +43,7 @@ from typing import Any, Final
 
 from walchannel import __version__, files
 from walchannel.cli_logs import err, export_command, inspect_command, prune_command, say
+from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import WalchannelError, WalLockedError
 from walchannel.flush import DEFAULT_FLUSH_TIMEOUT_S, flush_command
 from walchannel.formatting import escape_text
@@ -70,6 +71,13 @@ def _non_negative_float(text: str) -> float:
 
 def _positive_float(text: str) -> float:
     value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value
@@ -359,6 +367,14 @@ def _add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--tls-server-name",
         metavar="NAME",
         help="the name to check the engine's certificate against when dialing an IP",
+    )
+    p.add_argument(
+        "--max-receive-message-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        metavar="N",
+        help="the largest message the engine may send (bytes); raise it when flush says "
+        f"a down message exceeded it (default: {DEFAULT_MAX_MESSAGE_BYTES})",
     )
     p.add_argument(
         "--timeout",

@@ -76,6 +76,7 @@ __all__ = [
     "describe_end",
     "down_too_large_text",
     "parse_receive_limit",
+    "receive_limit_in",
     "parse_size_refusal",
     "pick_refused_row",
     "refusal_sets_aside",
@@ -1212,3 +1213,27 @@ def down_too_large_text(found: DownTooLarge, configured: int) -> str:
         f"{what} exceeded max_receive_message_bytes ({limit}): raise it in the config; "
         "the rows wait in the log and the channel keeps retrying"
     )
+
+
+_SAID_TOO_LARGE = re.compile(
+    r"(?:a (\d+)-byte|a) down message exceeded max_receive_message_bytes \((\d+)\)"
+)
+
+
+def receive_limit_in(text: str | None) -> DownTooLarge | None:
+    """Read :func:`down_too_large_text`'s words back from a ``last_error``, or None.
+
+    For the tools that read a stored or reported error (``flush``'s failure,
+    ``inspect``'s next step): they name their own way to raise the limit.
+
+    Args:
+        text: a ``last_error`` (None: none).
+
+    Returns:
+        The message's size (None if it was not said) and the limit in force.
+    """
+    found = _SAID_TOO_LARGE.search(text or "")
+    if found is None:
+        return None
+    size = found.group(1)
+    return DownTooLarge(int(size) if size else None, int(found.group(2)))

@@ -22,6 +22,11 @@ from a log, by ``inspect``'s NEXT STEP).
 right one: a WARNING (never the token), and the new token's sha256 is
 stored only once an engine accepts the handshake.
 
+``--max-receive-message-bytes`` is the channel's ``max_receive_message_bytes``
+(an engine may send a down message over the 4 MiB default after every
+handshake: every stream would end on it); when the receive limit stopped
+delivery, the failure names the flag.
+
 Exit codes: 0 when all is acked; 1 when not within ``--timeout``, or the
 engine says the run is completed or is behind; 2 when refused (owner
 alive, wrong token, no stored handshake, corrupt log, an engine address
@@ -296,7 +301,7 @@ async def _flush(
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
     from walchannel.discovery import discovery_client
-    from walchannel.driver import ChannelState
+    from walchannel.driver import ChannelState, receive_limit_in
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -374,6 +379,7 @@ async def _flush(
                             credentials=credentials,
                             tls_server_name=args.tls_server_name,
                             allowed_hosts=allowed,
+                            max_receive_message_bytes=args.max_receive_message_bytes,
                             connect_timeout_ms=int(min(_FLUSH_CONNECT_TIMEOUT_MS, remaining_ms))
                             or 1,
                         )
@@ -434,6 +440,12 @@ async def _flush(
             why += (
                 " (the engine refuses this token: if the log was started with a wrong "
                 "token, flush with the right one and --replace-token)"
+            )
+        if receive_limit_in(last_error) is not None:
+            # The channel's text says "raise it in the config": flush's is a flag.
+            why += (
+                f" (flush's receive limit is {args.max_receive_message_bytes} bytes: raise it "
+                "with --max-receive-message-bytes N, N at least the message's size)"
             )
         if failed:
             err("flush", f"run {run_id}: the channel stopped (acked up to seq {acked}){why}")

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from walchannel import files
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
+from walchannel.driver import receive_limit_in
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
@@ -75,6 +76,7 @@ _ERROR_STATES: Final = frozenset({"failed", "orphaned", "stuck", "done-pending"}
 _RUN_COMPLETED_WITH: Final = "run completed with "
 #: ``--stuck-after`` default (seconds).
 DEFAULT_STUCK_AFTER_S: Final = 120.0
+_MiB: Final = 1024 * 1024
 #: The variable ``walchannel flush`` reads the run token from without
 #: ``--token-env`` (when it is set), and that the NEXT STEP's command names.
 FLUSH_TOKEN_ENV: Final = "WALCHANNEL_RUN_TOKEN"  # noqa: S105 - a variable's name, not a token
@@ -304,7 +306,9 @@ def flush_command(report: RunReport) -> str:
     It names where the token will go — the discovery URL the harness's last
     handshake stored (``--http-addr``), else the last engine it streamed to
     (``--grpc-addr``), else a placeholder to fill in — and the variable it
-    is read from (``--token-env`` :data:`FLUSH_TOKEN_ENV`). Shell-quoted.
+    is read from (``--token-env`` :data:`FLUSH_TOKEN_ENV`); when the last
+    error is a down message over the receive limit, ``--max-receive-message-bytes``
+    with its size rounded up to whole MiB. Shell-quoted.
     """
     if report.http_addr:
         where = f"--http-addr {shlex.quote(report.http_addr)}"
@@ -312,7 +316,16 @@ def flush_command(report: RunReport) -> str:
         where = f"--grpc-addr {shlex.quote(report.last_engine_addr)}"
     else:
         where = "--grpc-addr ENGINE_HOST:PORT"
-    return f"walchannel flush {shlex.quote(report.file)} {where} --token-env {FLUSH_TOKEN_ENV}"
+    limit = ""
+    too_large = receive_limit_in(report.last_error)
+    if too_large is not None:
+        # Its streams ended on a down message over the receive limit: without
+        # the flag, flush's would too. The message's size in whole MiB above.
+        size = too_large.received or (too_large.limit or 0) + 1
+        limit = f" --max-receive-message-bytes {-(-size // _MiB) * _MiB}"
+    return (
+        f"walchannel flush {shlex.quote(report.file)} {where} --token-env {FLUSH_TOKEN_ENV}{limit}"
+    )
 
 
 def next_step(report: RunReport) -> str:
