@@ -20,10 +20,16 @@ UTF-8), the stored handshake (token digest, harness name), the last error
 text, the run id, the schema version, the seq high-water and the ack
 cursor. A damaged row (a flipped byte in its body) keeps exporting as its
 ``walchannel.row_lost`` event, now named by seq on standard error.
+
+A damaged column of a row (``appended_at`` as text or a blob,
+``appended_boot`` as text, a kind that is not UTF-8) is named by path, run,
+seq and column, never a traceback: a row whose body checks out is kept (its
+time null) and still flushed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -325,3 +331,125 @@ def test_a_file_nothing_can_be_read_from_suggests_no_export(tmp_path: Path) -> N
     assert item["state"] == "corrupt" and "move " in item["next_step"]
     assert "walchannel export" not in item["next_step"], item
     assert cli("export", junk).rc == 2  # it would not have worked
+
+
+# -- a damaged column of a row ---------------------------------------------------------------
+
+#: member -> (seq, SQL setting one column of that row, the column named).
+ROW_COLUMNS: dict[str, tuple[int, str, str]] = {
+    # The oldest unacked row: plain inspect reads its time for the run's age.
+    "appended-at-text": (ACKED + 1, "appended_at = 'yesterday'", "appended_at"),
+    "appended-at-blob": (57, "appended_at = X'3FF0000000000000'", "appended_at"),
+    "appended-boot-text": (ACKED + 1, "appended_boot = 'boot?'", "appended_boot"),
+    "kind-not-utf8": (57, "kind = CAST(X'66FF6E64' AS TEXT)", "kind"),
+}
+
+
+@pytest.mark.parametrize("member", list(ROW_COLUMNS))
+def test_a_damaged_column_of_a_row_is_named_never_a_traceback(tmp_path: Path, member: str) -> None:
+    seq, assignment, column = ROW_COLUMNS[member]
+    run_id = f"run-{secrets.token_hex(4)}"
+    token = "tok-" + secrets.token_urlsafe(18)
+    good = build(tmp_path / "good", run_id, token)
+    log = tmp_path / "wal" / good.name
+    log.parent.mkdir(mode=0o700)
+    shutil.copy2(good, log)
+    with contextlib.closing(sqlite3.connect(log)) as conn:
+        conn.execute(f"UPDATE rows SET {assignment} WHERE seq = ?", (seq,))
+        conn.commit()
+    want = [json.loads(line) for line in cli("export", good).out.splitlines()]
+    before = digest(log)
+
+    def names_it(text: str) -> None:
+        assert "Traceback" not in text, text
+        assert f"seq {seq}" in text and column in text, text
+
+    # export: every row, the damaged cell null (or the row as its row_lost event); named.
+    exported = cli("export", log)
+    assert "Traceback" not in exported.err, exported.err
+    records = [json.loads(line) for line in exported.out.splitlines()]
+    assert [r["seq"] for r in records] == [r["seq"] for r in want]
+    intact = [(r, w) for r, w in zip(records, want, strict=True) if r["seq"] != seq]
+    assert all(r == w for r, w in intact)
+    [hit] = [r for r in records if r["seq"] == seq]
+    if column == "kind":
+        assert hit["body"]["type"] == "walchannel.row_lost" and exported.rc == 1
+        assert "kind" in hit["body"]["payload"]["reason"]
+        names_it(exported.err)
+        assert str(log) in exported.err and f"run {run_id}" in exported.err
+    elif column == "appended_at":
+        # The body checks out (its CRC): written as it is, its time null.
+        assert hit["body"] == want[seq - ACKED - 1]["body"] and hit["appended_at"] is None
+        assert exported.rc == 1
+        names_it(exported.err)
+        assert str(log) in exported.err and f"run {run_id}" in exported.err
+    else:
+        # Never exported: only the run's age reads it (by the wall clock instead).
+        assert exported.rc == 0 and records == want, exported.err
+
+    # inspect: its three forms, the damage named where the row is read.
+    listed = cli("inspect", log.parent, "--json")
+    assert listed.rc == 1 and "Traceback" not in listed.err, listed.err
+    [item] = listed.json()
+    assert item["unacked_count"] == HELD
+    if seq == ACKED + 1:  # plain inspect reads the oldest row
+        names_it(item["reason"])
+        assert item["state"] == "orphaned", item
+        if column == "appended_at":
+            assert item["oldest_unacked_age_s"] is None
+        else:
+            assert item["oldest_unacked_age_s"] is not None
+    table = cli("inspect", log, "--wide")
+    assert table.rc == 1 and "Traceback" not in table.err, table.err
+    shown = cli("inspect", log, "--show", str(seq - ACKED), "--wide")
+    assert shown.rc == 1 and "Traceback" not in shown.err, shown.err
+    last = shown.out.splitlines()[-1]
+    assert last.split()[:2] == ["seq", str(seq)], shown.out
+    if column in ("kind", "appended_at"):
+        assert "damaged" in last and column in last, last
+    assert digest(log) == before  # nothing wrote to the file
+
+
+@pytest.mark.asyncio
+async def test_a_row_with_a_damaged_time_is_still_flushed(
+    tmp_path: Path, local_engine: LocalEngine
+) -> None:
+    """inspect's step for such a run (flush, or a restart) works: the body is intact."""
+    run_id = f"run-{secrets.token_hex(4)}"
+    token = "tok-" + secrets.token_urlsafe(18)
+    local_engine.register_run(run_id, token)
+    # Nothing acked: this engine has seen none of the rows.
+    with RunLog.open(tmp_path / "wal", run_id, correlation_id=f"corr-{run_id}") as wal:
+        wal.update_meta(
+            connector_version="1",
+            harness_name="h",
+            harness_version="1",
+            token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+        )
+        seqs = [wal.append("finding", {"fields": {"n": i}}) for i in range(20)]
+        log = wal.path
+    with contextlib.closing(sqlite3.connect(log)) as conn:
+        conn.execute("UPDATE rows SET appended_at = 'yesterday' WHERE seq IN (1, 7)")
+        conn.commit()
+    [item] = cli("inspect", log, "--json").json()
+    assert item["state"] == "orphaned" and "flush" in item["next_step"], item
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON,
+        "-m",
+        "walchannel",
+        "flush",
+        str(log),
+        "--grpc-addr",
+        local_engine.grpc_addr,
+        "--token-env",
+        "TOK",
+        "--timeout",
+        "60",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(TOK=token),
+    )
+    _out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    assert local_engine.accepted(run_id) == seqs

@@ -43,7 +43,14 @@ from walchannel.formatting import (
     format_size,
     note_lines,
 )
-from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log, list_logs
+from walchannel.inspection import (
+    ALERT_STATES,
+    COLUMN_DAMAGED,
+    PathError,
+    RunReport,
+    inspect_log,
+    list_logs,
+)
 from walchannel.lock import OwnerLock, probe_owner
 from walchannel.log_format import ROW_LOST_TYPE, MetaDamagedError, Row
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
@@ -193,6 +200,8 @@ def _shown_lines(report: RunReport, *, wide: bool) -> list[str]:
             f"    seq {shown.seq:<8} {escape_text(shown.kind):<16} {format_age(shown.age_s):>7}"
             f"  {format_size(shown.size):>9}  "
         )
+        if shown.column_damage:
+            head += f"[{shown.column_damage}] "
         body = f"[{shown.damage}]" if shown.damage else _one_line(shown.body, _fit(head, wide))
         out.append(head + body)
     for q in report.shown_quarantined:
@@ -363,11 +372,14 @@ def export_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         err("export", f"{args.output}: cannot write: {exc.strerror or exc}")
         return 2
+    run = f"run {run_id_from_name(path) or '?'}"
     for seq, why in damaged_rows[:_DAMAGED_ROWS_NAMED]:
-        err(
-            "export",
-            f"{path}: row seq {seq} is damaged ({why}): written as its {ROW_LOST_TYPE} event",
+        written = (
+            "written with appended_at null (its body is intact)"
+            if why == _TIME_DAMAGED
+            else f"written as its {ROW_LOST_TYPE} event"
         )
+        err("export", f"{path}: {run}: row seq {seq} is damaged ({why}): {written}")
     if len(damaged_rows) > _DAMAGED_ROWS_NAMED:
         err("export", f"{path}: and {len(damaged_rows) - _DAMAGED_ROWS_NAMED} more damaged row(s)")
     return 1 if salvaged or damaged_rows else 0
@@ -375,6 +387,8 @@ def export_command(args: argparse.Namespace) -> int:
 
 # Damaged rows export names one line each, up to this many.
 _DAMAGED_ROWS_NAMED: Final = 20
+# How export says a row's damaged time (the row itself is written).
+_TIME_DAMAGED: Final = COLUMN_DAMAGED.format(column="appended_at")
 
 
 def _export_after(reader: LogReader) -> tuple[int, str | None]:
@@ -402,10 +416,16 @@ def _export_after(reader: LogReader) -> tuple[int, str | None]:
 def _noting_damage(
     rows: Iterator[tuple[Row, str | None]], damaged: list[tuple[int, str]]
 ) -> Iterator[Row]:
-    """Yield each row (a damaged one as its ``row_lost`` event), noting the damaged ones."""
+    """Yield each row (a damaged one as its ``row_lost`` event), noting the damaged ones.
+
+    A row whose body is good but whose ``appended_at`` is damaged is yielded
+    as it is (its time None) and noted too.
+    """
     for row, damage in rows:
         if damage is not None:
             damaged.append((row.seq, damage))
+        elif row.appended_at is None:
+            damaged.append((row.seq, _TIME_DAMAGED))
         yield row
 
 

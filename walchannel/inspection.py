@@ -149,7 +149,8 @@ class ShownRow:
     Attributes:
         seq: its seq.
         kind: the stored kind.
-        age_s: how long ago it was committed (seconds).
+        age_s: how long ago it was committed (seconds; None when its
+            ``appended_at`` is damaged, named in ``damage``).
         size: its msgpack body size (bytes).
         body: the decoded body (the ``row_lost`` substitute's when damaged).
         damage: why the row does not check out, or None.
@@ -157,10 +158,12 @@ class ShownRow:
 
     seq: int
     kind: str
-    age_s: float
+    age_s: float | None
     size: int
     body: dict[str, Any]
     damage: str | None
+    # The body is good but this cell is damaged (the row is kept).
+    column_damage: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,6 +561,8 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
                 f"(latest: seq {seq}: {why}; walchannel export --quarantined)"
             )
             reason = note if reason is None else f"{reason}; {note}"
+        if (oldest := _oldest_note(snap)) is not None:
+            reason = oldest if reason is None else f"{reason}; {oldest}"
     return RunReport(
         run_id=meta.run_id,
         file=str(path),
@@ -584,14 +589,33 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
 
 
 def _shown(row: Row, damage: str | None, now: float) -> ShownRow:
+    at = row.appended_at
     return ShownRow(
         row.seq,
         row.kind if damage is None else "damaged",
-        max(0.0, now - row.appended_at),
+        None if at is None else max(0.0, now - at),
         row.size,
         row.body,
         damage,
+        COLUMN_DAMAGED.format(column="appended_at") if at is None else None,
     )
+
+
+#: How a row's damaged time cell is said (inspect, export): the body is intact.
+COLUMN_DAMAGED: Final = "{column} damaged: not a number"
+
+
+def _oldest_note(snap: Snapshot) -> str | None:
+    """Name the oldest unacked row's damaged time cells (its age is read from them)."""
+    if not snap.oldest_damaged:
+        return None
+    said = "; ".join(COLUMN_DAMAGED.format(column=c) for c in snap.oldest_damaged)
+    age = (
+        "the run's age is unknown"
+        if "appended_at" in snap.oldest_damaged
+        else "its age is read by the wall clock"
+    )
+    return f"oldest unacked row seq {snap.oldest_seq}: {said} ({age}; its body is intact)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,6 +693,8 @@ def _salvaged(
             )
     if complaints:
         reason += f"; quick_check: {complaints[0]}"
+    if (note := _oldest_note(snap)) is not None:
+        reason += f"; {note}"
     oldest_age = None
     if snap.oldest_appended_at is not None:
         oldest_age = age_s(

@@ -65,6 +65,7 @@ from walchannel.log_format import (
     read_file_id,
     read_meta,
     row_lost_body,
+    row_time,
 )
 from walchannel.log_state import AckPlan, LogState
 
@@ -1149,7 +1150,7 @@ class RunLog:
         self._quarantined += 1
         if self._unacked_bytes is not None:
             self._unacked_bytes += len(blob) - len(raw[2])
-        return Row(seq, "event", body, float(raw[4]), len(blob))
+        return Row(seq, "event", body, row_time(raw[4]), len(blob))
 
     def quarantined(self) -> list[tuple[int, str]]:
         """Return ``(seq, reason)`` of every quarantined row.

@@ -70,6 +70,7 @@ __all__ = [
     "read_meta",
     "read_meta_fields",
     "row_lost_body",
+    "row_time",
     "undecodable_text_kept",
 ]
 
@@ -148,14 +149,16 @@ class Row:
         kind: the ``UpMessage`` oneof name (``event``, ``finding``,
             ``approval_request``, ``done``).
         body: the inner message as a plain mapping (SPEC "Control vs data").
-        appended_at: when it was committed (unix seconds).
+        appended_at: when it was committed (unix seconds); None when the
+            stored cell is not a number (damaged: the body, checked by its
+            CRC, is still good, so the row is kept).
         size: the size of its msgpack body (bytes).
     """
 
     seq: int
     kind: str
     body: dict[str, Any]
-    appended_at: float
+    appended_at: float | None
     size: int
 
 
@@ -314,16 +317,31 @@ def row_lost_body(seq: int, reason: str, **details: str | int) -> dict[str, Any]
     }
 
 
+def row_time(value: Any) -> float | None:
+    """A stored time cell (``appended_at``, ``appended_boot``) as seconds; None if not a number.
+
+    SQLite keeps whatever a damaged page holds in a REAL column of a
+    non-STRICT table (text, a blob): such a cell is damaged, never parsed.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def decode_row(
-    seq: int, kind: str, blob: bytes, crc: int, appended_at: float
+    seq: int, kind: str, blob: bytes, crc: int, appended_at: Any
 ) -> tuple[Row, str | None]:
     """Check and decode one stored row.
+
+    An ``appended_at`` that is not a number is the row's ``appended_at``
+    None (:func:`row_time`), not a reason: nothing sent depends on it.
 
     Returns:
         ``(row, None)`` for a good row; ``(substitute, reason)`` for a row
         whose CRC, msgpack or kind does not check out, where the substitute
         is the ``walchannel.row_lost`` event at the same seq.
     """
+    appended_at = row_time(appended_at)
     reason: str | None = None
     body: Any = None
     if not isinstance(blob, bytes):

@@ -86,6 +86,7 @@ from walchannel.log_format import (
     quick_check,
     read_meta,
     read_meta_fields,
+    row_time,
     undecodable_text_kept,
 )
 
@@ -158,6 +159,10 @@ class Snapshot:
     last_quarantined: tuple[int, str] | None = None
     # The oldest unacked row's CLOCK_BOOTTIME reading (the boot in meta.boot_id).
     oldest_appended_boot: float | None = None
+    # The oldest unacked row's seq, and its time cells that are damaged
+    # (not a number; an absent appended_boot is not damage).
+    oldest_seq: int | None = None
+    oldest_damaged: tuple[str, ...] = ()
 
     @property
     def meta(self) -> RunMeta:
@@ -466,7 +471,7 @@ class LogReader:
             columns = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
             boot = "appended_boot" if "appended_boot" in columns else "NULL"
             oldest = conn.execute(
-                f"SELECT appended_at, {boot} FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",  # noqa: S608
+                f"SELECT appended_at, {boot}, seq FROM rows WHERE seq > ? ORDER BY seq LIMIT 1",  # noqa: S608
                 (acked,),
             ).fetchall()
             quarantined = conn.execute("SELECT count(*) FROM quarantine").fetchall()[0][0]
@@ -474,16 +479,22 @@ class LogReader:
                 "SELECT seq, reason FROM quarantine ORDER BY quarantined_at DESC, seq DESC LIMIT 1"
             ).fetchall()
             conn.execute("COMMIT")
+            damaged: tuple[str, ...] = ()
+            if oldest:
+                at, boot_at, _ = oldest[0]
+                damaged = tuple(
+                    name
+                    for name, cell, absent_ok in (("appended_at", at, False), (boot, boot_at, True))
+                    if row_time(cell) is None and not (absent_ok and cell is None)
+                )
             return Snapshot(
                 reading=reading,
                 top_seq=int(top[0][0]) if top else None,
                 top_kind=str(top[0][1]) if top else None,
-                oldest_appended_at=float(oldest[0][0]) if oldest else None,
-                oldest_appended_boot=(
-                    float(oldest[0][1])
-                    if oldest and isinstance(oldest[0][1], int | float)
-                    else None
-                ),
+                oldest_appended_at=row_time(oldest[0][0]) if oldest else None,
+                oldest_appended_boot=row_time(oldest[0][1]) if oldest else None,
+                oldest_seq=int(oldest[0][2]) if oldest else None,
+                oldest_damaged=damaged,
                 quarantined=int(quarantined),
                 last_quarantined=(int(last_q[0][0]), str(last_q[0][1])) if last_q else None,
             )
@@ -651,7 +662,7 @@ def _quarantined_row(
         kind=kind if isinstance(kind, str) else None,
         body=body,
         raw=raw,
-        appended_at=float(appended_at) if isinstance(appended_at, int | float) else None,
+        appended_at=row_time(appended_at),
         reason=str(reason),
         quarantined_at=float(quarantined_at),
         size=len(blob) if isinstance(blob, bytes) else 0,

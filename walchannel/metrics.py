@@ -322,7 +322,10 @@ class ChannelMetrics:
             row = next(iter(log.unacked(after_seq=after, limit=1)), None)
             if row is None or row.seq > driver.translate(upto):
                 break
-            points.append((driver.untranslate(row.seq), perf - max(0.0, wall - row.appended_at)))
+            if row.appended_at is not None:  # None: a damaged cell, no age to seed
+                points.append(
+                    (driver.untranslate(row.seq), perf - max(0.0, wall - row.appended_at))
+                )
             after = row.seq + step - 1
         self.ages.seed(points)
 
