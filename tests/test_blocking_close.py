@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
 import signal
 import threading
 import time
@@ -20,14 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_blocking import blocking
 
 from helpers.engine_thread import EngineThread
 from walchannel import BlockingEngineChannel, ChannelClosedError, GracePeriod
 from walchannel.grace import EXIT_STOPPED
-from walchannel.testing.plugin import local_channel_config
-
-UPDATES = 40
-SLOW_S = 0.5  # each queued callback: 39 x 0.5 s = 19.5 s if close() ran them all
 
 
 @pytest.fixture
@@ -37,13 +33,8 @@ def engine() -> Iterator[EngineThread]:
     e.close()
 
 
-def blocking(e: EngineThread, tmp_path: Path, **kw: Any) -> tuple[BlockingEngineChannel, str]:
-    run_id = f"run-{secrets.token_hex(4)}"
-    token = secrets.token_urlsafe(16)
-    e.engine.register_run(run_id, token)
-    return BlockingEngineChannel(
-        local_channel_config(e.engine, tmp_path / "wal", run_id, token, **kw)
-    ), run_id
+UPDATES = 40
+SLOW_S = 0.5  # each queued callback: 39 x 0.5 s = 19.5 s if close() ran them all
 
 
 class SlowCallbacks:

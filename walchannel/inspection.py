@@ -533,14 +533,7 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
             return _unread(path, named, exc, owner)
     # Ages by boot time within the boot that wrote them (a wall-clock step
     # changes nothing), else by the wall clock (walchannel.clock.age_s).
-    oldest_age = None
-    if snap.oldest_appended_at is not None:
-        oldest_age = age_s(
-            clock,
-            wall_at=snap.oldest_appended_at,
-            boot_at=snap.oldest_appended_boot,
-            boot_id=meta.boot_id,
-        )
+    oldest_age = _oldest_age(snap, clock, meta.boot_id)
     last_ack_age = None
     if meta.last_ack_at is not None:
         last_ack_age = age_s(
@@ -603,6 +596,18 @@ def _shown(row: Row, damage: str | None, now: float) -> ShownRow:
 
 #: How a row's damaged time cell is said (inspect, export): the body is intact.
 COLUMN_DAMAGED: Final = "{column} damaged: not a number"
+
+
+def _oldest_age(snap: Snapshot, clock: Clock, boot_id: str | None) -> float | None:
+    """The oldest unacked row's age (seconds; None without rows or with its time damaged)."""
+    if snap.oldest_appended_at is None:
+        return None
+    return age_s(
+        clock,
+        wall_at=snap.oldest_appended_at,
+        boot_at=snap.oldest_appended_boot,
+        boot_id=boot_id,
+    )
 
 
 def _oldest_note(snap: Snapshot) -> str | None:
@@ -695,14 +700,7 @@ def _salvaged(
         reason += f"; quick_check: {complaints[0]}"
     if (note := _oldest_note(snap)) is not None:
         reason += f"; {note}"
-    oldest_age = None
-    if snap.oldest_appended_at is not None:
-        oldest_age = age_s(
-            clock,
-            wall_at=snap.oldest_appended_at,
-            boot_at=snap.oldest_appended_boot,
-            boot_id=boot_id,
-        )
+    oldest_age = _oldest_age(snap, clock, boot_id)
     last_ack_at: float | None = values.get("last_ack_at")
     last_ack_age = None
     if last_ack_at is not None:
