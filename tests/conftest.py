@@ -5,7 +5,8 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,84 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.02)
+
+
+async def while_progressing(
+    done: Callable[[], bool], progress: Callable[[], Any], stall_s: float = 30.0, what: str = ""
+) -> None:
+    """Wait until ``done()``; fail only when ``progress()`` did not change for ``stall_s`` s.
+
+    For a fixed amount of work: busy CPUs make it slower, never wrong, so
+    no budget for the whole; a stall is the failure.
+    """
+    seen, since = progress(), time.monotonic()
+    while not done():
+        now = progress()
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            raise AssertionError(f"no progress for {stall_s:g} s waiting for {what}: at {seen!r}")
+        await asyncio.sleep(0.02)
+
+
+# Servers and engines a test left running, kept so that none is collected later.
+_LEFT_RUNNING: list[object] = []
+
+
+def _made_where() -> str:
+    """The frames under tests/ that made a server, innermost first (conftest itself left out)."""
+    tests, here = f"{Path(__file__).parent}{os.sep}", __file__
+    frames = [
+        f"{os.path.relpath(frame.filename, ROOT)}:{frame.lineno}"
+        for frame in reversed(traceback.extract_stack())
+        if frame.filename.startswith(tests) and frame.filename != here
+    ]
+    return " <- ".join(frames) or "outside tests/"
+
+
+@pytest.fixture(autouse=True)
+def _every_server_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail the test that leaves a ``grpc.aio`` server or a ``LocalEngine`` running.
+
+    A server nobody stopped is collected later, in whatever test runs then,
+    after its event loop closed: grpc's ``Server.__del__`` then raises
+    "Event loop is closed" into that innocent test. Here the test that made
+    it fails instead (an error at teardown naming where it was made), and
+    the server is kept, never collected, so no later test pays for it.
+    """
+    import grpc.aio
+
+    from walchannel.testing.engine import LocalEngine
+
+    servers: list[tuple[grpc.aio.Server, str]] = []
+    engines: list[tuple[LocalEngine, str]] = []
+    make_server = grpc.aio.server
+    start_engine = LocalEngine.start
+
+    def server(*args: Any, **kwargs: Any) -> grpc.aio.Server:
+        made = make_server(*args, **kwargs)
+        servers.append((made, _made_where()))
+        return made
+
+    async def start(self: LocalEngine) -> None:
+        where = _made_where()
+        await start_engine(self)
+        engines.append((self, where))
+
+    monkeypatch.setattr(grpc.aio, "server", server)
+    monkeypatch.setattr(LocalEngine, "start", start)
+    yield
+    # Server.__del__ shuts down exactly what is_running() says is running.
+    left = [(s, f"a grpc.aio server made at {w}") for s, w in servers if s._server.is_running()]
+    left += [(e, f"a LocalEngine started at {w}") for e, w in engines if not e._stopped]
+    if left:
+        _LEFT_RUNNING.extend(thing for thing, _ in left)
+        pytest.fail(
+            "the test left running: "
+            + "; ".join(what for _, what in left)
+            + " (await server.stop(None) / await engine.stop(), in a finally)",
+            pytrace=False,
+        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import grpc
 import pytest
 
-from conftest import eventually, new_run
+from conftest import eventually, new_run, while_progressing
 from helpers.engine_thread import EngineThread
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
@@ -126,21 +126,27 @@ async def test_a_payload_changed_after_send_goes_out_as_it_was_committed(
 
 @pytest.mark.asyncio
 async def test_tiny_rows_cannot_grow_the_tail_past_its_byte_bound(
-    engine_channel: GrpcEngineChannel, local_engine: LocalEngine
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Each tail row counts its Python overhead: 30,000 empty findings (9 bytes
-    # of msgpack each) would otherwise all stay in memory.
-    from walchannel.row_source import TAIL_BYTES, TAIL_ROW_OVERHEAD
+    # Each tail row counts its Python overhead: empty findings (9 bytes of
+    # msgpack each) would otherwise all stay in memory. A 64 KiB bound shows
+    # it with 2,000 rows (18 KB of bodies) as the real 4 MiB one does with 30,000.
+    from walchannel import row_source
+    from walchannel.row_source import TAIL_ROW_OVERHEAD
 
+    monkeypatch.setattr(row_source, "TAIL_BYTES", 64 * 1024)
     ch = engine_channel
-    n = 30_000
-    for _ in range(n // 5_000):
-        ch.send_findings([{}] * 5_000)
+    n = 2_000
+    for _ in range(n // 500):
+        ch.send_findings([{}] * 500)
     tail = ch._rows.tail
-    assert len(tail) <= TAIL_BYTES // TAIL_ROW_OVERHEAD < n
+    assert len(tail) <= row_source.TAIL_BYTES // TAIL_ROW_OVERHEAD < n
+    assert ch._rows.tail_bytes <= row_source.TAIL_BYTES
     assert tail[-1][0] == n and tail[0][0] > 1
     await ch.handshake("1", "h", "1")  # the evicted rows come from disk
-    assert await ch.wait_acked(timeout_ms=60_000)
+    await while_progressing(
+        lambda: ch.last_acked_seq == n, lambda: ch.last_acked_seq, what=f"acks up to {n}"
+    )
     assert local_engine.accepted(ch.config.run_id) == list(range(1, n + 1))
 
 

@@ -405,3 +405,43 @@ async def test_discovery_through_a_dead_env_proxy_names_it(
         )
         assert await ch.wait_acked(ch.send_finding({"n": 1}), timeout_ms=10_000)
     assert local_engine.accepted(run_id) == [1]
+
+
+@pytest.mark.asyncio
+async def test_every_dial_is_a_connection_of_its_own(tmp_path: Path) -> None:
+    # SPEC "Reconnect": a fresh channel. gRPC's global subchannel pool would
+    # hand a new channel any live connection to the same address: another
+    # run's, or this run's old one when it outlived its channel's close.
+    from helpers.rogue import RogueEngine, RogueStream
+
+    async def script(stream: RogueStream) -> None:
+        peers.append(stream.context.peer())  # only while the call lives
+        hello = await stream.read()
+        assert hello is not None
+        stream.ack(acked.get(hello.run_id, 0))
+        while (msg := await stream.read()) is not None:
+            if msg.seq:
+                acked[msg.run_id] = msg.seq
+                stream.ack(msg.seq)
+                if len(peers) == 1:
+                    break  # the first stream only: a re-dial follows
+        stream.end()
+
+    acked: dict[str, int] = {}
+    peers: list[str] = []
+    engine = RogueEngine(script)
+    await engine.start()
+    try:
+        channels = [
+            GrpcEngineChannel(engine.channel_config(tmp_path / "wal", f"run-{i}"))
+            for i in range(2)
+        ]
+        async with channels[0] as first, channels[1] as second:
+            await first.handshake("1", "h", "1")
+            assert await first.wait_acked(first.send_finding({"n": 1}), timeout_ms=10_000)
+            await eventually(lambda: len(peers) == 2, what="the re-dial")
+            await second.handshake("1", "h", "1")
+            assert await second.wait_acked(second.send_finding({"n": 1}), timeout_ms=10_000)
+            assert len(peers) == 3 and len(set(peers)) == 3, peers
+    finally:
+        await engine.stop()

@@ -193,3 +193,64 @@ def test_running_out_of_file_descriptors_is_named_never_corrupt(tmp_path: Path, 
     assert state == "orphaned" or (state == "unreadable" and "EMFILE" in reason), out
     assert path.read_bytes() == before
     assert inspect_log(path).state == "orphaned"
+
+
+LATE_IMPORTS_SCRIPT = textwrap.dedent(
+    """
+    import json, shutil, sys, tempfile
+    from pathlib import Path
+    from walchannel import RunLog
+    from walchannel.inspection import inspect_log
+
+    late = []
+    folder, copied = Path(sys.argv[1]), Path(sys.argv[2])
+    # From here on, any import reads a module file: one more descriptor.
+    sys.addaudithook(lambda event, args: event == "import" and late.append(args[0]))
+    with RunLog.open(folder, "run-6", correlation_id="c") as wal:  # created
+        wal.append_many([("finding", {"n": i}) for i in range(3)])
+        late.append(("live", inspect_log(wal.path).state))  # mode=ro, through the -shm
+        shutil.copyfile(wal.path, copied / wal.path.name)
+        shutil.copyfile(f"{wal.path}-wal", copied / f"{wal.path.name}-wal")
+    late.append(("copied", inspect_log(copied / wal.path.name).state))  # a private copy
+    with RunLog.open(folder, "run-6", correlation_id="c") as wal:  # reopened
+        wal.ack(3)
+        wal.checkpoint()
+    late.append(("closed", inspect_log(wal.path).state))  # immutable=1
+    print(json.dumps(late))
+    """
+)
+
+
+def test_opening_and_inspecting_a_log_import_nothing_late(tmp_path: Path) -> None:
+    # A module imported on first use needs a descriptor to read its file: with
+    # none left its OSError would escape unnamed (Python 3.13's Path.as_uri
+    # imports urllib.parse so; a text file's codec is looked up so too).
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_IMPORTS_SCRIPT, str(tmp_path / "wal"), str(copied)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        ["live", "active"],
+        ["copied", "orphaned"],
+        ["closed", "idle"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["a?b#c", "50%20 off", "été"], ids=["query-mark", "percent", "utf-8"]
+)
+def test_a_folder_name_that_means_something_in_a_uri_holds_a_log(
+    tmp_path: Path, name: str
+) -> None:
+    # SQLite opens logs by file: URI: "?", "#" and "%" in the path are quoted.
+    path = make_log(tmp_path / name, "run-8", rows=2)
+    with RunLog.open(tmp_path / name, "run-8", correlation_id="c") as wal:
+        assert wal.next_seq == 3
+        assert inspect_log(path).state == "active"
+    assert inspect_log(path).state == "orphaned"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]

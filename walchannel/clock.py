@@ -80,8 +80,10 @@ class SystemClock:
             self._boot_id_read = True
             if self._boottime is not None:
                 try:
-                    with open(BOOT_ID_PATH, encoding="ascii") as file:
-                        self._boot_id = file.read().strip() or None
+                    # Bytes, decoded here: a text file would look its codec
+                    # up, an import that needs a descriptor of its own.
+                    with open(BOOT_ID_PATH, "rb") as file:
+                        self._boot_id = file.read().decode("ascii").strip() or None
                 except (OSError, ValueError):
                     self._boot_id = None
         return self._boot_id

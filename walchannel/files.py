@@ -19,6 +19,11 @@ import stat
 from pathlib import Path
 from typing import Final
 
+# Imported here, not on first use (as Python 3.13's Path.as_uri does): an
+# import reads a module file, and with no descriptor left its OSError would
+# escape the open or the read it interrupts unnamed.
+from urllib.parse import quote_from_bytes
+
 __all__ = [
     "LOG_SUFFIX",
     "LOCK_SUFFIX",
@@ -36,6 +41,7 @@ __all__ = [
     "lock_path",
     "log_path",
     "open_failure",
+    "sqlite_uri",
     "temporary_path",
 ]
 
@@ -125,6 +131,19 @@ def ensure_wal_dir(wal_dir: str | os.PathLike[str] | None) -> Path:
 def log_path(wal_dir: Path, run_id: str) -> Path:
     """Return ``<wal_dir>/<run_id>.wal.sqlite3`` for a checked run id."""
     return wal_dir / f"{check_run_id(run_id)}{LOG_SUFFIX}"
+
+
+def sqlite_uri(path: Path, query: str) -> str:
+    """Return ``path``, resolved, as SQLite's ``file:`` URI with ``query`` (https://sqlite.org/uri.html).
+
+    The same URI as ``f"{path.resolve().as_uri()}?{query}"``, with nothing
+    imported on the way (a late import needs a descriptor of its own).
+
+    Args:
+        path: the database file.
+        query: the URI parameters, such as ``"mode=ro&immutable=1"``.
+    """
+    return f"file://{quote_from_bytes(os.fsencode(path.resolve()))}?{query}"
 
 
 def lock_path(log: Path) -> Path:

@@ -374,7 +374,7 @@ class RunLog:
                 raise cls._cannot_open(path, exc) from None
         try:
             conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None
+                files.sqlite_uri(path, "mode=rw"), uri=True, isolation_level=None
             )
         except sqlite3.Error as exc:
             raise cls._cannot_open(path, exc) from None
@@ -420,10 +420,8 @@ class RunLog:
         size = files.file_size(Path(f"{path}-wal"))
         if size == 0:
             return
-        uri = path.resolve().as_uri()
-
         def file_id(query: str) -> str | None:
-            conn = sqlite3.connect(f"{uri}?{query}", uri=True)
+            conn = sqlite3.connect(files.sqlite_uri(path, query), uri=True)
             try:
                 return read_file_id(conn)
             finally:

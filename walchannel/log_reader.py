@@ -297,7 +297,7 @@ class LogReader:
     def _connect(self, path: Path, query: str) -> None:
         try:
             conn = sqlite3.connect(
-                f"{path.resolve().as_uri()}?{query}",
+                files.sqlite_uri(path, query),
                 uri=True,
                 isolation_level=None,
                 timeout=_READ_BUSY_TIMEOUT_S,

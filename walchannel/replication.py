@@ -595,7 +595,7 @@ def _check_restored(path: Path, run_id: str, source: str) -> tuple[RunMeta, int,
     stale ``-wal`` of the lost log cannot pass for its own (SPEC "Host loss").
     """
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, isolation_level=None)
+        conn = sqlite3.connect(files.sqlite_uri(path, "mode=rw"), uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         raise ReplicationError(f"restored {source!r} cannot be opened: {exc}") from None
     try:

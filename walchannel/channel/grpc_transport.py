@@ -306,6 +306,10 @@ class GrpcTransport:
             # Replay is ours: gRPC's transparent retries would reorder nothing
             # useful and hide drops.
             ("grpc.enable_retries", 0),
+            # A fresh channel is a fresh connection: gRPC's global subchannel
+            # pool would hand a re-dial the old connection (or another run's
+            # to the same address) when it outlived its channel's close.
+            ("grpc.use_local_subchannel_pool", 1),
             # No send cap: max_message_bytes judges new sends (RowSource.prepare);
             # a row already logged (under a larger max_message_bytes) is the
             # engine's to accept or refuse, and a refusal is handled (the
