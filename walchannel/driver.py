@@ -441,6 +441,18 @@ class Driver:
             return FAILED_ENGINE_BEHIND
         return reason
 
+    def on_close(self) -> None:
+        """``close()`` began (or the loop is gone): no send is admitted from now on."""
+        self.closed = True
+
+    def on_done_sent(self) -> None:
+        """``send_done`` logged the run's ``Done`` (or found it delivered): later sends close."""
+        self.done_sent = True
+
+    def note_error(self, text: str) -> None:
+        """Keep ``text`` (no token: the caller redacts it) as ``last_error`` (``stats()``)."""
+        self.last_error = text
+
     def protocol_error(self, message: str) -> str:
         """The engine broke the protocol: count it; return the ``last_error`` text (SPEC "Acks")."""
         self.protocol_errors += 1

@@ -430,7 +430,7 @@ class GrpcEngineChannel:
         """
         if self._driver.closed:
             return
-        self._driver.closed = True
+        self._driver.on_close()
         self._closing = True
         logger.warning(
             "run %s: the channel's event loop is gone (closed or stopped); the channel is "
@@ -517,7 +517,7 @@ class GrpcEngineChannel:
 
     def _note_error(self, message: str) -> None:
         """Keep ``message`` as ``last_error`` (``stats()``), not in the log."""
-        self._driver.last_error = redact_secret(message, self._config.run_token)
+        self._driver.note_error(redact_secret(message, self._config.run_token))
 
     def _record_error(self, message: str, *, failed: str | None = None) -> None:
         """Keep ``message`` as ``last_error`` and store it in the log's meta (``inspect``)."""
@@ -748,12 +748,12 @@ class GrpcEngineChannel:
         if driver.completed:
             # This channel already delivered the run's Done (a restarted
             # harness's log held it): the tombstone is stored.
-            driver.done_sent = True
+            driver.on_done_sent()
             return True
         if driver.done_seq is None:
             body = messages.done_body(status, findings, coverage, exit_reason)
             self._log_rows([self._rows.prepare("done", body)], None, exempt_from_backlog=True)
-        driver.done_sent = True
+        driver.on_done_sent()
         _killpoints.reached("in_send_done")
         # No ack wakes it: completion (the tombstone stored) and failures do.
         acked = await self._wait_for(
@@ -877,7 +877,7 @@ class GrpcEngineChannel:
             text = "waiting for acks, but handshake() was never called: nothing is sent until it is"
             if driver.last_error != text:
                 logger.warning("run %s: %s", self._run_id, text)
-                driver.last_error = text
+                driver.note_error(text)
         while not condition():
             # FAILED or EXPIRED: the connection loop is over, no ack can come.
             if driver.closed or driver.final:
@@ -1738,7 +1738,7 @@ class GrpcEngineChannel:
 
     async def _close(self) -> None:
         driver = self._driver
-        driver.closed = True
+        driver.on_close()
         self._closing = True
         _killpoints.reached("in_close")
         self._cancel_timers()
