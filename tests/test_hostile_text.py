@@ -20,7 +20,6 @@ import logging
 import re
 import secrets
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import httpx
 import pytest
 
 from conftest import PYTHON, ROOT, child_env, eventually
+from helpers.http_answer import serving
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import EngineUnavailableError, GrpcEngineChannel, RunLog
 from walchannel.discovery import discover
@@ -224,14 +224,8 @@ def redirecting_server() -> Iterator[str]:
             )
             self.wfile.write(head + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.mark.asyncio

@@ -28,7 +28,14 @@ def serve_answer(answer: bytes | Callable[[], bytes], status: int = 200) -> Iter
             with contextlib.suppress(OSError):
                 self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serving(Handler) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1:0 in a thread; yield the base URL; stop it on exit."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
