@@ -277,21 +277,41 @@ class LogState(NamedTuple):
             self.run_id, seq, self.last_acked, self.unverified_from, done_at, self.completed
         )
 
-    def after_failed_commit(self, top_seq: int | None) -> LogState:
-        """A commit failed; SQLite's ``MAX(seq)`` is ``top_seq``: never hand out a seq it holds.
+    def follow_disk(
+        self,
+        *,
+        high_water: int,
+        last_acked: int,
+        unverified_from: int | None,
+        completed: bool,
+        top_seq: int | None,
+        top_is_done: bool,
+    ) -> LogState:
+        """A commit failed or was interrupted; the disk says what landed: take its word.
 
         An I/O error reported after the commit frame reached the WAL may
-        still have landed the rows (docs/design.md, "A failed commit").
+        still have landed the rows (docs/design.md, "A failed commit"), and
+        an exception from a signal handler can land anywhere, right after
+        ``COMMIT`` too, before this state followed it. What the disk holds
+        is the state then, read as at open but for ``unverified_from``,
+        taken as stored; the next seq never goes back and never names a
+        row the disk holds (SPEC "The log": a seq is never reused).
+
+        Args:
+            high_water: the meta's stored high-water mark.
+            last_acked: the meta's stored cursor.
+            unverified_from: the meta's stored ``unverified_from``.
+            completed: ``completed_at`` is set.
+            top_seq: the highest seq among the rows (None: no rows).
+            top_is_done: that row is a ``done`` row.
         """
-        if top_seq is None or top_seq < self.next_seq:
-            return self
         return LogState(
             self.run_id,
-            top_seq + 1,
-            self.last_acked,
-            self.unverified_from,
-            self.done_seq,
-            self.completed,
+            max(self.next_seq, next_seq_at_open(high_water, top_seq, last_acked)),
+            last_acked,
+            unverified_from,
+            top_seq if top_is_done and not completed else None,
+            completed,
         )
 
     # -- acks and verification --------------------------------------------------------
