@@ -262,6 +262,10 @@ class GrpcEngineChannel:
         self._wake_at = math.inf
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
+        # close() began closing the network (the transport, the replica gate);
+        # a cancelled close() leaves it to a task of its own, kept here.
+        self._network_closing = False
+        self._teardown: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._checkpoint_timer: asyncio.TimerHandle | None = None
@@ -818,9 +822,9 @@ class GrpcEngineChannel:
             future = asyncio.get_running_loop().create_future()
             self._approvals[rid] = future
         try:
-            if timeout_ms is None:
+            # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
                 return await asyncio.shield(future)
-            return await asyncio.wait_for(asyncio.shield(future), timeout_ms / 1000)
         except TimeoutError:
             raise ApprovalTimeoutError(
                 f"run {self._run_id}: no decision for approval request {rid!r} "
@@ -1719,6 +1723,19 @@ class GrpcEngineChannel:
         stopped (an earlier ``asyncio.run()`` ended), the channel is closed
         without it, nothing of it awaited (the socket closes with the gRPC
         channel object); if it runs in another thread, the close runs there.
+
+        Cancelled (``task.cancel()``, an ``asyncio.timeout()`` around it), or
+        called by a task that is being cancelled (an ``async with`` body
+        cancelled), it finishes at once and awaits nothing more: the channel
+        is ``CLOSED``, the received ack stored, pending approvals fail, the
+        log closed and its lock released, synchronously; the network's
+        teardown (the stream's call and tasks, the discovery client) goes on
+        in the background. The ``CancelledError`` of a cancelled ``close()``
+        is raised again; that of a task being cancelled goes on as it was.
+
+        Raises:
+            asyncio.CancelledError: ``close()`` itself was cancelled.
+
         SPEC "Shutdown order".
         """
         if self._driver.closed:
@@ -1732,9 +1749,59 @@ class GrpcEngineChannel:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))
             return
         try:
-            await self._close()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self._close_now()
+                return
+            try:
+                await self._close()
+            except asyncio.CancelledError:
+                self._close_now()
+                raise
         finally:
             self._log.close()
+
+    def _close_now(self) -> None:
+        """Finish a cancelled ``close()`` without awaiting: the network's teardown goes on apart.
+
+        Idempotent with :meth:`_close` (it may have done part of this).
+        The connection loop is cancelled: it tears its stream down itself,
+        in its own task; the transport and the replica gate are closed by a
+        task of their own. The caller closes the log.
+        """
+        driver = self._driver
+        driver.on_close()
+        self._closing = True
+        self._cancel_timers()
+        self._over.set()
+        if self._stream is not None:
+            self._stream.finish(StreamEnded("closed"))
+        runner = self._runner
+        if runner is not None and not runner.done():
+            runner.cancel()
+        self._store_ack(force=True)
+        self._move(ChannelState.CLOSED)
+        self._fail_approvals(
+            lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
+        )
+        self._acked_changed.set()
+        if self._metrics is not None:
+            self._metrics.close()
+        if not self._network_closing:
+            self._teardown = asyncio.get_running_loop().create_task(
+                self._close_network(), name=f"walchannel-{self._run_id}-teardown"
+            )
+
+    async def _close_network(self) -> None:
+        """Close the transport (its discovery client) and the replica gate; errors are logged."""
+        self._network_closing = True
+        try:
+            await self._transport.aclose()
+        except Exception as exc:
+            logger.debug("run %s: closing the transport failed: %r", self._run_id, exc)
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                await self._replica.aclose()
 
     async def _close(self) -> None:
         driver = self._driver
@@ -1749,12 +1816,9 @@ class GrpcEngineChannel:
             lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
         )
         self._acked_changed.set()
-        await self._transport.aclose()
         if self._metrics is not None:
             self._metrics.close()
-        if self._replica is not None:
-            with contextlib.suppress(Exception):
-                await self._replica.aclose()
+        await self._close_network()
 
     async def _stop_streaming(self) -> None:
         """For close: half-close the stream, wait up to ``close_timeout_ms``, tear down.
@@ -1765,8 +1829,14 @@ class GrpcEngineChannel:
         budget_s = self._config.close_timeout_ms / 1000
         stream = self._stream
         if stream is not None and not stream.ended.is_set():
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(stream.half_close(), budget_s)
+            # A cancel propagates (asyncio.timeout, not wait_for: on Python
+            # 3.11 wait_for can swallow one, python/cpython#86296).
+            try:
+                async with asyncio.timeout(budget_s):
+                    await stream.half_close()
+            except Exception as exc:  # the budget passed, or the call failed: tear down
+                if not isinstance(exc, TimeoutError):
+                    logger.debug("run %s: half-close failed: %r", self._run_id, exc)
             stream.finish(StreamEnded("closed"))
         # Wake the loop (backoff sleeps and handshake waits watch _over) and
         # let it tear its stream down itself; cancel it only if it lingers.
@@ -1777,7 +1847,7 @@ class GrpcEngineChannel:
                 self._runner.cancel()
                 await asyncio.wait({self._runner}, timeout=TEARDOWN_TIMEOUT_S)
         if self._stream is not None:
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception):
                 await self._stream.teardown()
 
     async def __aenter__(self) -> Self:
