@@ -251,6 +251,64 @@ PLANTS: tuple[Plant, ...] = (
         "            _, kind, blob = tail[max(0, seq - tail[0][0] - 1)]\n",
         ("two contents", "applied 2 times", *LOST),
     ),
+    # -- what the channel tells the harness (its answers, checked as they are given) ---
+    Plant(
+        "wait_acked_compares_the_untranslated_target",
+        "channel/__init__.py",
+        "            lambda: driver.acked >= driver.translate(target),\n",
+        "            lambda: driver.acked >= target,\n",
+        ("wait_acked", *LOST),
+    ),
+    Plant(
+        "waiter_acked_exactly_not_woken",
+        "channel/__init__.py",
+        "        if acked >= self._wake_at:\n",
+        "        if acked > self._wake_at:\n",
+        ("not woken", "send_done returned"),
+    ),
+    Plant(
+        "first_provisional_seq_left_untranslated",
+        "driver.py",
+        "            if first <= seq < end:\n",
+        "            if first < seq < end:\n",
+        ("wait_acked",),
+    ),
+    Plant(
+        "send_done_takes_a_logged_done_for_a_delivered_one",
+        "channel/__init__.py",
+        "        if driver.completed:\n            # This channel already delivered",
+        "        if driver.completed or driver.done_seq is not None:\n"
+        "            # This channel already delivered",
+        ("send_done returned True", "lacks Done"),
+    ),
+    Plant(
+        "progress_not_taken_from_the_disk",
+        "log.py",
+        "        self._progress = meta.progress\n        self._quarantined = quarantined\n",
+        "        self._quarantined = quarantined\n",
+        ("progress()",),
+    ),
+    Plant(
+        "refused_row_read_one_late",
+        "channel/__init__.py",
+        "        row = next(self._log.unacked(after_seq=seq - 1, limit=1))\n",
+        "        row = next(self._log.unacked(after_seq=seq, limit=1))\n",
+        ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),
+    ),
+    Plant(
+        "engine_forgot_call_back_dropped",
+        "channel/__init__.py",
+        "            driver.on_forgot(engine_high)\n",
+        "",
+        ("gap", "stuck", *LOST),
+    ),
+    Plant(
+        "first_ack_taken_for_an_answer_without_answers",
+        "channel/stream.py",
+        '                if not answer.done() and self._acks_handshake and msg.HasField("ack"):\n',
+        '                if not answer.done() and msg.HasField("ack"):\n',
+        ("not woken", "send_done returned", "stuck"),
+    ),
     # -- ages across clock steps (walchannel/log.py) ---------------------------------
     Plant(
         "age_read_off_the_wall_clock",

@@ -29,9 +29,20 @@ world is fake, plugged into the channel's seams:
 
 A crash (SIGKILL) marks the process dead, cuts its links (a prefix of its
 in-flight writes still lands) and cancels its tasks in the order they were
-made; nothing it does afterwards reaches the world. After every schedule the
-invariants of docs/reliability.md are checked; a violation prints the seed
-and the last events.
+made; nothing it does afterwards reaches the world. Faults also come from
+inside the process: a signal handler's exception (``KeyboardInterrupt``, or
+the ordinary :class:`Interrupt`) between two statements of the log's
+transactions or around a ``COMMIT``, and cancellation of the harness's calls
+and task; and from an engine that breaks its duties (acks beyond what was
+written, impossible handshake answers, floods, oversize down messages). These
+draw from a random stream of their own, so a schedule that draws none of
+them plays as it did before they existed.
+
+Every answer the harness gets is checked as it is given (a seq returned is
+committed, ``wait_acked``, ``send_done``, ``progress()``, a
+``RowRefusedError``, ``stats()``); after every schedule the invariants of
+docs/reliability.md are checked; a violation prints the seed and the last
+events.
 
 Usage::
 
@@ -43,8 +54,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import contextvars
+import json
 import logging
 import multiprocessing
 import os
@@ -53,9 +66,10 @@ import sqlite3
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 import looptime
 import msgpack
@@ -113,12 +127,34 @@ EPOCH_S = 1_767_225_600.0  # 2026-01-01
 MAX_TURNS_AT_ONE_INSTANT = 100_000
 MAX_TURNS = 3_000_000
 
+#: Shares of the schedules with each fault of the inside and each lie of the engine.
+P_INTERRUPTS = 0.25
+P_CANCELS = 0.25
+P_LIAR = 0.0  # 0.2 once impossible answers are never applied (issue 33)
+P_FORGET = 0.2
+P_SEQ_WAITS = 0.3
+#: What a lying engine does (World.fault_lie).
+LIES = ("ack", "ack", "heartbeat", "flood", "backwards", "answer", "down_big", "control")
+
 RUN_ID = "sim"
 CORRELATION_ID = "sim-c"
 TOKEN = "sim-token"
 HARNESS = ("sim", "sim-harness", "1")
 
 _INF = float("inf")
+_T = TypeVar("_T")
+
+#: A cancelled public coroutine must raise within this (virtual ms; SPEC: ~100 ms).
+CANCEL_BOUND_MS = 100.0
+#: An ack that reaches a waiter's row must wake it within this (virtual ms).
+WAKE_SLACK_MS = 1.0
+#: A stream that carried an impossible answer must be ended within this (virtual ms).
+REDIAL_BOUND_MS = 1_000.0
+#: A process whose event loop ended on an exception (asyncio.run) must stop its tasks within this.
+RUNDOWN_MS = 10_000.0
+#: The largest value an ``Ack`` can carry (``uint64``), and SQLite's largest integer.
+U64_MAX = 2**64 - 1
+I64_MAX = 2**63 - 1
 
 # The process whose code runs now: every task a process makes is its own.
 PROC: contextvars.ContextVar[Proc | None] = contextvars.ContextVar("sim_proc", default=None)
@@ -126,6 +162,17 @@ PROC: contextvars.ContextVar[Proc | None] = contextvars.ContextVar("sim_proc", d
 
 class Livelock(Exception):
     """The event loop spins without virtual time moving on: the schedule cannot end."""
+
+
+class Interrupt(Exception):
+    """What a harness's signal handler raises (a per-file ``SIGALRM`` timeout): an Exception."""
+
+
+class Cancelled(Exception):
+    """A public coroutine the world cancelled (``asyncio.timeout`` around it) raised in time."""
+
+
+INTERRUPTS = (Interrupt, KeyboardInterrupt)
 
 
 # -- contents: what the checker follows through the log and the engine ------------------
@@ -164,7 +211,8 @@ class Up(NamedTuple):
     seq: int
     content: int
     size: int  # encoded bytes
-    body: Any  # the row_lost payload, or the approval's request id
+    body: Any  # the row_lost payload, the approval's request id, Done's (status, findings)
+    rk: str = ""  # the row's kind: event | finding | approval_request | done
 
 
 _WIRE: dict[bytes, Up] = {}
@@ -182,6 +230,7 @@ def _decode(data: bytes) -> Up:
     extra: Any = None
     if kind == "done":
         content = DONE
+        extra = (msg.done.status, msg.done.findings)
     elif kind == "finding":
         content = int(msg.finding.fields["i"])
     elif kind == "approval_request":
@@ -192,7 +241,7 @@ def _decode(data: bytes) -> Up:
         extra = {k: msg.event.payload[k] for k in msg.event.payload}
     else:
         content = int(msg.event.payload["c"])
-    found = Up("data", msg.seq, content, len(data), extra)
+    found = Up("data", msg.seq, content, len(data), extra, kind)
     if len(_WIRE) > 200_000:
         _WIRE.clear()
     _WIRE[data] = found
@@ -225,6 +274,7 @@ class Snap(NamedTuple):
     completed: bool
     handshake: bool  # handshake fields stored
     touched: tuple[int, ...]  # contents whose rows this commit inserted, moved or deleted
+    progress: Any  # the harness's progress marker (decoded), None for none
 
 
 def read_snap(conn: sqlite3.Connection) -> Snap:
@@ -233,9 +283,9 @@ def read_snap(conn: sqlite3.Connection) -> Snap:
     quarantined = tuple(
         _blob_content(k, b) for k, b in conn.execute("SELECT kind, body FROM quarantine")
     )
-    acked, unverified, completed, handshake = conn.execute(
+    acked, unverified, completed, handshake, progress = conn.execute(
         "SELECT last_acked_seq, unverified_from, completed_at IS NOT NULL,"
-        " harness_name IS NOT NULL FROM meta WHERE id = 1"
+        " harness_name IS NOT NULL, progress FROM meta WHERE id = 1"
     ).fetchone()
     return Snap(
         conn.serialize(),
@@ -246,7 +296,33 @@ def read_snap(conn: sqlite3.Connection) -> Snap:
         bool(completed),
         bool(handshake),
         (),
+        _progress_of(progress),
     )
+
+
+_MARKERS: dict[str, Any] = {}
+
+
+def _progress_of(text: str | None) -> Any:
+    """A stored progress marker, decoded once per distinct text."""
+    if text is None:
+        return None
+    found = _MARKERS.get(text)
+    if found is None:
+        if len(_MARKERS) > 10_000:
+            _MARKERS.clear()
+        found = _MARKERS[text] = json.loads(text)
+    return found
+
+
+def _in_transaction(conn: sqlite3.Connection | None) -> bool:
+    """Is ``conn`` (open) inside a transaction? A closed connection is in none."""
+    if conn is None:
+        return False
+    try:
+        return conn.in_transaction
+    except sqlite3.ProgrammingError:
+        return False
 
 
 _FRESH: bytes | None = None
@@ -300,12 +376,42 @@ class DiskHook:
                 self.w.complete_failed = True  # the checker's note: no tombstone then
             raise sqlite3.OperationalError("database or disk is full")
         self.w.cp()
+        if self.w.next_interrupt > 0:
+            self.w.interrupt_point(self.proc, f"before the COMMIT of {what}", after=False)
 
     def after_commit(self, what: str) -> None:
         if self.proc.alive:
             self.w.committed(self.conn, what)
         if self.proc.alive:
             self.w.cp()
+        if self.w.next_interrupt > 0:
+            self.w.interrupt_point(self.proc, f"after the COMMIT of {what}", after=True)
+
+
+class SimConnection(sqlite3.Connection):
+    """The log's connection on the simulated disk: a signal may land before any statement.
+
+    Inside a transaction of the log (``BEGIN IMMEDIATE`` to ``COMMIT``) the
+    world may raise, before a statement, what a harness's signal handler
+    would: ``KeyboardInterrupt`` or :class:`Interrupt` (cpython bpo-27334,
+    duckdb #5938, sqlite-utils #767). ``ROLLBACK`` is the product's recovery
+    and is left alone.
+    """
+
+    world: World | None = None
+    proc: Proc | None = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        w = self.world
+        if w is not None and self.in_transaction and sql != "ROLLBACK":
+            w.interrupt_point(self.proc, sql, after=False)
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        w = self.world
+        if w is not None and self.in_transaction:
+            w.interrupt_point(self.proc, sql, after=False)
+        return super().executemany(sql, parameters)
 
 
 # -- the processes ------------------------------------------------------------------------
@@ -332,12 +438,41 @@ class Proc:
         self.exp_attempt = 0
         self.last_end_ms: float | None = None
         self.dials: deque[float] = deque()
+        # What its channel answered, and what the checker needs to judge the answers.
+        self.main_task: asyncio.Task[Any] | None = None
+        self.conn: SimConnection | None = None
+        self.signals = 0  # exceptions the world raised in its code (a signal handler's)
+        self.ending = False  # its event loop ended on an exception: its tasks run down
+        self.closing: str | None = None  # why it closes its channel, once it does
+        self.handed: dict[int, int] = {}  # seq returned by send_* -> the content logged
+        # The send in progress: its contents, its marker, the marker stored before it.
+        self.pending: tuple[tuple[int, ...], Any, Any] | None = None
+        self.ack_t: list[float] = []  # truthful data acks its channel read: when,
+        self.ack_v: list[int] = []  # and their seqs
+        self.max_truth = 0  # the highest ack or answer the engine gave it (or stored at open)
+        self.max_written = 0  # the highest seq its channel ever wrote
+        self.lies_read = 0  # impossible answers its channel read
+        self.counters = (0, 0, 0)  # stats() sent, replayed, reconnects, last read
+        self.calls = 0  # public coroutines it called, and the one awaited now
+        self.in_call = 0
+        self.cancel_at: float | None = None  # the world cancelled its main task then,
+        self.cancel_call = 0  # during this call (0: outside any)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         tasks = self.tasks
         tasks.append(task)
         if len(tasks) > 64:
             self.tasks = [t for t in tasks if not t.done()]
+
+
+class Life:
+    """A harness process's own notes: where its scan stands, the first seq it was handed."""
+
+    __slots__ = ("first", "nxt")
+
+    def __init__(self, nxt: int) -> None:
+        self.nxt = nxt
+        self.first: int | None = None
 
 
 def _task_factory(
@@ -385,6 +520,12 @@ class VirtualClock:
 # -- the network ----------------------------------------------------------------------------
 
 
+class _Lie:
+    """An impossible ack on its way to the client; made when the client reads it."""
+
+    __slots__ = ()
+
+
 class Inst:
     """One engine process: its address and its streams (the store is the World's)."""
 
@@ -402,6 +543,8 @@ class Link:
     """The simulated transport of one dial, with what each end reads of it."""
 
     __slots__ = (
+        "answer_h",
+        "answered",
         "connect_wait",
         "connected",
         "down_t",
@@ -416,6 +559,7 @@ class Link:
         "inst",
         "keepalive",
         "link",
+        "marks",
         "proc",
         "productive",
         "reader",
@@ -451,6 +595,10 @@ class Link:
         self.productive = False
         self.up_at: float | None = None
         self.end_t: float | None = None
+        self.answered = False  # the handshake's answer was delivered
+        self.answer_h: int | None = None  # its value (a true answer)
+        # Down messages the checker reads as the client reads them: (message, what, value).
+        self.marks: deque[tuple[Any, str, Any]] = deque()
         # The client's side: what its reads and writes wait on.
         self.inbox: deque[Any] = deque()
         self.end: StreamEnded | None = None
@@ -476,6 +624,8 @@ class SimCall:
             s.connect_wait = w.loop.create_future()
             await s.connect_wait
         up = _decode(message)
+        if up.seq > s.proc.max_written:
+            s.proc.max_written = up.seq  # the checker's note: what this channel ever wrote
         if up.kind == "data" and s.proc is w.proc:
             w.cp()  # the process may die before the row goes out
             if not s.proc.alive:
@@ -491,11 +641,16 @@ class SimCall:
     async def read(self) -> Any:
         s = self.link
         if s.inbox:
-            return s.inbox.popleft()
-        if s.end is not None:
+            msg = s.inbox.popleft()
+        elif s.end is not None:
             raise s.end
-        s.reader = self.w.loop.create_future()
-        return await s.reader
+        else:
+            s.reader = self.w.loop.create_future()
+            msg = await s.reader
+        marks = s.marks
+        if marks and marks[0][0] is msg:
+            return self.w.read_mark(s, marks.popleft())
+        return msg
 
     async def done_writing(self) -> None:
         w, s = self.w, self.link
@@ -618,6 +773,24 @@ class World:
                 "budgets",
                 "clock_steps",
                 "foreign_errors",
+                # The faults from inside the process, and the misbehaving engine.
+                "interrupts",
+                "interrupts_after_commit",
+                "keyboard_interrupts",
+                "loop_escapes",
+                "cancels",
+                "task_cancels",
+                "ack_lies",
+                "heartbeat_lies",
+                "answer_lies",
+                "ack_floods",
+                "backward_acks",
+                "down_too_large",
+                "control_details",
+                "engine_forgets",
+                "forgot_answers",
+                "seq_waits",
+                "protocol_errors",
             ),
             0,
         )
@@ -759,6 +932,38 @@ class World:
         self.finished = False
         self.over: asyncio.Event | None = None
         self.recheck = rng.random() < 0.25
+        # -- the checker's notes on the answers ------------------------------------------
+        self.pos_of: dict[int, int] = {}  # content -> the seq its row holds in the log
+        self.ever_at: dict[int, set[int]] = {}  # seq -> contents the engine ever applied there
+        # seq -> the content, kind, size and limit of a row the engine refused there
+        self.refused_rows: dict[int, tuple[int, str, int, int]] = {}
+        self.done_body: Any = None  # Done's (status, findings) as the engine applied it
+        # -- faults from inside the process and a misbehaving engine ----------------------
+        # Drawn from a random stream of their own: a schedule that draws none of
+        # them plays exactly as it did before they existed (its seed keeps its meaning).
+        r2 = self.rng2 = random.Random(f"walchannel-sim-inside:{seed}")
+        # Exceptions raised inside the log's transactions (a signal handler's):
+        # the k-th point (a statement of a transaction, before or after a COMMIT).
+        points: list[int] = []
+        if r2.random() < P_INTERRUPTS:
+            span = 20 + 12 * self.nf
+            points = sorted(r2.randint(1, span) for _ in range(r2.choice((1, 1, 2, 3))))
+        self.ipoints = points
+        self.ipn = 0
+        self.next_interrupt = points.pop(0) if points else -1
+        self.kbd_proc: Proc | None = None  # a KeyboardInterrupt on its way out of the loop
+        # Cancellation: asyncio.timeout around a public coroutine, the harness's task cancelled.
+        self.p_cancel = r2.choice((0.15, 0.4)) if r2.random() < P_CANCELS else 0.0
+        self.task_cancels = self.p_cancel > 0.0 and r2.random() < 0.5
+        # An engine that lies: impossible acks and answers, floods, oversize and hostile ends.
+        self.liar = r2.random() < P_LIAR
+        self.lie_answers_until = -1.0
+        self.lies_armed: list[str] = []  # told as the engine next acks (World.tell_lie)
+        # An engine that acked rows its store never kept and dies (the forgot path).
+        self.forget = self.acks_hs and r2.random() < P_FORGET
+        self.forget_armed = False
+        # The harness waits on seqs it was handed (provisional ones too).
+        self.seq_waits = r2.random() < P_SEQ_WAITS
 
     # -- the scheduler: the loop's virtual time, in ms -------------------------------
 
@@ -781,7 +986,7 @@ class World:
         """Run ``coro`` as ``proc``'s main task (its tasks are the process's)."""
         ctx = contextvars.copy_context()
         ctx.run(PROC.set, proc)
-        self.loop.create_task(self._guard(proc, coro), context=ctx)
+        proc.main_task = self.loop.create_task(self._guard(proc, coro), context=ctx)
 
     async def _guard(self, proc: Proc, coro: Coroutine[Any, Any, None]) -> None:
         try:
@@ -789,6 +994,12 @@ class World:
         except asyncio.CancelledError:
             if proc.alive:
                 raise
+        except INTERRUPTS as exc:
+            if not proc.signals:
+                raise  # not the world's: a real Ctrl-C of the simulator
+            # The harness let a signal's exception leave its main coroutine:
+            # it leaves asyncio.run, which cancels the process's tasks; it ends.
+            self.process_ends(proc, f"{type(exc).__name__} left its main coroutine")
         except Exception as exc:
             if proc.alive:
                 self.violation(f"{proc.role} raised {type(exc).__name__}: {exc}")
@@ -853,7 +1064,18 @@ class World:
     def run(self) -> World:
         loop = self.loop
         try:
-            loop.run_until_complete(self._main())
+            main = loop.create_task(self._main())
+            while True:
+                try:
+                    loop.run_until_complete(main)
+                    break
+                except KeyboardInterrupt:
+                    # A KeyboardInterrupt raised in a task of the channel left the
+                    # event loop: as from asyncio.run, the harness's process ends.
+                    proc, self.kbd_proc = self.kbd_proc, None
+                    if proc is None:
+                        raise  # a real Ctrl-C of the simulator
+                    self.process_ends(proc, "a KeyboardInterrupt left its event loop")
         except Livelock as exc:
             self.violation(str(exc))
             self.finish()
@@ -918,6 +1140,296 @@ class World:
             self.flaky_until = self.flaky_from + rng.random() * 60_000.0
         if rng.random() < 0.2:
             self.at(rng.random() * end * 1.5, self.fault_stop)
+        self.plan_inside(end)
+
+    def plan_inside(self, end: float) -> None:
+        """The faults of the inside and of a lying engine (their own random stream)."""
+        r2 = self.rng2
+        if self.liar:
+            for _ in range(r2.choice((1, 2, 3, 5))):
+                self.at(r2.random() * end * 0.8, self.fault_lie, r2.choice(LIES))
+        if self.forget:
+            self.at(r2.random() * end * 0.5, self.arm_forget)
+        if self.task_cancels:
+            for _ in range(r2.choice((1, 2))):
+                self.at(r2.random() * end, self.fault_cancel_task)
+
+    # -- faults from inside the process ---------------------------------------------------
+
+    def interrupt_point(self, proc: Proc | None, where: str, *, after: bool) -> None:
+        """A point inside a transaction of the log: a signal's exception may be raised here.
+
+        ``KeyboardInterrupt`` anywhere (in a task of the channel it leaves the
+        event loop: the process ends); :class:`Interrupt`, an ordinary class,
+        only in the harness's own call (its main task), where its handler
+        meant it to land.
+        """
+        if (
+            proc is None
+            or proc is not self.proc
+            or not proc.alive
+            or proc.ending
+            or proc is self.kbd_proc  # one is on its way out: the process is ending
+            or not self.chaos
+        ):
+            return
+        self.ipn += 1
+        if self.next_interrupt < 0 or self.ipn < self.next_interrupt:
+            return
+        while self.next_interrupt != -1 and self.next_interrupt <= self.ipn:
+            self.next_interrupt = self.ipoints.pop(0) if self.ipoints else -1
+        r2 = self.rng2
+        kbd = r2.random() < 0.4
+        try:
+            task = asyncio.current_task(self.loop)
+        except RuntimeError:
+            return
+        in_main = task is not None and task is proc.main_task
+        if not kbd and (not in_main or proc.role != "harness"):
+            return
+        proc.signals += 1
+        self.stats["interrupts"] += 1
+        if after:
+            self.stats["interrupts_after_commit"] += 1
+        name = "KeyboardInterrupt" if kbd else "Interrupt"
+        if kbd:
+            self.stats["keyboard_interrupts"] += 1
+        if not in_main:
+            self.kbd_proc = proc
+            self.at(self.now + RUNDOWN_MS, self.check_escaped, proc)
+        self.tr(
+            "%s raised in the %s's %s (%s)",
+            name,
+            proc.role,
+            "call" if in_main else "channel task",
+            where.split("(", 1)[0].strip(),
+        )
+        if kbd:
+            raise KeyboardInterrupt(f"a signal, {where}")
+        raise Interrupt(f"a signal, {where}")
+
+    def check_escaped(self, proc: Proc) -> None:
+        """A KeyboardInterrupt raised in a task of the channel must leave the event loop."""
+        if self.kbd_proc is proc and proc.alive and not proc.ending:
+            self.violation(
+                "a KeyboardInterrupt raised in a task of the channel never left the event "
+                f"loop ({RUNDOWN_MS:.0f} ms): something swallowed it"
+            )
+            self.kbd_proc = None
+
+    def process_ends(self, proc: Proc, why: str) -> None:
+        """An exception left the process's event loop (asyncio.run): its tasks end, it exits."""
+        if not proc.alive or proc.ending:
+            return
+        proc.ending = True
+        if self.kbd_proc is proc:
+            self.kbd_proc = None
+        self.stats["loop_escapes"] += 1
+        self.tr("the %s's process ends: %s; its tasks are cancelled", proc.role, why)
+        self.loop.create_task(self._end_process(proc), context=contextvars.Context())
+
+    async def _end_process(self, proc: Proc) -> None:
+        await self.run_down(proc)
+        self.exit(proc, "interrupted")
+
+    async def run_down(self, proc: Proc) -> None:
+        """asyncio.run's end: cancel the process's tasks and wait for them (bounded)."""
+        me = asyncio.current_task()
+        tasks = [t for t in proc.tasks if not t.done() and t is not me]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=RUNDOWN_MS / 1000)
+            if pending and proc.alive:
+                self.violation(
+                    f"{len(pending)} task(s) of the {proc.role} still run {RUNDOWN_MS:.0f} ms "
+                    "after they were cancelled: the process cannot end"
+                )
+        for task in proc.tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the process is over
+
+    def fault_cancel_task(self) -> None:
+        """The harness's supervisor cancels its task (a CI job cancelled, a timeout around it)."""
+        proc = self.proc
+        task = proc.main_task if proc is not None else None
+        if (
+            proc is None
+            or task is None
+            or task.done()
+            or not proc.alive
+            or proc.ending
+            or proc.role != "harness"
+            or proc.cancel_at is not None
+            or not self.chaos
+        ):
+            return
+        self.stats["task_cancels"] += 1
+        proc.cancel_at = self.now
+        proc.cancel_call = proc.in_call
+        self.tr("the harness's task is cancelled%s", " (in a call)" if proc.in_call else "")
+        task.cancel()
+
+    # -- a lying engine ----------------------------------------------------------------------
+
+    def fault_lie(self, kind: str) -> None:
+        """The engine will break its duties (SPEC "Engine duties"): at its next ack or answers."""
+        if not self.chaos:
+            return
+        if kind == "answer":
+            if self.acks_hs:
+                # Every answer for a while is impossible: past SQLite's range, or a
+                # shift that would carry a row past 2**63 - 1.
+                self.lie_answers_until = self.now + 200.0 + self.rng2.random() * 8_000.0
+            return
+        self.lies_armed.append(kind)
+
+    def tell_lie(self, s: Link, heartbeat: bool) -> bool:
+        """As the engine acks on ``s``: tell an armed lie there; True when it replaced the ack."""
+        armed = self.lies_armed
+        if not self.chaos or not s.link or not s.e_open or not s.proc.alive or s.proc.ending:
+            return False
+        if self.acks_hs and not s.answered:
+            return False  # before the answer, an ack would be taken for it: not a lie then
+        kinds = [k for k in armed if (k == "heartbeat") == heartbeat]
+        if not kinds:
+            return False
+        kind = kinds[0]
+        armed.remove(kind)
+        r2 = self.rng2
+        if kind == "heartbeat":
+            self.send_down(s, ("lie", "heartbeat"))
+            return True
+        if kind == "ack":
+            self.send_down(s, ("lie", "ack"))
+        elif kind == "flood":
+            self.stats["ack_floods"] += 1
+            h = len(self.applied)
+            for _ in range(r2.randint(10, 60)):
+                self.send_down(s, ("ack", h))
+        elif kind == "backwards":
+            self.stats["backward_acks"] += 1
+            h = len(self.applied)
+            for k in sorted((r2.randint(0, h) for _ in range(r2.randint(1, 6))), reverse=True):
+                self.send_down(s, ("ack", k))
+        elif kind == "down_big":
+            limit = self.config.max_receive_message_bytes
+            size = limit + 1 + r2.randrange(1 << 20)
+            self.stats["down_too_large"] += 1
+            self.tr("the engine sends #%d a %d-byte down message", s.sid, size)
+            # The client's gRPC refuses it and ends the call; the engine sees it cancelled.
+            self.engine_drop(s)
+            self.send_down(
+                s,
+                (
+                    "end",
+                    "RESOURCE_EXHAUSTED",
+                    f"CLIENT: Received message larger than max ({size} vs. {limit})",
+                ),
+            )
+        else:
+            self.stats["control_details"] += 1
+            code = r2.choice(("UNAVAILABLE", "INTERNAL", "UNKNOWN"))
+            self.tr("the engine ends #%d with control characters in its status", s.sid)
+            self.engine_end(
+                s, code, "going away\x1b[2J\x00\r\nERROR forged line\u202e\x07\x9b31m\tend"
+            )
+        return False
+
+    def impossible_answer(self) -> int:
+        """A handshake answer no engine can give: >= 2**63, or a shift past 2**63 - 1."""
+        r2 = self.rng2
+        r = r2.random()
+        if r < 0.25:
+            return I64_MAX + 1
+        if r < 0.45:
+            return U64_MAX
+        if r < 0.6:
+            return r2.randint(I64_MAX + 1, U64_MAX)
+        st = self.disk.states[-1] if self.disk.exists else None
+        u = st.unverified if st is not None else None
+        top = max(st.rows, default=0) if st is not None else 0
+        if u is not None and top >= u:
+            # The unverified rows u..top would move to h+1.., the last past 2**63 - 1.
+            return I64_MAX - r2.randrange(top - u + 1)
+        return I64_MAX - r2.randrange(1_000)  # far above the high-water
+
+    def read_mark(self, s: Link, mark: tuple[Any, str, Any]) -> Any:
+        """The client reads a down message the checker follows: an ack, an answer, a lie."""
+        msg, what, value = mark
+        proc = s.proc
+        if what == "ack":
+            proc.ack_t.append(self.now)
+            proc.ack_v.append(value)
+            if value > proc.max_truth:
+                proc.max_truth = value
+            return msg
+        if what == "answer":
+            s.answer_h = value
+            stored = self.disk.states[-1].last_acked if self.disk.exists else 0
+            if proc.ack_v and stored <= value < max(proc.ack_v):
+                self.stats["forgot_answers"] += 1  # below acks it gave, not stored yet
+            if value > proc.max_truth:
+                proc.max_truth = value
+            return msg
+        # A lie, made now from what this channel wrote: impossible when read.
+        if value == "answer":
+            seq = self.impossible_answer()
+            self.stats["answer_lies"] += 1
+        else:
+            base = max(s.answer_h or 0, proc.max_written)
+            r2 = self.rng2
+            seq = r2.choice((1, 1, 2, 20, 1_000, I64_MAX, I64_MAX + 1, U64_MAX))
+            seq = seq if seq > I64_MAX // 2 and seq > base else base + seq
+            self.stats["heartbeat_lies" if value == "heartbeat" else "ack_lies"] += 1
+        proc.lies_read += 1
+        self.tr("the engine lies on #%d: Ack(%d) (%s)", s.sid, seq, value)
+        self.at(self.now + REDIAL_BOUND_MS, self.check_redialed, s, seq)
+        return pb.DownMessage(ack=pb.Ack(seq=seq))
+
+    def check_redialed(self, s: Link, seq: int) -> None:
+        """An impossible answer ends its stream (a fresh handshake re-syncs)."""
+        proc = s.proc
+        ended = s.end is not None or s.end_t is not None
+        if not ended and proc.alive and not proc.ending and proc.closing is None:
+            self.violation(
+                f"the impossible Ack({seq}) on #{s.sid} did not end the stream "
+                f"within {REDIAL_BOUND_MS:.0f} ms"
+            )
+
+    # -- an engine that forgets what it acked ----------------------------------------------
+
+    def arm_forget(self) -> None:
+        if self.chaos and not self.completed:
+            self.forget_armed = True
+
+    def fault_forget(self, acked: int) -> None:
+        """The engine acked rows its store had not kept, and dies: its next answer is lower.
+
+        The channel got the acks but the disk just filled, so it could not
+        store them: the answer comes below the acks it received, at or above
+        the stored cursor (the engine-forgot path, SPEC "Dial"), and the rows
+        are still in the log to be sent again.
+        """
+        applied = self.applied
+        stored = self.disk.states[-1].last_acked if self.disk.exists else 0
+        if not self.chaos or self.completed or acked <= stored or len(applied) < acked:
+            return
+        r2 = self.rng2
+        self.stats["disk_full"] += 1
+        self.disk.full = True
+        self.tr("disk full")
+        self.at(self.now + 1_500.0 + r2.random() * 2_500.0, self.disk_space)
+        # It keeps fewer rows than it acked (``acked``), and no fewer than are stored.
+        k = len(applied) - r2.randint(stored, acked - 1)
+        del applied[-k:]
+        self.stats["engine_losses"] += 1
+        self.stats["engine_forgets"] += 1
+        self.engine_lost = True
+        self.tr("the engine dies and forgets the last %d rows it acked (h=%d)", k, len(applied))
+        for inst in self.insts:
+            self.kill_engine(inst)
+        self.at(self.now + r2.random() * 300.0, self.replace_engine)
 
     def end_chaos(self) -> None:
         proc = self.proc
@@ -977,6 +1489,7 @@ class World:
             d.exists = False
             d.states = []
             self.tombstone_at = None
+            self.pos_of = {}
             what += ", log lost"
         elif d.exists and len(d.states) > 1 and rng.random() < self.p_restore:
             self.stats["restores"] += 1
@@ -1003,6 +1516,7 @@ class World:
         if not d.states[-1].completed:
             # The tombstone was rolled back: the next one is stored anew.
             self.tombstone_at = None
+        self.pos_of = {c: q for q, c in d.states[-1].rows.items()}
 
     def fault_engine(self) -> None:
         if not self.chaos:
@@ -1147,7 +1661,10 @@ class World:
             WalWriteError: the open's claim could not commit (disk full).
         """
         d = self.disk
-        conn = sqlite3.connect(":memory:", isolation_level=None)
+        conn = sqlite3.connect(":memory:", isolation_level=None, factory=SimConnection)
+        proc.conn = conn
+        if self.next_interrupt > 0:
+            conn.world, conn.proc = self, proc
         if not d.exists:
             # Created with synchronous=FULL and renamed into place: synced at once.
             conn.deserialize(fresh_image())
@@ -1176,6 +1693,10 @@ class World:
         old, new = prev.rows.items(), st.rows.items()
         # Most commits (meta, claim) leave the rows alone: compare before diffing.
         touched = [] if prev.rows == st.rows else [c for _, c in old ^ new if c >= 0]
+        if prev.rows != st.rows:
+            pos = self.pos_of
+            for q, c in new - old:
+                pos[c] = q  # where the row of content c lives now
         if prev.unverified is not None and st.unverified is None:
             # The verification rule declares every unverified row (re)placed.
             touched.extend(c for q, c in old if q >= prev.unverified and c >= 0)
@@ -1374,6 +1895,20 @@ class World:
             if s.up_at is None:
                 s.up_at = self.now
             down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
+            # The checker reads it as the client does: the answer, or a data ack.
+            answer = self.acks_hs and not s.answered
+            s.answered = True
+            s.marks.append((down, "answer" if answer else "ack", msg[1]))
+            if self.forget_armed and not answer and s.proc is self.proc:
+                stored = self.disk.states[-1].last_acked if self.disk.exists else 0
+                if msg[1] > stored:
+                    self.forget_armed = False
+                    self.at(self.now + self.rng2.random() * 40.0, self.fault_forget, msg[1])
+        elif what == "lie":
+            if msg[1] == "answer":
+                s.answered = True
+            down = _Lie()
+            s.marks.append((down, "lie", msg[1]))
         elif what == "stop":
             s.proc.stops_delivered += 1
             down = pb.DownMessage(stop=pb.Stop(reason=msg[1]))
@@ -1480,6 +2015,7 @@ class World:
             if msg.kind == "data":
                 s.size_refused = True
                 self.refused.add(msg.content)
+                self.refused_rows[msg.seq] = (msg.content, msg.rk, msg.size, self.limit)
                 if msg.content == DONE:
                     self.stats["done_refused"] += 1
             self.tr("engine refuses seq %d (%d bytes) for its size", msg.seq, msg.size)
@@ -1501,7 +2037,7 @@ class World:
         elif msg.kind == "handshake":
             self.engine_handshake(s)
         elif msg.kind == "heartbeat":
-            if s.epoch == self.epoch:
+            if s.epoch == self.epoch and not (self.lies_armed and self.tell_lie(s, True)):
                 self.engine_ack(s)
         else:  # the client half-closed
             if s.unacked:
@@ -1529,7 +2065,10 @@ class World:
             if self.chaos and self.rng.random() < self.p_late:
                 self.stats["late_answers"] += 1
                 delay += self.rng.random() * 15_000.0
-            self.at(self.now + delay, self.send_down, s, ("ack", len(self.applied)))
+            if self.now < self.lie_answers_until:
+                self.at(self.now + delay, self.send_down, s, ("lie", "answer"))
+            else:
+                self.at(self.now + delay, self.send_down, s, ("ack", len(self.applied)))
         # After every handshake: the run's Stop and every decision again.
         if self.stop_issued:
             self.at(self.now + delay, self.send_down, s, ("stop", "operator"))
@@ -1569,12 +2108,18 @@ class World:
             applied.append(content)
             if seq > self.peak:
                 self.peak = seq
+            held = self.ever_at.get(seq)
+            if held is None:
+                self.ever_at[seq] = {content}
+            else:
+                held.add(content)
             self.tr("engine applies seq %d = %s", seq, _name(content))
             if content == ROW_LOST:
                 self.check_row_lost(msg.body)
             if content == DONE:
                 self.completed = True
                 self.done_seq = seq
+                self.done_body = msg.body
                 self.engine_ack(s)
                 return
             if content >= APPROVAL_BASE:
@@ -1614,6 +2159,8 @@ class World:
             self.at(self.now + self.ack_delay, self.send_down, s, ("ack", len(self.applied)))
         else:
             self.send_down(s, ("ack", len(self.applied)))
+        if self.lies_armed:
+            self.tell_lie(s, False)
 
     # -- the checker's online notes ----------------------------------------------------------
 
@@ -1736,6 +2283,7 @@ class World:
                 log.close()
             raise
         proc.channel = ch
+        proc.max_truth = self.disk.states[-1].last_acked  # the cursor it starts from
         ch.on_stop(lambda reason: self.on_stop(proc))
         ch.on_budget_update(lambda message, details: self.on_budget(proc))
         return ch
@@ -1775,10 +2323,19 @@ class World:
             st.state,
         ):
             self.violation(f"stats() disagrees with the channel's read-outs: {st} vs {ch!r}")
-        if st.protocol_errors:
-            self.violation(f"protocol errors counted: {st.last_error}")
+        if st.protocol_errors > proc.lies_read:
+            # Only an impossible answer of the engine is a protocol error.
+            self.violation(
+                f"{st.protocol_errors} protocol errors counted, but the engine told this channel "
+                f"{proc.lies_read} impossible answers: {st.last_error}"
+            )
         if st.acked > self.peak:
             self.violation(f"received cursor {st.acked} beyond the engine's {self.peak}")
+        if st.acked > proc.max_truth:
+            self.violation(
+                f"received cursor {st.acked} above every ack and answer the engine gave this "
+                f"channel ({proc.max_truth}): an impossible answer was applied"
+            )
         if st.last_error and "is not in the log" in st.last_error:
             self.violation(f"the writer asked for a row the log does not hold: {st.last_error}")
         age = st.oldest_unacked_age_s
@@ -1789,12 +2346,197 @@ class World:
                 f"oldest_unacked_age_s {age:.3f} s is older than the boot "
                 f"({self.clock.boot_s():.3f} s): an age read off a stepped wall clock"
             )
+        # unacked_count: the log's rows above the received cursor, as committed.
+        above = sum(1 for q in self.disk.states[-1].rows if q > st.acked)
+        if st.unacked_count != above:
+            self.violation(
+                f"stats().unacked_count is {st.unacked_count}, but the log holds {above} rows "
+                f"above the received cursor {st.acked}"
+            )
+        counters = (st.sent, st.replayed, st.reconnects)
+        if any(now < before for now, before in zip(counters, proc.counters, strict=True)):
+            self.violation(
+                f"stats() sent, replayed, reconnects went back: {proc.counters} -> {counters}"
+            )
+        proc.counters = counters
+
+    def check_progress(self, proc: Proc, ch: GrpcEngineChannel) -> None:
+        """``progress()`` is the marker of the last committed transaction."""
+        if not proc.alive or ch.log.closed:
+            return
+        marker = ch.progress()
+        stored = self.disk.states[-1].progress
+        if marker != stored:
+            self.violation(
+                f"progress() says {marker}, but the last committed transaction stored {stored}"
+            )
+
+    def sent(
+        self,
+        proc: Proc,
+        ch: GrpcEngineChannel,
+        contents: tuple[int, ...],
+        marker: Any,
+        call: Callable[[], list[int]],
+    ) -> list[int]:
+        """Log ``contents`` (with ``marker``) by ``call``; its answer is checked as it is given.
+
+        A seq returned is in the committed image, holding that content; the
+        marker is then ``progress()``. A call that raised logged all of it or
+        nothing (checked where the harness catches a signal's exception).
+        """
+        proc.pending = (contents, marker, self.disk.states[-1].progress)
+        try:
+            seqs = call()
+        except INTERRUPTS:
+            self.check_progress(proc, ch)
+            raise  # the harness checks the rows against the marker (check_interrupted)
+        except BaseException:
+            proc.pending = None
+            self.check_progress(proc, ch)
+            raise
+        proc.pending = None
+        if not proc.alive:
+            return seqs
+        rows = self.disk.states[-1].rows
+        if len(seqs) != len(contents):
+            self.violation(f"a send of {len(contents)} rows returned {len(seqs)} seqs: {seqs}")
+        for seq, c in zip(seqs, contents, strict=False):
+            proc.handed[seq] = c
+            held = rows.get(seq)
+            if held != c:
+                self.violation(
+                    f"a send returned seq {seq} for {_name(c)}, but the committed log holds "
+                    f"{'no row' if held is None else _name(held)} there"
+                )
+        self.check_progress(proc, ch)
+        return seqs
+
+    def check_interrupted(self, proc: Proc, ch: GrpcEngineChannel, exc: BaseException) -> None:
+        """After a signal's exception in a call: the log usable, the call's rows all or none."""
+        if not proc.alive:
+            return
+        if _in_transaction(proc.conn):
+            self.violation(
+                f"after {type(exc).__name__} inside a transaction of the log, its connection "
+                "is still in the transaction (never rolled back)"
+            )
+        self.check_progress(proc, ch)
+        pending, proc.pending = proc.pending, None
+        if pending is None:
+            return
+        contents, marker, before = pending
+        st = self.disk.states[-1]
+        there = set(st.rows.values())
+        landed = [c in there for c in contents]
+        if any(landed) and not all(landed):
+            kept = [_name(c) for c, ok in zip(contents, landed, strict=True) if ok]
+            self.violation(f"an interrupted send committed only part of its rows: {kept}")
+        elif contents and all(landed):
+            if marker is not None and st.progress != marker:
+                self.violation(
+                    f"an interrupted send committed its rows without its marker {marker} "
+                    f"(stored: {st.progress})"
+                )
+        elif contents and st.progress != before:
+            self.violation(
+                f"an interrupted send committed its marker {st.progress} without its rows"
+            )
+
+    def cancel_delay(self) -> float | None:
+        """When the world cancels the next public coroutine (ms after it starts), or None."""
+        r2 = self.rng2
+        if not self.chaos or r2.random() >= self.p_cancel:
+            return None
+        return r2.choice((0.0, r2.random() * 5.0, r2.random() * 300.0, r2.random() * 3_000.0))
+
+    async def api(
+        self, proc: Proc, ch: GrpcEngineChannel, name: str, call: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """Await a public coroutine of the channel; the world may cancel it.
+
+        With ``asyncio.timeout`` around it (``Cancelled`` then), or by
+        cancelling the harness's task (World.fault_cancel_task). Either way the
+        call must raise within :data:`CANCEL_BOUND_MS`: a result after the
+        cancel, or another exception instead of it, swallowed it.
+        """
+        proc.calls += 1
+        me = proc.in_call = proc.calls
+        delay = self.cancel_delay() if self.p_cancel else None
+        t0 = self.now
+        scope: asyncio.Timeout | None = None
+        try:
+            if delay is None:
+                result = await call()
+            else:
+                try:
+                    async with asyncio.timeout(delay / 1000) as scope:
+                        result = await call()
+                except TimeoutError:
+                    if scope is None or not scope.expired():
+                        raise
+                    self.stats["cancels"] += 1
+                    self.cancel_landed(proc, ch, name, t0 + delay, "asyncio.timeout")
+                    raise Cancelled(name) from None
+        except asyncio.CancelledError:
+            if proc.alive and proc.cancel_call == me and proc.cancel_at is not None:
+                self.cancel_landed(proc, ch, name, proc.cancel_at, "its task cancelled")
+            raise
+        except Cancelled:
+            raise
+        except BaseException as exc:
+            cancelled = (scope is not None and scope.expired()) or proc.cancel_call == me
+            if cancelled and proc.alive and not isinstance(exc, INTERRUPTS):
+                self.violation(
+                    f"{name}() was cancelled, but raised {type(exc).__name__} instead: {exc}"
+                )
+            raise
+        finally:
+            proc.in_call = 0
+        if proc.alive:
+            if scope is not None and scope.expired():
+                self.violation(
+                    f"{name}() returned {result!r} though asyncio.timeout cancelled it "
+                    f"{self.now - t0 - (delay or 0.0):.0f} ms before: the cancel was swallowed"
+                )
+            elif proc.cancel_call == me:
+                self.violation(
+                    f"{name}() returned {result!r} though its task was cancelled "
+                    f"{self.now - (proc.cancel_at or 0.0):.0f} ms before: the cancellation was "
+                    "swallowed"
+                )
+        return result
+
+    def cancel_landed(
+        self, proc: Proc, ch: GrpcEngineChannel, name: str, at: float, how: str
+    ) -> None:
+        """A cancelled call raised: in time, the log usable (closed, for ``close()``)."""
+        if not proc.alive:
+            return
+        late = self.now - at
+        if late > CANCEL_BOUND_MS:
+            self.violation(f"{name}() was cancelled ({how}), but raised only {late:.0f} ms later")
+        if name == "close" and not ch.log.closed:
+            self.violation("close() was cancelled, and the log is still open (its lock held)")
+        if _in_transaction(proc.conn):
+            self.violation(f"{name}() was cancelled inside a transaction of the log, left open")
 
     async def close(self, proc: Proc, ch: GrpcEngineChannel, why: str) -> None:
         self.check_stats(proc, ch)
-        await ch.close()
-        if proc.alive:
+        proc.closing = why
+        try:
+            await self.api(proc, ch, "close", ch.close)
+        except Cancelled:
+            # A cancelled close: the process ends, and its tasks with it.
+            await self.run_down(proc)
+        except INTERRUPTS as exc:
+            self.check_interrupted(proc, ch, exc)
+            if proc.alive and not ch.log.closed:
+                self.violation(f"close() raised {type(exc).__name__}, and the log is still open")
+            await self.run_down(proc)
+        if proc.alive and ch.log.closed:
             self.sync()  # closing the last connection checkpoints the WAL
+        self.stats["protocol_errors"] += ch.stats().protocol_errors
         self.exit(proc, why)
 
     def ended_by(self, proc: Proc, error: BaseException) -> str:
@@ -1808,11 +2550,31 @@ class World:
         # The engine refused the logged Done, or the harness's own bound
         # (max_message_bytes, the engine's limit) refused it at send time.
         if isinstance(error, RowRefusedError) and error.kind == "done":
+            self.check_refused(proc, error)
             return "done refused"
         if isinstance(error, PayloadError) and error.path == "done":
             return "done refused"
         self.violation(f"{proc.role} got {type(error).__name__}: {error}")
         return "error"
+
+    def check_refused(self, proc: Proc, error: RowRefusedError) -> None:
+        """``RowRefusedError`` names a row the engine refused for its size, with its kind."""
+        if not proc.alive:
+            return
+        found = self.refused_rows.get(error.seq)
+        if found is None:
+            self.violation(
+                f"RowRefusedError names seq {error.seq} ({error.kind}), which the engine never "
+                "refused"
+            )
+            return
+        content, kind, size, limit = found
+        if (kind, size, limit) != (error.kind, error.size, error.limit):
+            self.violation(
+                f"RowRefusedError names seq {error.seq} a {error.kind} of {error.size} bytes "
+                f"(limit {error.limit}); the engine refused {_name(content)}, a {kind} of "
+                f"{size} bytes (limit {limit}) there"
+            )
 
     async def failed(self, proc: Proc, ch: GrpcEngineChannel, error: BaseException) -> None:
         await self.close(proc, ch, self.ended_by(proc, error))
@@ -1849,7 +2611,6 @@ class World:
 
     async def harness(self, proc: Proc) -> None:
         """A scan harness (README): resume from progress, send findings, Done, close."""
-        rng = self.rng
         ch = await self.open_channel(proc)
         if ch is None or not proc.alive:
             return
@@ -1861,42 +2622,77 @@ class World:
             ch.log.next_seq,
             ch.log.unverified_from,
         )
-        progress = ch.progress()
-        nxt = 0 if progress is None else int(progress["n"])
+        self.check_progress(proc, ch)
+        marker = ch.progress()
+        life = Life(0 if marker is None else int(marker["n"]))
+        try:
+            await self.scan(proc, ch, life)
+        except asyncio.CancelledError:
+            if not proc.alive or proc.cancel_at is None or proc.ending:
+                raise
+            # Its supervisor cancelled it: `async with channel` closes the channel
+            # on the way out (or its close was what the cancel hit); the process ends.
+            if proc.closing is None:
+                await self.close(proc, ch, "cancelled")
+            else:
+                await self.run_down(proc)
+                self.exit(proc, proc.closing)
+
+    async def scan(self, proc: Proc, ch: GrpcEngineChannel, life: Life) -> None:
+        """The harness's scan, from its resume point; it exits through close()."""
+        rng = self.rng
+        r2 = self.rng2
+        nf = self.nf
         early = rng.random() < 0.3 and ch.log.done_seq is None
         if early:
             # Sends before handshake() are logged and delivered once connected
             # (SPEC "Buffer first"): an announcement, and maybe a stretch of the scan.
             try:
-                ch.send_event("sim", "info", {"c": self.new_event()})
-                if nxt < self.nf and rng.random() < 0.5:
-                    items = list(range(nxt, min(self.nf, nxt + rng.randint(1, 12))))
-                    nxt = await self.send_findings(ch, items)
+                life.first = self.send_event(proc, ch)
+                if life.nxt < nf and rng.random() < 0.5:
+                    items = list(range(life.nxt, min(nf, life.nxt + rng.randint(1, 12))))
+                    life.nxt = await self.send_findings(proc, ch, items)
             except (WalWriteError, BacklogFullError):
                 pass
             except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
                 await self.failed(proc, ch, exc)
                 return
-            await ch.wait_acked(timeout_ms=0)  # nothing is sent before handshake()
-        try:
-            await ch.handshake(*HARNESS)
-        except EngineUnavailableError:
-            pass  # the channel keeps dialing; carry on (README)
-        except WalWriteError:
-            await self.close(proc, ch, "error")
-            return
-        except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
-            await self.failed(proc, ch, exc)
-            return
+            except INTERRUPTS as exc:
+                if not await self.interrupted(proc, ch, life, exc):
+                    return
+            await self.wait_acked(proc, ch, None, 0.0)  # nothing is sent before handshake()
+        while True:
+            try:
+                await self.api(proc, ch, "handshake", lambda: ch.handshake(*HARNESS))
+            except (EngineUnavailableError, Cancelled):
+                pass  # the channel keeps dialing; carry on (README)
+            except WalWriteError:
+                await self.close(proc, ch, "error")
+                return
+            except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
+                await self.failed(proc, ch, exc)
+                return
+            except INTERRUPTS as exc:
+                if await self.interrupted(proc, ch, life, exc):
+                    continue  # its own commit was interrupted: the handshake again
+                return
+            break
+        if life.first is not None and self.seq_waits:
+            # The first seq it was handed, provisional until the answer: the
+            # wait follows the row wherever the verification rule moved it.
+            await self.wait_acked(proc, ch, life.first, r2.choice((0.0, 300.0, 3_000.0)))
         if ch.log.done_seq is None and not early:
             # A real harness announces itself: the seq -> content map differs per life.
             try:
-                ch.send_event("sim", "info", {"c": self.new_event()})
+                self.send_event(proc, ch)
             except (WalWriteError, BacklogFullError):
                 pass
             except (RunCompletedError, EngineBehindError, RunExpiredError) as exc:
                 await self.failed(proc, ch, exc)
                 return
+            except INTERRUPTS as exc:
+                if not await self.interrupted(proc, ch, life, exc):
+                    return
         asked = False
         while proc.alive:
             pause = rng.random() * self.think
@@ -1907,33 +2703,47 @@ class World:
                 ch.replay_unacked()
             if rng.random() < 0.05:
                 self.check_stats(proc, ch)
+            if self.seq_waits and proc.handed and r2.random() < 0.08:
+                seq = r2.choice(list(proc.handed))
+                await self.wait_acked(proc, ch, seq, r2.choice((0.0, 200.0, 2_000.0)))
+            nxt = life.nxt
             try:
-                if nxt < self.nf:
+                if nxt < nf:
                     if nxt == self.approval_at and not asked:
                         if not await self.approval(proc, ch, nxt):
                             continue
                         asked = True
                     if rng.random() < 0.15:
                         # A progress event between findings (no marker: it changes no position).
-                        ch.send_event("sim", "info", {"c": self.new_event()})
+                        self.send_event(proc, ch)
                         continue
                     if rng.random() < 0.05:
                         # A stretch of the scan with nothing to report: the marker alone.
-                        ch.send_findings([], progress={"n": nxt})
-                    items = list(range(nxt, min(self.nf, nxt + rng.randint(1, 3))))
-                    nxt = await self.send_findings(ch, items)
+                        self.sent(
+                            proc,
+                            ch,
+                            (),
+                            {"n": nxt},
+                            partial(ch.send_findings, [], progress={"n": nxt}),
+                        )
+                    items = list(range(nxt, min(nf, nxt + rng.randint(1, 3))))
+                    life.nxt = await self.send_findings(proc, ch, items)
                     continue
                 coverage = ["x" * (3 * (self.limit or 0))] if self.done_big else ["/scan"]
                 t0 = self.now
-                acked = await ch.send_done("completed", self.nf, coverage, "")
+                acked = await self.api(
+                    proc, ch, "send_done", partial(ch.send_done, "completed", nf, coverage, "")
+                )
                 self.check_send_done(proc, acked, t0)
             except WalWriteError:
                 await asyncio.sleep((50.0 + rng.random() * 500.0) / 1000)
                 continue
             except BacklogFullError:
                 self.stats["backlog_full"] += 1
-                await ch.wait_acked(timeout_ms=1_000)
+                await self.wait_acked(proc, ch, None, 1_000.0)
                 continue
+            except Cancelled:
+                acked = False  # send_done cancelled: as if no ack came in time
             except (
                 RunCompletedError,
                 EngineBehindError,
@@ -1944,6 +2754,10 @@ class World:
             ) as exc:
                 await self.failed(proc, ch, exc)
                 return
+            except INTERRUPTS as exc:
+                if not await self.interrupted(proc, ch, life, exc):
+                    return
+                continue
             if acked:
                 await self.close(proc, ch, "completed")
             elif (
@@ -1955,11 +2769,43 @@ class World:
                 await self.close(proc, ch, "gave up")
             return
 
+    async def interrupted(
+        self, proc: Proc, ch: GrpcEngineChannel, life: Life, exc: BaseException
+    ) -> bool:
+        """The harness caught a signal's ``exc`` from a call: True to go on, else it exited.
+
+        It goes on from what ``progress()`` says was committed; or, on Ctrl-C,
+        closes the channel and exits; or lets the exception end its process.
+        """
+        self.check_interrupted(proc, ch, exc)
+        if not proc.alive:
+            return False
+        r = self.rng2.random()
+        if isinstance(exc, KeyboardInterrupt):
+            if r < 0.4:
+                await self.close(proc, ch, "interrupted")
+                return False
+            if r < 0.7:
+                raise exc
+        elif r < 0.15:
+            raise exc
+        marker = ch.progress()
+        life.nxt = 0 if marker is None else int(marker["n"])
+        self.tr("the harness goes on from %s", marker)
+        return True
+
     def check_send_done(self, proc: Proc, acked: bool, t0: float) -> None:
         """``send_done`` is True once, and as soon as, its ack and the tombstone are stored."""
         if not proc.alive:
             return
         done_at = self.tombstone_at
+        if acked and not self.completed:
+            self.violation("send_done returned True, but the engine never applied Done")
+        elif acked and self.done_body != ("completed", self.nf):
+            self.violation(
+                f"send_done returned True, but the engine applied Done {self.done_body}, "
+                f"not the one sent ({('completed', self.nf)})"
+            )
         if acked and done_at is not None and self.now - max(t0, done_at) > 1_000.0:
             self.violation(
                 f"send_done returned {self.now - max(t0, done_at):.0f} ms after the tombstone "
@@ -1975,17 +2821,37 @@ class World:
                     f"channel {self.now - proc.done_acked_at:.0f} ms before and the disk had room"
                 )
 
-    async def send_findings(self, ch: GrpcEngineChannel, items: list[int]) -> int:
+    def send_event(self, proc: Proc, ch: GrpcEngineChannel) -> int:
+        """Log an event with a content of its own; return its seq."""
+        c = self.new_event()
+        seqs = self.sent(proc, ch, (c,), None, lambda: [ch.send_event("sim", "info", {"c": c})])
+        return seqs[0]
+
+    async def send_findings(self, proc: Proc, ch: GrpcEngineChannel, items: list[int]) -> int:
         """Send findings ``items`` with the marker after them; return the next index.
 
         A finding over ``max_message_bytes`` is refused at send time (nothing
         logged): the harness reports it elsewhere and goes on without it.
         """
+        marker = {"n": items[-1] + 1}
         try:
             if len(items) == 1 and self.rng.random() < 0.5:
-                ch.send_finding(self.finding(items[0]), progress={"n": items[0] + 1})
+                i = items[0]
+                self.sent(
+                    proc,
+                    ch,
+                    (i,),
+                    marker,
+                    lambda: [ch.send_finding(self.finding(i), progress=marker)],
+                )
             else:
-                ch.send_findings([self.finding(i) for i in items], progress={"n": items[-1] + 1})
+                self.sent(
+                    proc,
+                    ch,
+                    tuple(items),
+                    marker,
+                    lambda: ch.send_findings([self.finding(i) for i in items], progress=marker),
+                )
         except PayloadError as exc:
             # send_finding names "finding"; a batch names "findings[i]" (PayloadError.index).
             refused_path = exc.path == "finding" or exc.path.startswith("findings[")
@@ -1993,11 +2859,78 @@ class World:
                 raise
             self.refused_at_send.update(self.big.intersection(items))
             kept = [i for i in items if i not in self.big]
-            if kept:
-                ch.send_findings([self.finding(i) for i in kept], progress={"n": items[-1] + 1})
-            else:
-                ch.send_findings([], progress={"n": items[-1] + 1})
+            self.sent(
+                proc,
+                ch,
+                tuple(kept),
+                marker,
+                lambda: ch.send_findings([self.finding(i) for i in kept], progress=marker),
+            )
         return items[-1] + 1
+
+    def newest(self) -> int | None:
+        """The content of the newest row of the log (what ``wait_acked()`` waits for)."""
+        rows = self.disk.states[-1].rows
+        if not rows:
+            return None
+        c = rows[max(rows)]
+        return None if c == ROW_LOST else c
+
+    async def wait_acked(
+        self, proc: Proc, ch: GrpcEngineChannel, seq: int | None, timeout_ms: float | None
+    ) -> bool:
+        """``wait_acked(seq)``, its answer checked as it is given (False when cancelled)."""
+        if seq is not None:
+            self.stats["seq_waits"] += 1
+        t0 = self.now
+        c = proc.handed.get(seq) if seq is not None else self.newest()
+        try:
+            ok = await self.api(
+                proc, ch, "wait_acked", lambda: ch.wait_acked(seq, timeout_ms=timeout_ms)
+            )
+        except Cancelled:
+            return False
+        self.check_waited(proc, ch, seq, c, timeout_ms, t0, ok)
+        return ok
+
+    def check_waited(
+        self,
+        proc: Proc,
+        ch: GrpcEngineChannel,
+        seq: int | None,
+        c: int | None,
+        timeout_ms: float | None,
+        t0: float,
+        ok: bool,
+    ) -> None:
+        """``wait_acked``: True when the engine holds the row; False early only once final."""
+        if not proc.alive:
+            return
+        what = f"wait_acked({'' if seq is None else seq})"
+        pos = None if c is None else self.pos_of.get(c)
+        if ok and c is not None and pos is not None:
+            held = self.ever_at.get(pos, ())
+            if c not in held and not (ROW_LOST in held and c in self.refused):
+                self.violation(
+                    f"{what} returned True, but the engine never applied {_name(c)} at seq {pos} "
+                    "(where its row lives)"
+                )
+        final = ch.state.value in ("closed", "failed", "expired")
+        if not ok and not final and (timeout_ms is None or self.now - t0 < timeout_ms - 1.0):
+            self.violation(
+                f"{what} returned False after {self.now - t0:.0f} ms of its {timeout_ms} ms, "
+                f"while the channel is {ch.state.value}"
+            )
+        if pos is not None and (ok or not final):
+            i = bisect.bisect_left(proc.ack_t, t0)
+            for t, v in zip(proc.ack_t[i:], proc.ack_v[i:], strict=True):
+                if v >= pos:
+                    if self.now - t > WAKE_SLACK_MS:
+                        self.violation(
+                            f"{what} returned {ok} {self.now - t:.0f} ms after an ack covering "
+                            f"its row (seq {pos}) reached the channel: its waiter was not woken"
+                        )
+                    break
 
     async def approval(self, proc: Proc, ch: GrpcEngineChannel, index: int) -> bool:
         """Ask the engine before finding ``index``; True once decided (or given up on)."""
@@ -2013,15 +2946,23 @@ class World:
             proc.padded = True
         timeout_ms = None if self.rng.random() < 0.3 else 2_000.0
         try:
-            decision = await ch.request_approval(
-                "deep-scan", details, request_id=rid, timeout_ms=timeout_ms
+            decision = await self.api(
+                proc,
+                ch,
+                "request_approval",
+                lambda: ch.request_approval(
+                    "deep-scan", details, request_id=rid, timeout_ms=timeout_ms
+                ),
             )
         except ApprovalTimeoutError:
             self.stats["approval_timeouts"] += 1
             return not self.stable_approval_id  # a stable id is asked again
+        except Cancelled:
+            return not self.stable_approval_id  # as a timeout
         except RowRefusedError as exc:
             # A request still waiting (asked again with its id) is the first one.
             if exc.kind == "approval_request" and proc.padded:
+                self.check_refused(proc, exc)
                 return True  # set aside: never decided; the harness goes on without it
             await self.failed(proc, ch, exc)
             return False
@@ -2048,11 +2989,18 @@ class World:
         ch = await self.open_channel(proc)
         if ch is None or not proc.alive:
             return
+        if self.p_cancel:
+            # Its close may be cancelled too: closed explicitly, through api().
+            why = await self.deliver(proc, ch)
+            await self.close(proc, ch, why)
+            return
         async with ch:  # closed however the delivery ends
             why = await self.deliver(proc, ch)
             self.check_stats(proc, ch)
+            proc.closing = why
         if proc.alive:
             self.sync()  # closing the last connection checkpoints the WAL
+        self.stats["protocol_errors"] += ch.stats().protocol_errors
         self.exit(proc, why)
 
     async def deliver(self, proc: Proc, ch: GrpcEngineChannel) -> str:
@@ -2069,10 +3017,17 @@ class World:
             ch.log.unverified_from,
         )
         try:
-            await ch.handshake(
-                meta.connector_version or "", meta.harness_name, meta.harness_version or ""
+            await self.api(
+                proc,
+                ch,
+                "handshake",
+                lambda: ch.handshake(
+                    meta.connector_version or "",
+                    meta.harness_name or "",
+                    meta.harness_version or "",
+                ),
             )
-        except EngineUnavailableError:
+        except (EngineUnavailableError, Cancelled):
             pass
         except WalWriteError:
             return "error"
@@ -2082,7 +3037,7 @@ class World:
             remaining = FLUSH_TIMEOUT_MS - (self.now - t0)
             if remaining < 1.0:  # (a float's remainder is no time to wait)
                 break
-            if await ch.wait_acked(timeout_ms=min(remaining, 500.0)):
+            if await self.wait_acked(proc, ch, None, min(remaining, 500.0)):
                 return "flushed"
             if ch.stats().state.value in ("failed", "expired", "closed"):
                 break
@@ -2258,6 +3213,8 @@ def _quiet_product() -> None:
     # The product logs every reconnect and refusal: in a sweep of thousands of
     # schedules that is noise (and time); a replay shows them.
     logging.getLogger("walchannel").setLevel(logging.CRITICAL + 1)
+    # A process ended by a signal's exception leaves tasks whose errors nobody reads.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
 
 
 class _TraceHandler(logging.Handler):
