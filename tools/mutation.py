@@ -189,18 +189,37 @@ def _stop(proc: subprocess.Popen[bytes], files: list[str]) -> None:
             print(f"mutation: {meta} was cut short at the stop; restored its last whole copy")
 
 
-def _progress(files: list[str]) -> tuple[Counter[str], list[float]]:
+def _progress(files: list[str]) -> tuple[Counter[str], dict[str, tuple[str, float]]]:
+    """How many mutants have each status; each mutant's status and mutmut's time for it (s)."""
     counts: Counter[str] = Counter()
-    durations: list[float] = []
+    each: dict[str, tuple[str, float]] = {}
     for path in files:
         meta = _meta(path)
         if meta is None:
             continue
         for key, code in meta["exit_code_by_key"].items():
-            counts[_status(code)] += 1
-            if code is not None and key in meta["durations_by_key"]:
-                durations.append(float(meta["durations_by_key"][key]))
-    return counts, durations
+            status = _status(code)
+            counts[status] += 1
+            each[key] = (status, float(meta["durations_by_key"].get(key, 0.0)))
+    return counts, each
+
+
+def _worst_case_s(files: list[str]) -> float:
+    """Seconds the untested mutants take if every one survives: all its tests, plus a fork."""
+    try:
+        stats = json.loads((MUTANTS / "mutmut-stats.json").read_text())
+    except FileNotFoundError:
+        return 0.0
+    tests = stats["tests_by_mangled_function_name"]
+    duration = stats["duration_by_test"]
+    total = 0.0
+    for path in files:
+        meta = _meta(path) or {"exit_code_by_key": {}}
+        for key, code in meta["exit_code_by_key"].items():
+            if _status(code) in PENDING:
+                function = key.partition("__mutmut_")[0]
+                total += 0.3 + sum(duration.get(t, 0.0) for t in tests.get(function, ()))
+    return total
 
 
 def _record_run(entry: dict[str, Any]) -> None:
@@ -236,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     budget_s = args.budget_min * 60.0
     shown = " ".join(command[:4]) + (f" <{len(names)} names>" if names else "")
     print(f"mutation: {shown}; budget {args.budget_min:g} min", flush=True)
-    before, _ = _progress(files)
+    before, before_each = _progress(files)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT)
     stopped = False
@@ -250,16 +269,19 @@ def run(args: argparse.Namespace) -> int:
         _stop(proc, files)
         raise
     elapsed = time.monotonic() - start
-    counts, durations = _progress(files)
+    counts, each = _progress(files)
     total = sum(counts.values())
     pending = sum(counts[s] for s in NOT_TESTED)
     done = total - pending
-    tested_now = (
-        len(names) - sum(counts[s] for s in UNDETECTED)
-        if args.retest
-        else done - sum(before[s] for s in before if s not in NOT_TESTED)
-    )
-    mean = sum(durations) / len(durations) if durations else 0.0
+    # This run's mutants: a verdict now, and none (or another time) before.
+    now = [
+        t
+        for key, (status, t) in each.items()
+        if status not in NOT_TESTED and before_each.get(key, ("", -1.0)) != (status, t)
+    ]
+    tested_now = len(now)
+    detected_now = sum(before[s] for s in UNDETECTED) - sum(counts[s] for s in UNDETECTED)
+    pace = sum(now) / tested_now if tested_now else 0.0
     _record_run(
         {
             "commit": _git("rev-parse", "--short", "HEAD"),
@@ -272,22 +294,26 @@ def run(args: argparse.Namespace) -> int:
             "stopped_at_budget": stopped,
             "mutmut_exit": code,
             "tested_in_this_run": tested_now,
+            "s_per_mutant": round(pace, 2),
             "tested": done,
             "total": total,
         }
     )
     print()
-    what = "survivors now detected" if args.retest else "tested in this run"
     print(
-        f"mutation: {done} of {total} mutants tested ({tested_now} {what}, "
-        f"{elapsed / 60:.1f} min wall); " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        f"mutation: {done} of {total} mutants tested; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     )
-    if durations:
-        print(f"mutation: {mean:.2f} s per mutant on average (mutmut's own timing)")
+    print(
+        f"mutation: this run tested {tested_now} in {elapsed / 60:.1f} min wall "
+        f"({pace:.2f} s each by mutmut's clock; the rest is its start)"
+        + (f"; {detected_now} of the survivors are detected now" if args.retest else "")
+    )
     if pending:
         why = "stopped at the budget" if stopped else f"mutmut exited {code}"
         print(
-            f"mutation: {why}; {pending} mutants left, about {pending * mean / 60:.0f} min: "
+            f"mutation: {why}; {pending} left: about {pending * pace / 60:.0f} min at this "
+            f"pace, at most {_worst_case_s(files) / 60:.0f} min if every one survives; "
             "run it again to go on"
         )
     if code not in (0, None) and not stopped:
@@ -522,20 +548,22 @@ def report(args: argparse.Namespace) -> int:
             f"| {r['survived']} | {r['no_tests']} | {r['equivalent']} | {score(r)} |"
         )
     if runs:
-        last = runs[-1]
         lines += [
             "",
-            f"Last run: {last['started']} at {last['commit']}"
-            + (" (with uncommitted changes)" if last.get("dirty") else "")
-            + f", {last['wall_s'] / 60:.1f} min wall, files {', '.join(last['files'])}"
-            + (", survivors re-tested" if last.get("retest") else "")
-            + (
-                f"; stopped at its {last['budget_min']:g}-minute budget"
-                if last.get("stopped_at_budget")
-                else ""
-            )
-            + ".",
+            "The runs behind these results (`mutants/`; `rm -rf mutants` starts afresh):",
+            "",
+            "| started | commit | files | what | wall | mutants | s each | stopped at the budget |",
+            "|---|---|---|---|---:|---:|---:|---|",
         ]
+        for r in runs:
+            commit = r["commit"] + (" + changes" if r.get("dirty") else "")
+            what = "survivors re-tested" if r.get("retest") else "untested ones"
+            stopped = f"yes ({r['budget_min']:g} min)" if r.get("stopped_at_budget") else "no"
+            each = f"{r['s_per_mutant']:.2f}" if "s_per_mutant" in r else "-"
+            lines.append(
+                f"| {r['started']} | {commit} | {', '.join(r['files'])} | {what} "
+                f"| {r['wall_s'] / 60:.1f} min | {r['tested_in_this_run']} | {each} | {stopped} |"
+            )
     lines += [
         "",
         "## Survivors",
