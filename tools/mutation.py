@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import hashlib
 import importlib.util
 import json
 import os
@@ -55,6 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 VERDICTS = ROOT / "tools" / "mutation_verdicts.toml"
+SIM_CORPUS = ROOT / "tools" / "sim_corpus.txt"
 REPORT = ROOT / "docs" / "mutation-survivors.md"
 #: What ``run`` records of itself for ``report`` (mutants/ is git-ignored).
 RUNS = MUTANTS / "walchannel-mutation-runs.json"
@@ -222,12 +224,43 @@ def _worst_case_s(files: list[str]) -> float:
     return total
 
 
-def _record_run(entry: dict[str, Any]) -> None:
+def _runs() -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     with contextlib.suppress(FileNotFoundError):
         runs = json.loads(RUNS.read_text())
-    runs.append(entry)
-    RUNS.write_text(json.dumps(runs, indent=2))
+    return runs
+
+
+def _record_run(entry: dict[str, Any]) -> None:
+    RUNS.write_text(json.dumps([*_runs(), entry], indent=2))
+
+
+def _tests_hash() -> str:
+    """A hash of the test command's files: the selection, conftest, the simulator and its seeds.
+
+    mutmut re-tests a mutant when its own function changes, not when the tests
+    do (a new test only joins the survivors' re-test, ``--retest``): results
+    from older tests are flagged.
+    """
+    paths = [ROOT / p for p in _config()["pytest_add_cli_args_test_selection"]]
+    paths += [ROOT / "tests" / "conftest.py", ROOT / "tools" / "sim.py", SIM_CORPUS]
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest.hexdigest()[:12]
+
+
+def _stale_tests_note() -> str | None:
+    older = [r for r in _runs() if r.get("tests") not in (None, _tests_hash())]
+    if not older:
+        return None
+    return (
+        f"{len(older)} of the runs behind these results used other tests than the "
+        "tree's (the selection, tools/sim.py or its corpus changed since): a killed "
+        "mutant stays killed and a survivor is re-tested only with --retest; "
+        "`rm -rf mutants` for a score of the current tests"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -240,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"mutation: {unknown} not in [tool.mutmut] only_mutate of pyproject.toml")
         return 2
     _requeue_interrupted(files)
+    stale = _stale_tests_note()
+    if stale and not args.retest:
+        print(f"mutation: note: {stale}")
     names = _names_to_run(files, configured, args.retest)
     if names is None:
         print("mutation: every mutant of " + ", ".join(files) + " has a result")
@@ -297,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             "s_per_mutant": round(pace, 2),
             "tested": done,
             "total": total,
+            "tests": _tests_hash(),
         }
     )
     print()
@@ -521,9 +558,7 @@ def report(args: argparse.Namespace) -> int:
         base = int(r["tested"]) - int(r["equivalent"])
         return f"{100.0 * int(r['detected']) / base:.1f} %" if base else "-"
 
-    runs: list[dict[str, Any]] = []
-    with contextlib.suppress(FileNotFoundError):
-        runs = json.loads(RUNS.read_text())
+    runs = _runs()
     lines = [
         "# Mutation survivors",
         "",
@@ -564,6 +599,9 @@ def report(args: argparse.Namespace) -> int:
                 f"| {r['started']} | {commit} | {', '.join(r['files'])} | {what} "
                 f"| {r['wall_s'] / 60:.1f} min | {r['tested_in_this_run']} | {each} | {stopped} |"
             )
+        stale = _stale_tests_note()
+        if stale:
+            lines += ["", f"**Note:** {stale}."]
     lines += [
         "",
         "## Survivors",
@@ -603,8 +641,8 @@ def report(args: argparse.Namespace) -> int:
         )
     if not fixed:
         lines.append("| | | | | none |")
-    stale = [v for v in verdicts if v.identity not in matched]
-    if stale:
+    unmatched = [v for v in verdicts if v.identity not in matched]
+    if unmatched:
         lines += [
             "",
             "## Verdicts that match no mutant",
@@ -613,7 +651,7 @@ def report(args: argparse.Namespace) -> int:
             "`tools/mutation_verdicts.toml`.",
             "",
         ]
-        lines += [f"- {v.path} `{v.function}`: {_cell(v.old)} → {_cell(v.new)}" for v in stale]
+        lines += [f"- {v.path} `{v.function}`: {_cell(v.old)} → {_cell(v.new)}" for v in unmatched]
     out = Path(args.out)
     out.write_text("\n".join(lines) + "\n")
     print(
