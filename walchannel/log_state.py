@@ -28,8 +28,10 @@ __all__ = [
     "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
+    "MAX_SEQ",
     "AckPlan",
     "LogState",
+    "impossible_answer",
     "next_seq_after",
     "next_seq_at_open",
     "unverified_at_open",
@@ -39,6 +41,10 @@ __all__ = [
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
 KINDS = frozenset({"event", "finding", "approval_request", "done"})
+
+#: The largest seq: SQLite's largest INTEGER. No row's seq, and no high-water,
+#: may pass it (SPEC "Dial": an answer that would is impossible).
+MAX_SEQ: Final = 2**63 - 1
 
 #: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
 FAILED_ENGINE_BEHIND: Final = (
@@ -122,6 +128,35 @@ def verification_shift(unverified_from: int | None, engine_high: int) -> int:
     if unverified_from is None or engine_high < unverified_from:
         return 0
     return engine_high + 1 - unverified_from
+
+
+def impossible_answer(
+    engine_high: int, *, unverified_from: int | None, high_water: int
+) -> str | None:
+    """Say why a handshake answer ``Ack(h)`` is impossible, or None when it is not.
+
+    ``h`` past :data:`MAX_SEQ` cannot be stored; on a log not yet verified,
+    an ``h`` whose verification shift would carry a row to :data:`MAX_SEQ`
+    or past it (leaving no seq for the next row) cannot be carried out.
+    Either way the engine is wrong: a protocol error, never applied (SPEC
+    "Dial", "Acks").
+
+    Args:
+        engine_high: ``h``, the engine's answer (an uint64).
+        unverified_from: the log's ``unverified_from`` (None once verified).
+        high_water: the log's high-water mark.
+    """
+    limit = "2**63 - 1, the largest seq SQLite holds"
+    if engine_high > MAX_SEQ:
+        return f"handshake answer Ack({engine_high}) is past {limit}"
+    shift = verification_shift(unverified_from, engine_high)
+    if unverified_from is not None and max(high_water + shift, engine_high) >= MAX_SEQ:
+        return (
+            f"handshake answer Ack({engine_high}) would move the unverified rows (seq "
+            f"{unverified_from} on) by {shift}, up to seq {high_water + shift}: no seq "
+            f"would be left below {limit}"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,8 +378,9 @@ class LogState(NamedTuple):
         is cleared; then ``Ack(h)`` is stored as any ack is.
 
         Raises:
-            ValueError: the log is already verified, or ``h`` is below the
-                stored cursor (the engine-behind rule is the caller's).
+            ValueError: the log is already verified, ``h`` is below the
+                stored cursor (the engine-behind rule is the caller's), or
+                it is impossible (:func:`impossible_answer`).
         """
         if self.unverified_from is None:
             raise ValueError(f"run {self.run_id}: the log is already verified")
@@ -353,6 +389,11 @@ class LogState(NamedTuple):
                 f"run {self.run_id}: engine high {engine_high} is below the stored "
                 f"cursor {self.last_acked}"
             )
+        why = impossible_answer(
+            engine_high, unverified_from=self.unverified_from, high_water=self.high_water
+        )
+        if why is not None:
+            raise ValueError(f"run {self.run_id}: {why}")
         return self._store(
             engine_high, verification_shift(self.unverified_from, engine_high), verify=True
         )

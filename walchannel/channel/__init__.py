@@ -1221,6 +1221,9 @@ class GrpcEngineChannel:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
+        if answer is Answer.IMPOSSIBLE:
+            self._protocol_error(f"{plan.problem}; not applied", end=True)
+            return None
         if answer is Answer.BEHIND:
             self._fail(
                 EngineBehindError(
@@ -1272,10 +1275,19 @@ class GrpcEngineChannel:
         self._on_ack(engine_high)
         return plan.replay_from
 
-    def _protocol_error(self, message: str) -> None:
-        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks")."""
+    def _protocol_error(self, message: str, *, end: bool = False) -> None:
+        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks").
+
+        ``end``: an impossible answer; the stream ends, and its end (this
+        message) is recorded as the last error (``inspect``) and re-dialed
+        with backoff, as after any end: a fresh handshake re-syncs.
+        """
         self._driver.protocol_error(message)
         logger.error("run %s: protocol error: %s", self._run_id, message)
+        if end and self._stream is not None:
+            self._stream.finish(
+                StreamEnded(f"protocol error: {message}; the stream is ended and dialed again")
+            )
 
     # -- how a stream ended ----------------------------------------------------------------
 
@@ -1592,6 +1604,13 @@ class GrpcEngineChannel:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
+        elif kind is AckKind.NEVER_WRITTEN:
+            self._protocol_error(
+                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, the "
+                "highest this channel wrote or the engine answered the handshake with; "
+                "not applied",
+                end=True,
+            )
         elif kind is AckKind.ABOVE_HIGH_WATER:
             self._protocol_error(
                 f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
