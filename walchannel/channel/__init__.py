@@ -262,9 +262,7 @@ class GrpcEngineChannel:
         self._wake_at = math.inf
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
-        # close() began closing the network (the transport, the replica gate);
-        # a cancelled close() leaves it to a task of its own, kept here.
-        self._network_closing = False
+        # A cancelled close() leaves closing the network to a task of its own, kept here.
         self._teardown: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -1222,8 +1220,12 @@ class GrpcEngineChannel:
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
         if answer is Answer.IMPOSSIBLE:
-            self._protocol_error(f"{plan.problem}; not applied", end=True)
-            return None
+            # Nothing applied; replay_from is None: the stream ends.
+            self._protocol_error(
+                f"{plan.problem}; not applied",
+                end=True,
+            )
+            return plan.replay_from
         if answer is Answer.BEHIND:
             self._fail(
                 EngineBehindError(
@@ -1806,21 +1808,21 @@ class GrpcEngineChannel:
         self._acked_changed.set()
         if self._metrics is not None:
             self._metrics.close()
-        if not self._network_closing:
+        if self._teardown is None:
             self._teardown = asyncio.get_running_loop().create_task(
                 self._close_network(), name=f"walchannel-{self._run_id}-teardown"
             )
 
     async def _close_network(self) -> None:
-        """Close the transport (its discovery client) and the replica gate; errors are logged."""
-        self._network_closing = True
-        try:
-            await self._transport.aclose()
-        except Exception as exc:
-            logger.debug("run %s: closing the transport failed: %r", self._run_id, exc)
+        """Close the transport and the replica gate (both idempotent) after a cancelled close."""
+        closers = [self._transport.aclose]
         if self._replica is not None:
-            with contextlib.suppress(Exception):
-                await self._replica.aclose()
+            closers.append(self._replica.aclose)
+        for aclose in closers:
+            try:
+                await aclose()
+            except Exception as exc:
+                logger.debug("run %s: closing the network failed: %r", self._run_id, exc)
 
     async def _close(self) -> None:
         driver = self._driver
@@ -1835,9 +1837,12 @@ class GrpcEngineChannel:
             lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
         )
         self._acked_changed.set()
+        await self._transport.aclose()
         if self._metrics is not None:
             self._metrics.close()
-        await self._close_network()
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                await self._replica.aclose()
 
     async def _stop_streaming(self) -> None:
         """For close: half-close the stream, wait up to ``close_timeout_ms``, tear down.
@@ -1848,14 +1853,12 @@ class GrpcEngineChannel:
         budget_s = self._config.close_timeout_ms / 1000
         stream = self._stream
         if stream is not None and not stream.ended.is_set():
-            # A cancel propagates (asyncio.timeout, not wait_for: on Python
-            # 3.11 wait_for can swallow one, python/cpython#86296).
-            try:
+            # The budget passed, or the call failed: tear down. A cancel
+            # propagates (asyncio.timeout, not wait_for: on Python 3.11
+            # wait_for can swallow one, python/cpython#86296).
+            with contextlib.suppress(Exception):
                 async with asyncio.timeout(budget_s):
                     await stream.half_close()
-            except Exception as exc:  # the budget passed, or the call failed: tear down
-                if not isinstance(exc, TimeoutError):
-                    logger.debug("run %s: half-close failed: %r", self._run_id, exc)
             stream.finish(StreamEnded("closed"))
         # Wake the loop (backoff sleeps and handshake waits watch _over) and
         # let it tear its stream down itself; cancel it only if it lingers.
