@@ -41,7 +41,7 @@ from walchannel.errors import (
     RunExpiredError,
     WalchannelError,
 )
-from walchannel.log_state import FAILED_ENGINE_BEHIND, LogState
+from walchannel.log_state import FAILED_ENGINE_BEHIND, LogState, impossible_answer
 
 if TYPE_CHECKING:
     import random
@@ -134,6 +134,8 @@ _LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
     _S.CLOSED: frozenset(),
 }
 _FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
+# No bound on acks but the high-water (above any uint64 an Ack carries).
+_NO_BOUND: Final = 2**64
 _EXPIRED: Final = _S.EXPIRED  # a module global: the admission check runs on every send
 
 
@@ -161,6 +163,9 @@ class Answer(enum.Enum):
     BEHIND = "behind"  # h below the stored cursor: FAILED, EngineBehindError
     FORGOT = "forgot"  # h below an ack received, not stored: re-send from h + 1
     AHEAD = "ahead"  # h above the high-water of a verified log: a protocol error
+    # h past SQLite's range, or its verification shift would carry a row past
+    # it: a protocol error, never applied; the stream ends and is dialed again.
+    IMPOSSIBLE = "impossible"
 
 
 class AckKind(enum.Enum):
@@ -169,6 +174,10 @@ class AckKind(enum.Enum):
     ADVANCE = "advance"  # moves the cursor
     STALE = "stale"  # at or below the cursor: nothing to do
     ABOVE_HIGH_WATER = "above_high_water"  # protocol error: never applied
+    # Beyond every row this channel wrote and the stream's answer h: the
+    # engine acks what it never received. A protocol error, never applied;
+    # the stream ends and is dialed again.
+    NEVER_WRITTEN = "never_written"
 
 
 class End(enum.Enum):
@@ -218,11 +227,13 @@ class AnswerPlan:
         replay_from: the first seq to write on the stream; None: the stream ends.
         clear_failed_mark: a healthy answer clears a ``failed_at`` left in
             the log by an earlier run (``inspect`` no longer says failed).
+        problem: with :attr:`Answer.IMPOSSIBLE`, why (for the protocol error).
     """
 
     answer: Answer
     replay_from: int | None
     clear_failed_mark: bool = False
+    problem: str = ""
 
 
 class EndPlan(NamedTuple):
@@ -320,6 +331,11 @@ class Driver:
         self.sent = 0
         self.replayed = 0
         self._max_written = 0
+        # The highest seq whose write ever started on a stream of this channel,
+        # and what an ack may cover: the higher of it and the stream's answer
+        # h (no bound without answers: engine_acks_handshake=False).
+        self._max_started = 0
+        self._ack_bound = _NO_BOUND
         self._streams_up = 0
         self.reconnects = 0
         self.protocol_errors = 0
@@ -472,10 +488,20 @@ class Driver:
             The plan. ``VERIFY``: the caller runs ``RunLog.verify(h)`` and then
             :meth:`on_verified`; ``RESUME``: :meth:`on_ack`; ``FORGOT``:
             :meth:`on_forgot`; ``BEHIND``: :meth:`fail`; ``AHEAD``:
-            :meth:`protocol_error`.
+            :meth:`protocol_error`; ``IMPOSSIBLE`` (``h`` past SQLite's range,
+            or a verification shift that would carry a row past it,
+            :func:`~walchannel.log_state.impossible_answer`): nothing is
+            applied, :meth:`protocol_error` and the stream ends.
         """
         if engine_high is None:
+            self._ack_bound = _NO_BOUND
             return AnswerPlan(Answer.NO_ANSWER, self.acked + 1)
+        problem = impossible_answer(
+            engine_high, unverified_from=self.unverified_from, high_water=self.high_water
+        )
+        if problem is not None:
+            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=problem)
+        self._ack_bound = max(engine_high, self._max_started)
         if engine_high < self.stored:
             return AnswerPlan(Answer.BEHIND, None)
         clear = self.failed_mark
@@ -538,9 +564,13 @@ class Driver:
 
         Returns:
             ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
-            ``STALE`` when it did not, ``ABOVE_HIGH_WATER`` for an ack of a
-            seq never logged: a protocol error, never applied.
+            ``STALE`` when it did not; for a protocol error, never applied:
+            ``NEVER_WRITTEN`` beyond :attr:`ack_bound` (rows never written:
+            the stream ends), ``ABOVE_HIGH_WATER`` for a seq never logged
+            within it (an answer above the high-water, or no answers).
         """
+        if seq > self._ack_bound:
+            return AckKind.NEVER_WRITTEN
         if seq > self._log.state.next_seq - 1:
             return AckKind.ABOVE_HIGH_WATER
         if self._first_written is not None and seq >= self._first_written:
@@ -632,6 +662,26 @@ class Driver:
             end = self.hold_at - 1
         pos = self.write_pos
         return pos if pos and pos <= end else None
+
+    def on_writing(self, seq: int) -> None:
+        """Row ``seq``'s write starts on the live stream: from now on the engine may ack it.
+
+        An honest engine may ack a row before its write returns here.
+        """
+        if seq > self._max_started:
+            self._max_started = seq
+            if seq > self._ack_bound:
+                self._ack_bound = seq
+
+    @property
+    def ack_bound(self) -> int:
+        """The highest seq an ack may cover: the higher of the stream's answer and every write.
+
+        A replay rewinds the writer, so the rows written on this stream alone
+        would be too low. Without handshake answers (``engine_acks_handshake``
+        False) there is none: the high-water bounds acks then. SPEC "Acks".
+        """
+        return self._ack_bound
 
     def is_replay(self, seq: int) -> bool:
         """Tell whether writing ``seq`` now writes it again (it went out before)."""

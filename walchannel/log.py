@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -39,6 +40,7 @@ from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import (
     ChannelClosedError,
     PayloadError,
+    WalchannelError,
     WalCorruptError,
     WalLockedError,
     WalWriteError,
@@ -708,59 +710,108 @@ class RunLog:
         work: Callable[[sqlite3.Connection], _T],
         *,
         single: bool = False,
+        then: Callable[[_T], None] | None = None,
     ) -> _T:
-        """Run ``work`` in one transaction and commit it; the one way the log writes.
+        """Run ``work`` in one transaction, commit, then ``then(result)``: the one way to write.
 
         ``what`` names the transaction in an error ("cannot <what>"); a
         callable is only called then (the append path formats nothing when
         it succeeds). ``single``: ``work`` is one statement, run in
         autocommit mode (its own transaction) when no :class:`CommitHook`
-        watches.
+        watches. ``then`` brings the log's memory (its state, marker, byte
+        count) up to the committed transaction.
+
+        Whatever stops it on the way — SQLite failing, or an exception from
+        a signal handler (a ``KeyboardInterrupt``, a ``SIGALRM`` timeout's)
+        between any two statements, before or after ``COMMIT``, or before
+        ``then`` is through — the open transaction is rolled back and the
+        log's memory takes the disk's word (:meth:`_follow_disk`): the
+        transaction landed whole or not at all, none stays open, and no seq
+        the disk holds is handed out again (SPEC "The log").
 
         Raises:
             WalWriteError: SQLite failed; the transaction is rolled back.
+            BaseException: what interrupted it, raised again once the log is whole.
         """
         conn = self._conn
         hook = self._hook
         try:
             if single and hook is None:
-                return work(conn)
-            conn.execute("BEGIN IMMEDIATE")
-            result = work(conn)
-            if hook is not None:
-                hook.before_commit(label)
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._fail_transaction(exc, what if isinstance(what, str) else what()) from None
-        if hook is not None:
-            hook.after_commit(label)
+                result = work(conn)
+            else:
+                conn.execute("BEGIN IMMEDIATE")
+                result = work(conn)
+                if hook is not None:
+                    hook.before_commit(label)
+                conn.execute("COMMIT")
+                if hook is not None:
+                    hook.after_commit(label)
+            if then is not None:
+                then(result)
+        except BaseException as exc:
+            self._after_failed_commit(exc, what)
+            if isinstance(exc, sqlite3.Error):
+                raise WalWriteError(
+                    f"run {self._run_id}: cannot {what if isinstance(what, str) else what()} "
+                    f"in {self._path}: {exc}",
+                    path=str(self._path),
+                ) from None
+            raise
         return result
 
-    def _fail_transaction(self, exc: sqlite3.Error, what: str) -> WalWriteError:
-        if self._conn.in_transaction:
+    def _after_failed_commit(self, exc: BaseException, what: str | Callable[[], str]) -> None:
+        """Roll back what is still open, then follow the disk; say so when the commit landed."""
+        conn = self._conn
+        if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
-        self._resync_next_seq()
-        return WalWriteError(
-            f"run {self._run_id}: cannot {what} in {self._path}: {exc}", path=str(self._path)
-        )
-
-    def _resync_next_seq(self) -> None:
-        # A failed commit may, on an I/O error after the commit frame reached
-        # the WAL, still have landed: never hand out a seq the disk holds.
-        try:
-            top = self._conn.execute("SELECT max(seq) FROM rows").fetchone()[0]
-        except sqlite3.Error:
+                conn.execute("ROLLBACK")
+        old = self._state
+        if not self._follow_disk():
             return
-        state = self._state.after_failed_commit(top)
-        if state is not self._state:
-            logger.error(
-                "run %s: a failed commit landed rows up to seq %d; continuing after it",
+        failed = isinstance(exc, sqlite3.Error)
+        if self._state.next_seq > old.next_seq:
+            # A failed commit may, on an I/O error after the commit frame
+            # reached the WAL, still have landed; an interrupted one too.
+            logger.log(
+                logging.ERROR if failed else logging.WARNING,
+                "run %s: a %s commit landed rows up to seq %d; continuing after it",
                 self._run_id,
-                top,
+                "failed" if failed else f"{type(exc).__name__}-interrupted",
+                self._state.next_seq - 1,
             )
-            self._state = state
-            self._unacked_bytes = None
+        elif not failed:
+            logger.warning(
+                "run %s: %s interrupted the log's transaction (%s); the log follows its disk",
+                self._run_id,
+                type(exc).__name__,
+                what if isinstance(what, str) else what(),
+            )
+
+    def _follow_disk(self) -> bool:
+        """Take the disk's word for the log's state, marker and counts; False if it cannot be read.
+
+        After a commit that failed or was interrupted (:meth:`_commit`):
+        whatever landed is what the log holds, whatever did not is not.
+        """
+        conn = self._conn
+        try:
+            meta = read_meta(conn, self._path)
+            top = conn.execute("SELECT seq, kind FROM rows ORDER BY seq DESC LIMIT 1").fetchone()
+            quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
+        except (sqlite3.Error, WalchannelError):
+            return False
+        self._state = self._state.follow_disk(
+            high_water=meta.high_water,
+            last_acked=meta.last_acked_seq,
+            unverified_from=meta.unverified_from,
+            completed=meta.completed_at is not None,
+            top_seq=top[0] if top else None,
+            top_is_done=bool(top) and top[1] == "done",
+        )
+        self._progress = meta.progress
+        self._quarantined = quarantined
+        self._unacked_bytes = None  # summed again from disk when next asked
+        return True
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -847,15 +898,19 @@ class RunLog:
             kind, blob = items[0]
             state = old.append((kind,))
             row = (first, kind, blob, body_crc(blob), now, boot)
+
+            def follow(_: object) -> None:
+                self._state = state
+                if self._unacked_bytes is not None:
+                    self._unacked_bytes += len(blob)
+
             self._commit(
                 "append",
                 lambda: f"append 1 row at seq {first}",
                 lambda conn: conn.execute(_INSERT, row),
                 single=True,
+                then=follow,
             )
-            self._state = state
-            if self._unacked_bytes is not None:
-                self._unacked_bytes += len(blob)
             return [first]
         state = old.append([kind for kind, _ in items])
         rows = [
@@ -873,14 +928,16 @@ class RunLog:
                     "UPDATE meta SET progress = ?, updated_at = ? WHERE id = 1", (marker, now)
                 )
 
+        def follow_rows(_: None) -> None:
+            self._state = state
+            if marker is not None:
+                # A copy the caller cannot mutate afterwards.
+                self._progress = json.loads(marker)
+            if self._unacked_bytes is not None:
+                self._unacked_bytes += sum(len(r[2]) for r in rows)
+
         what = f"append {len(rows)} row(s) at seq {first}" if rows else "store progress"
-        self._commit("append", what, work)
-        self._state = state
-        if marker is not None:
-            # A copy the caller cannot mutate afterwards.
-            self._progress = json.loads(marker)
-        if self._unacked_bytes is not None:
-            self._unacked_bytes += sum(len(r[2]) for r in rows)
+        self._commit("append", what, work, then=follow_rows)
         return list(range(first, state.next_seq))
 
     def ack(self, seq: int) -> int:
@@ -980,11 +1037,12 @@ class RunLog:
             )
             return deleted, int(gone_bytes)
 
-        deleted, gone_bytes = self._commit(label, what, work)
-        self._state = plan.state
-        if self._unacked_bytes is not None:
-            self._unacked_bytes -= gone_bytes
-        return deleted
+        def follow(result: tuple[int, int]) -> None:
+            self._state = plan.state
+            if self._unacked_bytes is not None:
+                self._unacked_bytes -= result[1]
+
+        return self._commit(label, what, work, then=follow)[0]
 
     def complete_by_engine(self) -> int:
         """Turn a log holding an unacked ``Done`` into a tombstone on the engine's word.
@@ -1017,10 +1075,11 @@ class RunLog:
             )
             return deleted
 
-        deleted = self._commit("complete", "mark the run completed", work)
-        self._state = state
-        self._unacked_bytes = 0
-        return deleted
+        def follow(_: int) -> None:
+            self._state = state
+            self._unacked_bytes = 0
+
+        return self._commit("complete", "mark the run completed", work, then=follow)
 
     def update_meta(self, **values: Any) -> None:
         """Store meta fields (one transaction); names as in :class:`RunMeta`.
@@ -1080,16 +1139,20 @@ class RunLog:
                 (blob, body_crc(blob), seq),
             )
 
+        def follow(_: None) -> None:
+            self._quarantined += 1
+            self._state = self._state.row_replaced(seq)
+            if self._unacked_bytes is not None:
+                self._unacked_bytes += len(blob) - (
+                    len(raw[2]) if isinstance(raw[2], bytes) else 0
+                )
+
         try:
-            self._commit("quarantine", f"quarantine seq {seq}", work)
+            self._commit("quarantine", f"quarantine seq {seq}", work, then=follow)
         except WalWriteError as exc:
             # The substitute still goes out; the damaged row stays for next time.
             logger.error("run %s: cannot quarantine seq %d: %s", self._run_id, seq, exc)
             return substitute
-        self._quarantined += 1
-        self._state = self._state.row_replaced(seq)
-        if self._unacked_bytes is not None:
-            self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
         return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
 
     def set_aside(self, seq: int, reason: str, **details: str | int) -> Row:
@@ -1144,10 +1207,12 @@ class RunLog:
                 (blob, body_crc(blob), seq),
             )
 
-        self._commit("set_aside", f"set aside seq {seq}", work)
-        self._quarantined += 1
-        if self._unacked_bytes is not None:
-            self._unacked_bytes += len(blob) - len(raw[2])
+        def follow(_: None) -> None:
+            self._quarantined += 1
+            if self._unacked_bytes is not None:
+                self._unacked_bytes += len(blob) - len(raw[2])
+
+        self._commit("set_aside", f"set aside seq {seq}", work, then=follow)
         return Row(seq, "event", body, row_time(raw[4]), len(blob))
 
     def quarantined(self) -> list[tuple[int, str]]:

@@ -28,8 +28,10 @@ __all__ = [
     "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
+    "MAX_SEQ",
     "AckPlan",
     "LogState",
+    "impossible_answer",
     "next_seq_after",
     "next_seq_at_open",
     "unverified_at_open",
@@ -39,6 +41,10 @@ __all__ = [
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
 KINDS = frozenset({"event", "finding", "approval_request", "done"})
+
+#: The largest seq: SQLite's largest INTEGER. No row's seq, and no high-water,
+#: may pass it (SPEC "Dial": an answer that would is impossible).
+MAX_SEQ: Final = 2**63 - 1
 
 #: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
 FAILED_ENGINE_BEHIND: Final = (
@@ -122,6 +128,35 @@ def verification_shift(unverified_from: int | None, engine_high: int) -> int:
     if unverified_from is None or engine_high < unverified_from:
         return 0
     return engine_high + 1 - unverified_from
+
+
+def impossible_answer(
+    engine_high: int, *, unverified_from: int | None, high_water: int
+) -> str | None:
+    """Say why a handshake answer ``Ack(h)`` is impossible, or None when it is not.
+
+    ``h`` past :data:`MAX_SEQ` cannot be stored; on a log not yet verified,
+    an ``h`` whose verification shift would carry a row to :data:`MAX_SEQ`
+    or past it (leaving no seq for the next row) cannot be carried out.
+    Either way the engine is wrong: a protocol error, never applied (SPEC
+    "Dial", "Acks").
+
+    Args:
+        engine_high: ``h``, the engine's answer (an uint64).
+        unverified_from: the log's ``unverified_from`` (None once verified).
+        high_water: the log's high-water mark.
+    """
+    limit = "2**63 - 1, the largest seq SQLite holds"
+    if engine_high > MAX_SEQ:
+        return f"handshake answer Ack({engine_high}) is past {limit}"
+    shift = verification_shift(unverified_from, engine_high)
+    if unverified_from is not None and max(high_water + shift, engine_high) >= MAX_SEQ:
+        return (
+            f"handshake answer Ack({engine_high}) would move the unverified rows (seq "
+            f"{unverified_from} on) by {shift}, up to seq {high_water + shift}: no seq "
+            f"would be left below {limit}"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,21 +312,41 @@ class LogState(NamedTuple):
             self.run_id, seq, self.last_acked, self.unverified_from, done_at, self.completed
         )
 
-    def after_failed_commit(self, top_seq: int | None) -> LogState:
-        """A commit failed; SQLite's ``MAX(seq)`` is ``top_seq``: never hand out a seq it holds.
+    def follow_disk(
+        self,
+        *,
+        high_water: int,
+        last_acked: int,
+        unverified_from: int | None,
+        completed: bool,
+        top_seq: int | None,
+        top_is_done: bool,
+    ) -> LogState:
+        """A commit failed or was interrupted; the disk says what landed: take its word.
 
         An I/O error reported after the commit frame reached the WAL may
-        still have landed the rows (docs/design.md, "A failed commit").
+        still have landed the rows (docs/design.md, "A failed commit"), and
+        an exception from a signal handler can land anywhere, right after
+        ``COMMIT`` too, before this state followed it. What the disk holds
+        is the state then, read as at open but for ``unverified_from``,
+        taken as stored; the next seq never goes back and never names a
+        row the disk holds (SPEC "The log": a seq is never reused).
+
+        Args:
+            high_water: the meta's stored high-water mark.
+            last_acked: the meta's stored cursor.
+            unverified_from: the meta's stored ``unverified_from``.
+            completed: ``completed_at`` is set.
+            top_seq: the highest seq among the rows (None: no rows).
+            top_is_done: that row is a ``done`` row.
         """
-        if top_seq is None or top_seq < self.next_seq:
-            return self
         return LogState(
             self.run_id,
-            top_seq + 1,
-            self.last_acked,
-            self.unverified_from,
-            self.done_seq,
-            self.completed,
+            max(self.next_seq, next_seq_at_open(high_water, top_seq, last_acked)),
+            last_acked,
+            unverified_from,
+            top_seq if top_is_done and not completed else None,
+            completed,
         )
 
     # -- acks and verification --------------------------------------------------------
@@ -323,8 +378,9 @@ class LogState(NamedTuple):
         is cleared; then ``Ack(h)`` is stored as any ack is.
 
         Raises:
-            ValueError: the log is already verified, or ``h`` is below the
-                stored cursor (the engine-behind rule is the caller's).
+            ValueError: the log is already verified, ``h`` is below the
+                stored cursor (the engine-behind rule is the caller's), or
+                it is impossible (:func:`impossible_answer`).
         """
         if self.unverified_from is None:
             raise ValueError(f"run {self.run_id}: the log is already verified")
@@ -333,6 +389,11 @@ class LogState(NamedTuple):
                 f"run {self.run_id}: engine high {engine_high} is below the stored "
                 f"cursor {self.last_acked}"
             )
+        why = impossible_answer(
+            engine_high, unverified_from=self.unverified_from, high_water=self.high_water
+        )
+        if why is not None:
+            raise ValueError(f"run {self.run_id}: {why}")
         return self._store(
             engine_high, verification_shift(self.unverified_from, engine_high), verify=True
         )

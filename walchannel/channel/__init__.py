@@ -262,6 +262,8 @@ class GrpcEngineChannel:
         self._wake_at = math.inf
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
+        # A cancelled close() leaves closing the network to a task of its own, kept here.
+        self._teardown: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._checkpoint_timer: asyncio.TimerHandle | None = None
@@ -818,9 +820,9 @@ class GrpcEngineChannel:
             future = asyncio.get_running_loop().create_future()
             self._approvals[rid] = future
         try:
-            if timeout_ms is None:
+            # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
                 return await asyncio.shield(future)
-            return await asyncio.wait_for(asyncio.shield(future), timeout_ms / 1000)
         except TimeoutError:
             raise ApprovalTimeoutError(
                 f"run {self._run_id}: no decision for approval request {rid!r} "
@@ -1217,6 +1219,13 @@ class GrpcEngineChannel:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
+        if answer is Answer.IMPOSSIBLE:
+            # Nothing applied; replay_from is None: the stream ends.
+            self._protocol_error(
+                f"{plan.problem}; not applied",
+                end=True,
+            )
+            return plan.replay_from
         if answer is Answer.BEHIND:
             self._fail(
                 EngineBehindError(
@@ -1268,10 +1277,19 @@ class GrpcEngineChannel:
         self._on_ack(engine_high)
         return plan.replay_from
 
-    def _protocol_error(self, message: str) -> None:
-        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks")."""
+    def _protocol_error(self, message: str, *, end: bool = False) -> None:
+        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks").
+
+        ``end``: an impossible answer; the stream ends, and its end (this
+        message) is recorded as the last error (``inspect``) and re-dialed
+        with backoff, as after any end: a fresh handshake re-syncs.
+        """
         self._driver.protocol_error(message)
         logger.error("run %s: protocol error: %s", self._run_id, message)
+        if end and self._stream is not None:
+            self._stream.finish(
+                StreamEnded(f"protocol error: {message}; the stream is ended and dialed again")
+            )
 
     # -- how a stream ended ----------------------------------------------------------------
 
@@ -1588,6 +1606,13 @@ class GrpcEngineChannel:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
+        elif kind is AckKind.NEVER_WRITTEN:
+            self._protocol_error(
+                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, the "
+                "highest this channel wrote or the engine answered the handshake with; "
+                "not applied",
+                end=True,
+            )
         elif kind is AckKind.ABOVE_HIGH_WATER:
             self._protocol_error(
                 f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
@@ -1719,6 +1744,19 @@ class GrpcEngineChannel:
         stopped (an earlier ``asyncio.run()`` ended), the channel is closed
         without it, nothing of it awaited (the socket closes with the gRPC
         channel object); if it runs in another thread, the close runs there.
+
+        Cancelled (``task.cancel()``, an ``asyncio.timeout()`` around it), or
+        called by a task that is being cancelled (an ``async with`` body
+        cancelled), it finishes at once and awaits nothing more: the channel
+        is ``CLOSED``, the received ack stored, pending approvals fail, the
+        log closed and its lock released, synchronously; the network's
+        teardown (the stream's call and tasks, the discovery client) goes on
+        in the background. The ``CancelledError`` of a cancelled ``close()``
+        is raised again; that of a task being cancelled goes on as it was.
+
+        Raises:
+            asyncio.CancelledError: ``close()`` itself was cancelled.
+
         SPEC "Shutdown order".
         """
         if self._driver.closed:
@@ -1732,9 +1770,59 @@ class GrpcEngineChannel:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))
             return
         try:
-            await self._close()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self._close_now()
+                return
+            try:
+                await self._close()
+            except asyncio.CancelledError:
+                self._close_now()
+                raise
         finally:
             self._log.close()
+
+    def _close_now(self) -> None:
+        """Finish a cancelled ``close()`` without awaiting: the network's teardown goes on apart.
+
+        Idempotent with :meth:`_close` (it may have done part of this).
+        The connection loop is cancelled: it tears its stream down itself,
+        in its own task; the transport and the replica gate are closed by a
+        task of their own. The caller closes the log.
+        """
+        driver = self._driver
+        driver.on_close()
+        self._closing = True
+        self._cancel_timers()
+        self._over.set()
+        if self._stream is not None:
+            self._stream.finish(StreamEnded("closed"))
+        runner = self._runner
+        if runner is not None and not runner.done():
+            runner.cancel()
+        self._store_ack(force=True)
+        self._move(ChannelState.CLOSED)
+        self._fail_approvals(
+            lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
+        )
+        self._acked_changed.set()
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._teardown is None:
+            self._teardown = asyncio.get_running_loop().create_task(
+                self._close_network(), name=f"walchannel-{self._run_id}-teardown"
+            )
+
+    async def _close_network(self) -> None:
+        """Close the transport and the replica gate (both idempotent) after a cancelled close."""
+        closers = [self._transport.aclose]
+        if self._replica is not None:
+            closers.append(self._replica.aclose)
+        for aclose in closers:
+            try:
+                await aclose()
+            except Exception as exc:
+                logger.debug("run %s: closing the network failed: %r", self._run_id, exc)
 
     async def _close(self) -> None:
         driver = self._driver
@@ -1765,8 +1853,12 @@ class GrpcEngineChannel:
         budget_s = self._config.close_timeout_ms / 1000
         stream = self._stream
         if stream is not None and not stream.ended.is_set():
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(stream.half_close(), budget_s)
+            # The budget passed, or the call failed: tear down. A cancel
+            # propagates (asyncio.timeout, not wait_for: on Python 3.11
+            # wait_for can swallow one, python/cpython#86296).
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(budget_s):
+                    await stream.half_close()
             stream.finish(StreamEnded("closed"))
         # Wake the loop (backoff sleeps and handshake waits watch _over) and
         # let it tear its stream down itself; cancel it only if it lingers.
@@ -1777,7 +1869,7 @@ class GrpcEngineChannel:
                 self._runner.cancel()
                 await asyncio.wait({self._runner}, timeout=TEARDOWN_TIMEOUT_S)
         if self._stream is not None:
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception):
                 await self._stream.teardown()
 
     async def __aenter__(self) -> Self:

@@ -220,10 +220,12 @@ class GrpcCall:
         self._call = None
         if channel is None:
             return
-        # Even when cancelled: the gRPC channel (its socket) must go, and the
-        # socket closes when the last reference to the channel does.
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(channel.close(grace=None), _CLOSE_TIMEOUT_S)
+        # Without a grace grpc.aio's close awaits nothing: the socket goes at
+        # once. A cancel still propagates (never swallowed): the socket then
+        # closes when the last reference to the channel does (its __del__).
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await channel.close(grace=None)
 
 
 class GrpcTransport:

@@ -1,0 +1,217 @@
+"""Cancellation reaches the harness: no public coroutine swallows it (issue 33).
+
+``task.cancel()`` and ``asyncio.timeout()`` around ``handshake``,
+``wait_acked``, ``send_done``, ``request_approval`` and ``close``: the
+``CancelledError`` propagates (``TimeoutError`` out of ``asyncio.timeout``)
+promptly. A cancelled ``close()`` — or one called by a task being cancelled,
+as ``async with`` does — closes the log and releases its lock at once,
+leaves the network teardown behind and raises again; the channel is
+``CLOSED``, pending approvals fail with ``ChannelClosedError``, and every
+row is in the log for the next open (SPEC "Shutdown order"). A real
+``LocalEngine`` behind a ``FaultProxy`` that freezes, so that ``close()``
+really waits for the stream's end and no ack comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from conftest import eventually, new_run
+from walchannel import ChannelClosedError, ChannelState, GrpcEngineChannel, RunLog
+from walchannel.config import GrpcChannelConfig
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
+from walchannel.testing.proxy import FaultProxy
+
+# Far longer than any bound the tests allow: a close that waits for it is caught.
+SLOW_MS = 60_000
+# What "promptly" means here: the rule is ~100 ms; the CPUs may be busy.
+PROMPT_S = 2.0
+
+
+@pytest_asyncio.fixture
+async def proxy(local_engine: LocalEngine) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(local_engine.grpc_addr)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+def frozen_config(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> GrpcChannelConfig:
+    run_id, token = new_run(local_engine)
+    return local_channel_config(
+        local_engine,
+        tmp_path / "wal",
+        run_id,
+        token,
+        grpc_addr=proxy.addr,
+        http_addr=None,
+        close_timeout_ms=SLOW_MS,
+        done_ack_timeout_ms=SLOW_MS,
+        connect_timeout_ms=SLOW_MS,
+    )
+
+
+async def streaming_then_frozen(ch: GrpcEngineChannel, proxy: FaultProxy) -> int:
+    """Handshake, deliver 3 rows, freeze the link, write 2 more; return the high-water."""
+    await ch.handshake("1", "cancel", "1")
+    for n in range(3):
+        ch.send_finding({"n": n})
+    assert await ch.wait_acked(timeout_ms=10_000)
+    proxy.set_mode("freeze")
+    ch.send_finding({"n": 3})
+    ch.send_finding({"n": 4}, progress={"step": 5})
+    # Written into the frozen link (the socket buffers take them): the writer is idle.
+    await eventually(lambda: ch.stats().sent == ch.log.high_water, what="the rows written")
+    return ch.log.high_water
+
+
+def assert_log_released_and_whole(config: GrpcChannelConfig, high: int) -> None:
+    """Another owner can open the log at once, and it holds every row not acked."""
+    with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
+        assert [r.seq for r in log.unacked()] == list(range(log.last_acked_seq + 1, high + 1))
+        assert log.next_seq == high + 1
+        assert log.progress == {"step": 5}
+
+
+# -- close ---------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_close_releases_the_log_at_once_and_raises(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    config = frozen_config(local_engine, proxy, tmp_path)
+    ch = GrpcEngineChannel(config)
+    approval = asyncio.create_task(ch.request_approval("deploy", {}, request_id="r1"))
+    high = await streaming_then_frozen(ch, proxy)
+    closing = asyncio.create_task(ch.close())
+    # close() marks the channel closed, then waits for the frozen stream's end.
+    await eventually(lambda: ch.driver.closed, what="close() under way")
+    await asyncio.sleep(0.2)
+    assert not closing.done()
+    closing.cancel()
+    t0 = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert time.monotonic() - t0 < PROMPT_S
+    assert ch.state is ChannelState.CLOSED
+    assert ch.log.closed
+    assert_log_released_and_whole(config, high)
+    with pytest.raises(ChannelClosedError):
+        await asyncio.wait_for(approval, PROMPT_S)
+    await ch.close()  # idempotent: nothing left to do
+
+
+@pytest.mark.asyncio
+async def test_asyncio_timeout_around_close_raises_and_releases_the_log(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    config = frozen_config(local_engine, proxy, tmp_path)
+    ch = GrpcEngineChannel(config)
+    high = await streaming_then_frozen(ch, proxy)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await ch.close()
+    assert time.monotonic() - t0 < 0.5 + PROMPT_S
+    assert ch.state is ChannelState.CLOSED
+    assert_log_released_and_whole(config, high)
+
+
+# -- send_done -----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_send_done_raises_and_the_done_row_stays(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    config = frozen_config(local_engine, proxy, tmp_path)
+    ch = GrpcEngineChannel(config)
+    try:
+        high = await streaming_then_frozen(ch, proxy)
+        done = asyncio.create_task(ch.send_done("completed", 5, [], ""))
+        await eventually(lambda: ch.log.done_seq is not None, what="Done logged")
+        done.cancel()
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await done
+        assert time.monotonic() - t0 < PROMPT_S
+    finally:
+        async with asyncio.timeout(0.5 + PROMPT_S):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await ch.close()
+    with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
+        assert log.done_seq == high + 1
+        assert [r.seq for r in log.unacked()][-1] == high + 1
+
+
+@pytest.mark.asyncio
+async def test_asyncio_timeout_around_async_with_and_send_done_closes_at_once(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    # The timeout cancels send_done; the channel's __aexit__ then runs close()
+    # in a task being cancelled: it closes at once, not after close_timeout_ms.
+    config = frozen_config(local_engine, proxy, tmp_path)
+    ch = GrpcEngineChannel(config)
+    high = await streaming_then_frozen(ch, proxy)
+
+    async def harness() -> None:
+        async with asyncio.timeout(0.5), ch:
+            await ch.send_done("completed", 5, [], "")
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await harness()
+    # Out of the block past the timeout: close() did not wait for the frozen stream.
+    assert time.monotonic() - t0 < 0.5 + PROMPT_S
+    assert ch.state is ChannelState.CLOSED
+    with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
+        assert log.done_seq == high + 1
+
+
+# -- the other public coroutines -----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_asyncio_timeout_works_around_handshake_wait_acked_and_request_approval(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    config = frozen_config(local_engine, proxy, tmp_path)
+    proxy.set_mode("blackhole")  # dials hang: the handshake waits connect_timeout_ms
+    ch = GrpcEngineChannel(config)
+    try:
+        seq = ch.send_finding({"n": 1})
+        for name, call in (
+            ("handshake", lambda: ch.handshake("1", "cancel", "1")),
+            ("wait_acked", lambda: ch.wait_acked(seq)),
+            ("request_approval", lambda: ch.request_approval("deploy", {}, request_id="r")),
+        ):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await call()
+            assert time.monotonic() - t0 < 0.3 + PROMPT_S, name
+            task = asyncio.create_task(call())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, PROMPT_S)
+        # The channel goes on: once the link heals, the row is delivered.
+        proxy.set_mode("pass")
+        proxy.reset_all()
+        assert await ch.wait_acked(seq, timeout_ms=20_000)
+    finally:
+        await ch.close()
+    assert local_engine.accepted(config.run_id) == [1, 2]
