@@ -50,7 +50,14 @@ def test_every_transition_keeps_the_run_id_for_the_errors_that_name_it() -> None
     made = {
         "at_open": opened,
         "append": _state().append(["event"]),
-        "after_failed_commit": _state().after_failed_commit(9),
+        "follow_disk": _state().follow_disk(
+            high_water=9,
+            last_acked=2,
+            unverified_from=None,
+            completed=False,
+            top_seq=9,
+            top_is_done=False,
+        ),
         "ack": plan.state,
         "verify": verified.state,
         "row_replaced": _state(done_seq=5).row_replaced(5),
@@ -78,17 +85,51 @@ def test_the_refusals_of_an_append_name_the_run_and_the_done_seq() -> None:
 # -- a failed commit whose rows may have landed ------------------------------------------
 
 
+def _disk(state: LogState, top_seq: int | None, **meta: object) -> LogState:
+    fields: dict[str, object] = {
+        "high_water": 0 if top_seq is None else top_seq,
+        "last_acked": state.last_acked,
+        "unverified_from": state.unverified_from,
+        "completed": False,
+        "top_seq": top_seq,
+        "top_is_done": False,
+    }
+    fields.update(meta)
+    return state.follow_disk(**fields)  # type: ignore[arg-type]
+
+
 def test_a_failed_commit_never_hands_out_a_seq_sqlite_holds() -> None:
     state = _state(next_seq=6, last_acked=2, unverified_from=4, done_seq=None)
-    # MAX(seq) below the next seq: the commit left nothing; nothing moves.
-    assert state.after_failed_commit(None) is state
-    assert state.after_failed_commit(5) is state
-    # At or above it: the rows landed after all; the next seq passes them,
-    # every other fact stays.
-    assert state.after_failed_commit(6) == LogState(RUN, 7, 2, 4, None, False)
-    assert state.after_failed_commit(9) == LogState(RUN, 10, 2, 4, None, False)
-    with_done = _state(next_seq=6, last_acked=0, unverified_from=None, done_seq=5)
-    assert with_done.after_failed_commit(6) == LogState(RUN, 7, 0, None, 5, False)
+    # The disk's top below the next seq: the commit left nothing; the next
+    # seq never goes back (a seq handed out once is not handed out again).
+    assert _disk(state, None, high_water=5) == state
+    assert _disk(state, 5) == state
+    assert _disk(state, 3, high_water=3) == state
+    # At or above it: the rows landed after all; the next seq passes them.
+    assert _disk(state, 6) == LogState(RUN, 7, 2, 4, None, False)
+    assert _disk(state, 9) == LogState(RUN, 10, 2, 4, None, False)
+    # A stored high-water above the rows (acked and deleted) counts too.
+    assert _disk(state, None, high_water=11, last_acked=11) == LogState(
+        RUN, 12, 11, 4, None, False
+    )
+
+
+def test_a_failed_commit_takes_the_disks_word_for_every_other_fact() -> None:
+    state = _state(next_seq=6, last_acked=0, unverified_from=None, done_seq=None)
+    # A Done that landed is held; one the engine acked (completed) is not.
+    assert _disk(state, 6, top_is_done=True) == LogState(RUN, 7, 0, None, 6, False)
+    assert _disk(state, 6, top_is_done=True, completed=True) == LogState(
+        RUN, 7, 0, None, None, True
+    )
+    # The cursor and unverified_from are the stored ones (a verification
+    # that landed cleared it; one that did not keeps it).
+    assert _disk(state, 6, last_acked=3, unverified_from=2) == LogState(
+        RUN, 7, 3, 2, None, False
+    )
+    verifying = _state(next_seq=6, last_acked=0, unverified_from=1)
+    assert _disk(verifying, 12, high_water=12, unverified_from=None) == LogState(
+        RUN, 13, 0, None, None, False
+    )
 
 
 # -- acks ---------------------------------------------------------------------------------

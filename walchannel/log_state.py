@@ -25,6 +25,7 @@ __all__ = [
     "FAILED_CORRUPT",
     "FAILED_DONE_REFUSED",
     "FAILED_ENGINE_BEHIND",
+    "FAILED_FENCED",
     "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
@@ -32,6 +33,9 @@ __all__ = [
     "AckPlan",
     "LogState",
     "impossible_answer",
+    "Writer",
+    "fenced_reason",
+    "refused_at_open",
     "next_seq_after",
     "next_seq_at_open",
     "unverified_at_open",
@@ -77,6 +81,75 @@ FAILED_DONE_REFUSED: Final = (
     "Done refused: the engine refuses the run's Done for its size; raise the engine's "
     "limit, then resume or flush"
 )
+
+
+#: ``failed_reason`` begins so when the run is not this log's to write
+#: (``WriterFencedError``, SPEC "The channel"): the engine says another
+#: writer owns the run, or that a newer copy of this log (a restore)
+#: superseded it, or that another writer completed it; or this log never had
+#: an answered handshake and meets an engine that already holds rows of the
+#: run (a lost or misplaced log, a second harness). The cause follows; every
+#: row is kept, and the log stays refused until ``walchannel takeover``.
+FAILED_FENCED: Final = "fenced: the run is another writer's"
+
+
+def fenced_reason(cause: str) -> str:
+    """The ``failed_reason`` of a fenced log: :data:`FAILED_FENCED`, then the cause.
+
+    Args:
+        cause: why (the engine's words, or the evidence of a never-answered log).
+    """
+    return f"{FAILED_FENCED} ({cause}); every row is kept"
+
+
+def refused_at_open(failed_reason: str | None, take_over: bool) -> bool:
+    """Tell whether a log stays refused when opened: it was fenced, and is not marked to take over.
+
+    A fenced log (``failed_reason`` :data:`FAILED_FENCED`) is refused by
+    the channel and ``flush`` before any dial, until ``walchannel takeover``
+    marks it (SPEC "The channel").
+
+    Args:
+        failed_reason: the stored ``failed_reason``.
+        take_over: the log is marked to take the run over.
+    """
+    return not take_over and failed_reason is not None and failed_reason.startswith(FAILED_FENCED)
+
+
+class Writer(NamedTuple):
+    """The writer identity of a log: who writes the run through it. SPEC "The log".
+
+    Sent in every handshake (``Handshake.writer_id``, ``writer_epoch``,
+    ``take_over``); the engine keeps the run's owner and refuses any other
+    writer (SPEC "Engine duties").
+
+    Attributes:
+        id: random, made in the log's creation transaction (at the owner's
+            first open for a log made before it, anew by ``walchannel takeover``).
+        epoch: 0 when made; raised by one by each ``walchannel restore``, so
+            a restored copy supersedes a still-living original.
+        take_over: the operator marked the log (``walchannel takeover``): its
+            handshakes ask to take the run over until the first answered one.
+        answered: an engine answered one of its handshakes, or acked its rows
+            (a durable mark, set in the verification transaction).
+    """
+
+    id: str
+    epoch: int
+    take_over: bool
+    answered: bool
+
+    @property
+    def may_meet_rows(self) -> bool:
+        """True when this log may meet an engine that already holds rows of the run.
+
+        It had an answered handshake (the rows may be its own), was restored
+        (``epoch > 0``: an older copy, the verification rule renumbers past
+        them) or was marked to take the run over. Otherwise an engine that
+        holds rows holds another writer's: a lost or misplaced log, or a
+        second harness (SPEC "Dial"); the channel refuses to join them.
+        """
+        return self.answered or self.take_over or self.epoch > 0
 
 
 def next_seq_after(high_water: int, last_acked_seq: int) -> int:

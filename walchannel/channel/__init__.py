@@ -70,7 +70,6 @@ from walchannel.errors import (
     BacklogFullError,
     ChannelClosedError,
     DiscoveryError,
-    EngineBehindError,
     EngineUnavailableError,
     PayloadError,
     RowRefusedError,
@@ -89,7 +88,6 @@ from walchannel.log_state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_INTERNAL,
-    FAILED_UNDELIVERABLE,
 )
 from walchannel.payload import check_text
 from walchannel.replication import SOCKET_ENV
@@ -246,6 +244,10 @@ class GrpcEngineChannel:
             log,
             failed_mark=meta.failed_at is not None,
             now_ms=self._clock.monotonic_ms(),
+            # A fenced log stays refused until `walchannel takeover` marks it.
+            writer=log.writer,
+            failed_reason=meta.failed_reason,
+            path=str(log.path),
         )
         self._addr = config.grpc_addr
         # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
@@ -1146,10 +1148,7 @@ class GrpcEngineChannel:
 
     async def _open(self, stream: Stream) -> None:
         """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
-        fields = self._handshake_fields or ("", "", "")
-        hello = wire.handshake_message(
-            self._run_id, self._config.correlation_id, *fields
-        ).SerializeToString()
+        hello = self._hello().SerializeToString()
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
             async with asyncio.timeout(timeout_s):
@@ -1200,6 +1199,23 @@ class GrpcEngineChannel:
                 )
         stream.start()
 
+    def _hello(self) -> pb.UpMessage:
+        """The handshake: its stored fields and the log's writer identity (SPEC "Wire contract").
+
+        It asks to take the run over while the log is marked so (until the
+        first answered handshake clears the mark).
+        """
+        fields = self._handshake_fields or ("", "", "")
+        writer = self._log.writer
+        return wire.handshake_message(
+            self._run_id,
+            self._config.correlation_id,
+            *fields,
+            writer_id=writer.id,
+            writer_epoch=writer.epoch,
+            take_over=writer.take_over,
+        )
+
     def _take_answer(self, engine_high: int | None) -> int | None:
         """Carry out the driver's decision on the handshake answer ``Ack(h)``. SPEC "Dial".
 
@@ -1226,14 +1242,8 @@ class GrpcEngineChannel:
                 end=True,
             )
             return plan.replay_from
-        if answer is Answer.BEHIND:
-            self._fail(
-                EngineBehindError(
-                    f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
-                    f"the stored cursor {driver.stored}; it lost rows this log already "
-                    "deleted, which cannot be re-sent"
-                )
-            )
+        if plan.error is not None:  # BEHIND, FOREIGN: the run cannot go on with this engine
+            self._fail(plan.error, reason=plan.reason)
             return None
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
@@ -1316,7 +1326,7 @@ class GrpcEngineChannel:
                 keepalive,
                 driver.keepalive_ms,
             )
-        if plan.end is End.RUN_COMPLETED:
+        if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
             self._on_run_completed()
             return
         if plan.end is End.ALREADY_OVER:
@@ -1372,10 +1382,11 @@ class GrpcEngineChannel:
         self._record_error(f"{where}: {why}")
 
     def _on_run_completed(self) -> None:
-        """The engine answered FAILED_PRECONDITION "run completed": the loop ends.
+        """The engine answered "run completed", or refused this writer: the loop ends.
 
-        What it does to the log is the driver's decision
-        (:meth:`~walchannel.driver.Driver.on_run_completed`); this carries it out.
+        What it does to the log, and the error the run fails with, are the
+        driver's decisions (:meth:`~walchannel.driver.Driver.on_run_completed`,
+        :meth:`~walchannel.driver.Driver.refused`); this carries them out.
         """
         driver = self._driver
         completion = driver.on_run_completed()
@@ -1395,14 +1406,10 @@ class GrpcEngineChannel:
                     self._state_changed()
                     return
             completion = Completion.UNDELIVERABLE  # Done, and maybe more, stays
-        self._fail(RunCompletedError(f"run {self._run_id}: the engine says the run is completed"))
-        if completion is Completion.UNDELIVERABLE and self._log.writable:
-            # Rows this log still holds cannot be delivered any more: flag the
-            # run for an operator (inspect shows it as failed, export saves them).
-            with contextlib.suppress(WalchannelError):
-                self._log.update_meta(
-                    failed_at=self._clock.wall_s(), failed_reason=FAILED_UNDELIVERABLE
-                )
+        # Rows this log still holds cannot be delivered (here) any more: the
+        # reason flags the run for an operator (inspect: failed; export saves them).
+        error, reason = driver.refused(completion)
+        self._fail(error, reason=reason)
 
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
@@ -1425,9 +1432,7 @@ class GrpcEngineChannel:
             self._record_error(f"{addr}: {text}")
             return
         if verdict.seq is None:
-            fields = self._handshake_fields or ("", "", "")
-            hello = wire.handshake_message(self._run_id, self._config.correlation_id, *fields)
-            why = unproven_refusal(verdict, refusal, handshake_size=hello.ByteSize())
+            why = unproven_refusal(verdict, refusal, handshake_size=self._hello().ByteSize())
             logger.error(
                 "run %s: the engine at %s refused a %d-byte message (its limit: %d bytes), but %s: "
                 "nothing is set aside; the stream will be retried",
