@@ -12,6 +12,7 @@ simulated disk is the real ``RunLog``, transaction by transaction.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import random
 import sqlite3
@@ -120,7 +121,12 @@ def test_the_same_seed_replays_to_the_same_trace_in_another_process() -> None:
 
 
 def test_cli_sweep_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    product = logging.getLogger("walchannel")
+    level = product.level
     assert sim.main(["--seeds", "60", "--jobs", "1", "--quiet"]) == 0
+    # The sweep silences the product's logger while it runs, and gives it
+    # back: tests after it in this process read the logger with caplog.
+    assert product.level == level
     out = capsys.readouterr().out
     assert "schedules=60" in out
     assert "violations=0" in out

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import logging
 import os
 import sys
 from pathlib import Path
@@ -54,16 +53,9 @@ sim = _load_sim()
 
 
 def _run(*argv: str) -> None:
-    # A sweep silences the product's logger; the tests run after it in the
-    # same process (tests/test_log.py reads it with caplog) need it back.
-    product = logging.getLogger("walchannel")
-    level = product.level
     out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            status = sim.main([*argv, "--quiet"])
-    finally:
-        product.setLevel(level)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = sim.main([*argv, "--quiet"])
     assert status == 0, out.getvalue()[-4000:]
 
 

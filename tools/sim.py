@@ -53,7 +53,7 @@ import sqlite3
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -2244,20 +2244,28 @@ def sweep(
     stop_at_first: bool = False,
 ) -> Totals:
     """Run many schedules in this process (see :func:`run_schedule`)."""
-    _quiet_product()
     totals = Totals()
-    for seed in seeds:
-        w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
-        totals.add(w)
-        if stop_at_first and w.violations:
-            break
+    with _quiet_product():
+        for seed in seeds:
+            w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
+            totals.add(w)
+            if stop_at_first and w.violations:
+                break
     return totals
 
 
-def _quiet_product() -> None:
+@contextlib.contextmanager
+def _quiet_product() -> Iterator[None]:
     # The product logs every reconnect and refusal: in a sweep of thousands of
-    # schedules that is noise (and time); a replay shows them.
-    logging.getLogger("walchannel").setLevel(logging.CRITICAL + 1)
+    # schedules that is noise (and time); a replay shows them. The level is
+    # given back: a test that sweeps in-process shares the logger with others.
+    product = logging.getLogger("walchannel")
+    level = product.level
+    product.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        product.setLevel(level)
 
 
 class _TraceHandler(logging.Handler):
