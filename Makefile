@@ -6,8 +6,9 @@ STAMP  := $(VENV)/.installed
 # The demo needs only the package and bandit, not the test toolchain.
 DEMO_STAMP     := $(VENV)/.installed-demo
 HOSTLOSS_STAMP := $(VENV)/.installed-hostloss
+MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: help test test-pythons test-stress demo demo-hostloss lint typecheck pytest chaos chaos-hostloss sim bench proto clean
+.PHONY: help test test-pythons test-stress demo demo-hostloss lint typecheck pytest chaos chaos-hostloss sim mutation bench proto clean
 
 help:
 	@echo "make demo           a real bandit scan through an engine kill and a harness SIGKILL, audited"
@@ -18,6 +19,7 @@ help:
 	@echo "make chaos          every kill point, SIGKILL at random moments (docs/reliability.md)"
 	@echo "make chaos-hostloss LOSSES=20 host losses at random times"
 	@echo "make sim            100,000 simulated schedules (docs/reliability.md)"
+	@echo "make mutation       mutmut on the driver and the log, MUTATION_MIN=240 at most, resumable"
 	@echo "make bench          the benchmarks, side by side with their baselines (docs/performance.md)"
 	@echo "make lint | typecheck | pytest | proto | clean"
 
@@ -36,6 +38,11 @@ $(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
 $(HOSTLOSS_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e '.[demo,replicate]'
 	touch $(HOSTLOSS_STAMP)
+
+# mutmut is the mutation extra's alone: make test and CI never install it.
+$(MUTATION_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[test,mutation]'
+	touch $(MUTATION_STAMP)
 
 # The suite mostly waits (engines, subprocesses, timeouts): four workers on
 # two cores keep the CPUs busy (pytest-xdist). WORKERS=0 runs it serially.
@@ -89,6 +96,14 @@ chaos-hostloss: $(STAMP)
 
 sim: $(STAMP)
 	$(PY) tools/sim.py --seeds 100000
+
+# The mutation score of walchannel/driver.py and walchannel/log_state.py (not
+# in make test): stops after MUTATION_MIN minutes, and the next run goes on
+# where it stopped (mutants/); writes docs/mutation-survivors.md.
+MUTATION_MIN ?= 240
+mutation: $(MUTATION_STAMP)
+	$(PY) tools/mutation.py run --budget-min $(MUTATION_MIN)
+	$(PY) tools/mutation.py report
 
 bench: $(STAMP)
 	$(PY) -m tools.bench

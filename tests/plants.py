@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import sim_operator
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -350,6 +352,7 @@ def run_planted(plant: Plant, into: Path, seeds: int) -> subprocess.CompletedPro
     sim = planted_copy(plant, into)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
+    env = sim_operator.env(env)  # every log the world lays out is taken over
     return subprocess.run(
         [sys.executable, str(sim), "--seeds", str(seeds), "--jobs", "1", "--stop-at-first"],
         capture_output=True,

@@ -264,6 +264,12 @@ async def test_stats_never_quarantines_a_damaged_row(
         assert stats.unacked_count == 3 and stats.oldest_unacked_age_s is not None
 
 
+
+def take_over(wal: Path, run_id: str) -> None:
+    """Mark the run's (new) log to take the run over, as ``walchannel takeover LOG`` does."""
+    with RunLog.open(wal, run_id, correlation_id=f"corr-{run_id}") as log:
+        log.mark_takeover()
+
 @pytest.mark.parametrize("damage", ["rolled-back", "deleted"])
 @pytest.mark.asyncio
 async def test_lost_commits_get_seqs_past_the_engine(
@@ -290,7 +296,11 @@ async def test_lost_commits_get_seqs_past_the_engine(
     for suffix in ("", "-wal", "-shm"):
         Path(f"{log_path}{suffix}").unlink(missing_ok=True)
     if damage == "rolled-back":
-        shutil.copyfile(backup, log_path)
+        shutil.copyfile(backup, log_path)  # answered before its copy: the same writer
+    else:
+        # A fresh log meeting an engine that holds the run's rows is refused
+        # (another writer's, for all it knows): the operator takes over.
+        take_over(wal, run_id)
     async with channel_for(local_engine, wal, run_id, token) as ch:
         before = ch.send_finding({"n": "before-handshake"})
         await ch.handshake("1", "h", "1")
@@ -995,6 +1005,7 @@ async def test_a_lost_log_with_rows_sent_before_its_handshake_follows_the_engine
         assert await ch.wait_acked(timeout_ms=10_000)
     for leftover in wal.glob(f"{run_id}.wal.sqlite3*"):
         leftover.unlink()
+    take_over(wal, run_id)  # else refused: the engine holds rows this new log never wrote
     async with channel_for(local_engine, wal, run_id, token) as ch:
         seqs = [ch.send_finding({"n": f"new-{i}"}) for i in range(20)]
         assert seqs == list(range(1, 21))  # provisional: the log starts afresh

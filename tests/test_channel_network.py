@@ -23,6 +23,7 @@ from conftest import eventually, new_run
 from helpers.http_proxy import HttpProxy
 from walchannel import Backoff, ChannelState, EngineUnavailableError, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.log_state import Writer
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.wire import handshake_message, up_message
@@ -220,13 +221,18 @@ async def test_two_streams_for_one_run_never_apply_a_seq_twice(tmp_path: Path) -
         bodies = [{"n": i} for i in range(300)]
         config = local_channel_config(first, tmp_path / "wal", run_id, token, http_addr=None)
 
-        async def stale_stream() -> None:
-            # An old stream (another engine, same store) re-sending the same seqs.
+        async def stale_stream(writer: Writer) -> None:
+            # An old stream of the same writer (another engine, same store)
+            # re-sending the same seqs.
             async with grpc.aio.insecure_channel(second.grpc_addr) as channel:
                 call = pb_grpc.EngineChannelStub(channel).Open(
                     metadata=(("authorization", f"Bearer {token}"),)
                 )
-                await call.write(handshake_message(run_id, "c", "1", "h", "1"))
+                await call.write(
+                    handshake_message(
+                        run_id, "c", "1", "h", "1", writer_id=writer.id, writer_epoch=writer.epoch
+                    )
+                )
                 for seq, body in enumerate(bodies, start=1):
                     await call.write(up_message(run_id, "c", seq, "finding", {"fields": body}))
                     if seq % 20 == 0:
@@ -237,7 +243,7 @@ async def test_two_streams_for_one_run_never_apply_a_seq_twice(tmp_path: Path) -
 
         async with GrpcEngineChannel(config) as ch:
             await ch.handshake("1", "h", "1")
-            racer = asyncio.create_task(stale_stream())
+            racer = asyncio.create_task(stale_stream(ch.log.writer))
             for body in bodies:
                 ch.send_finding(body)
                 await asyncio.sleep(0)

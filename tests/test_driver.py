@@ -265,6 +265,77 @@ def test_a_verified_logs_answer_maps_to_one_decision_and_moves_nothing_else(
     assert (d.acked, d.stored, d.high_water, d.provisional) == (5, 3, 10, None)
 
 
+@pytest.mark.parametrize(
+    ("answer", "unverified", "words"),
+    [
+        (2**63, None, "past 2**63 - 1"),  # SQLite cannot hold it
+        (2**64 - 1, 4, "past 2**63 - 1"),
+        (2**63 - 2, 4, "would move the unverified rows (seq 4 on) by"),  # rows 4-10 past it
+        (2**63 - 11, 1, "up to seq 9223372036854775807"),  # the top row at the limit: no next
+    ],
+)
+def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
+    answer: int, unverified: int | None, words: str
+) -> None:
+    d = driver(acked=5, stored=3, unverified=unverified, failed_mark=True)
+    plan = d.on_answer(answer)
+    assert (plan.answer, plan.replay_from) == (Answer.IMPOSSIBLE, None)
+    assert words in plan.problem and f"Ack({answer})" in plan.problem
+    assert (d.acked, d.stored, d.high_water, d.provisional, d.failed_mark) == (
+        5,
+        3,
+        10,
+        None,
+        True,
+    )
+    if unverified is not None:
+        with pytest.raises(ValueError, match="2\\*\\*63 - 1"):
+            log_of(d).state.verify(answer)
+
+
+def test_the_largest_answer_that_leaves_a_seq_for_the_next_row_verifies() -> None:
+    d = driver(unverified=1)  # rows 1-10, none verified
+    answer = 2**63 - 12  # rows move to 2**63 - 11 .. 2**63 - 2
+    assert d.on_answer(answer).answer is Answer.VERIFY
+    plan = log_of(d).state.verify(answer)
+    assert plan.state.next_seq == 2**63 - 1
+
+
+def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_applied() -> None:
+    d = driver(high=30, acked=2, stored=2)
+    assert d.on_answer(2).answer is Answer.RESUME
+    up(d, 3)
+    assert d.ack_bound == 2
+    for seq in (3, 4, 5):
+        d.on_writing(seq)
+    d.on_written(3)
+    # Row 5's write started: an engine may ack it before the write returns.
+    assert d.on_ack(5, 0) is AckKind.ADVANCE and d.acked == 5
+    for lie in (6, 25, 30, 31, 2**63, 2**64 - 1):
+        assert d.on_ack(lie, 0) is AckKind.NEVER_WRITTEN, lie
+    assert d.acked == 5 and d.ack_bound == 5
+    # A replay rewinds the writer: rows written before still bound acks.
+    d.on_stream_gone()
+    d.move(S.BACKOFF)
+    assert d.on_answer(3).answer is Answer.FORGOT
+    up(d, 4)
+    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.STALE
+    # The answer bounds them too: an engine that holds rows of an earlier process.
+    d.on_stream_gone()
+    d.move(S.BACKOFF)
+    assert d.on_answer(20).answer is Answer.RESUME
+    assert d.on_ack(20, 0) is AckKind.ADVANCE  # the channel applies the answer as an ack
+    assert d.on_ack(21, 0) is AckKind.NEVER_WRITTEN
+
+
+def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> None:
+    d = driver(high=30, engine_acks_handshake=False)
+    assert d.on_answer(None).answer is Answer.NO_ANSWER
+    up(d, 1)
+    assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
+    assert d.on_ack(31, 0) is AckKind.ABOVE_HIGH_WATER
+
+
 @pytest.mark.parametrize("answer", [0, 3, 7, 10, 25])
 def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) -> None:
     # SPEC "Dial": rows at or above unverified_from move to h+1, h+2, ...;

@@ -76,8 +76,15 @@ async def test_run_completed_with_undeliverable_rows_is_named_as_its_cause(
         async with channel_for(engine, tmp_path / "a", run_id, token) as ch:
             await ch.handshake("1", "h", "1")
             ch.send_finding(finding(0))
+            assert await ch.wait_acked(timeout_ms=5000)
+        # An older copy of the log (the same writer), taken before its Done.
+        (tmp_path / "b").mkdir(mode=0o700)
+        name = f"{run_id}.wal.sqlite3"
+        shutil.copyfile(tmp_path / "a" / name, tmp_path / "b" / name)  # closed: all in the file
+        async with channel_for(engine, tmp_path / "a", run_id, token) as ch:
+            await ch.handshake("1", "h", "1")
             assert await ch.send_done("completed", 1, [], "")
-        # Another log of the same run (a second harness): the engine has its Done.
+        # The copy logs a row the engine will never take: the engine has the run's Done.
         async with channel_for(engine, tmp_path / "b", run_id, token) as ch:
             ch.send_finding(finding(1))
             with pytest.raises(RunCompletedError):

@@ -4,7 +4,8 @@ The "machine" is a log folder replicated with Litestream's file replica;
 losing it means the replica stops where it was (Litestream SIGKILLed, so no
 last sync) while the engine goes on holding what it acked. The restored
 log is older than the engine: the verification rule (SPEC "Dial") renumbers
-past it. docs/operations.md "Surviving the loss of a machine".
+past it; its raised epoch fences an original that still runs.
+docs/operations.md "Surviving the loss of a machine".
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 import pytest
 
 from conftest import eventually, new_run
-from walchannel import GrpcChannelConfig, GrpcEngineChannel, RunCompletedError
+from walchannel import (
+    ChannelState,
+    GrpcChannelConfig,
+    GrpcEngineChannel,
+    RunCompletedError,
+    WriterFencedError,
+)
 from walchannel.cli import main
 from walchannel.inspection import inspect_log
 from walchannel.replication import (
@@ -29,6 +36,7 @@ from walchannel.replication import (
 )
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
+from walchannel.testing.store import Writer
 
 try:
     find_litestream()
@@ -88,10 +96,15 @@ async def test_a_restored_older_log_resumes_past_what_the_engine_acked(
 
 
 @pytest.mark.asyncio
-async def test_a_zombie_writer_is_fenced_by_the_engines_one_live_stream_rule(
+async def test_a_restored_copy_fences_the_original_that_still_runs(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
-    """The old machine still runs when its log is restored on a new one."""
+    """The old machine still runs when its log is restored on a new one (a partition, not a death).
+
+    The restore keeps the writer id and raises its epoch: the engine follows
+    the restored copy and refuses the original from then on, as Kafka's epoch
+    bump fences an older producer (SPEC "Engine duties").
+    """
     run_id, token = new_run(local_engine)
     wal_a, url = tmp_path / "host-a", (tmp_path / "replica").as_uri()
     with Replicator(wal_a, url, sync_interval_s=0.1) as rep:
@@ -99,27 +112,25 @@ async def test_a_zombie_writer_is_fenced_by_the_engines_one_live_stream_rule(
         await zombie.handshake("1", "h", "1")
         await send(zombie, range(5))
         rep.drain(30)
-    restore(run_id, url, tmp_path / "host-b")
+    restored = restore(run_id, url, tmp_path / "host-b")
+    assert restored.meta.writer_id == zombie.log.writer.id
+    assert (zombie.log.writer.epoch, restored.meta.writer_epoch) == (0, 1)
     async with channel(local_engine, tmp_path / "host-b", run_id, token) as b:
-        reconnects = zombie.stats().reconnects
-        await b.handshake("1", "h", "1")  # a newer stream: the zombie's is ended (ABORTED)
+        await b.handshake("1", "h", "1")  # the higher epoch: the original's stream is ended
         await send(b, [f"b{i}" for i in range(6)])  # seqs 6..11
-        await eventually(lambda: zombie.stats().reconnects > reconnects, what="zombie fenced")
-        # The zombie goes on writing with its own seqs (6..9): the engine holds
-        # other contents there, so it drops them as duplicates and never applies them.
-        for i in range(4):
-            zombie.send_event("scan.item", "info", {"n": f"z{i}"})
-        await eventually(
-            lambda: zombie.stats().protocol_errors > 0, what="the zombie told it is behind"
-        )
-        assert not await zombie.wait_acked(timeout_ms=500)
-        assert zombie.stats().unacked_count == 4  # kept in its log: never lost silently
-        await send(b, ["b6"])  # the restored harness carries on (it takes the stream back)
+        await eventually(lambda: zombie.state is ChannelState.FAILED, what="the original fenced")
+        with pytest.raises(WriterFencedError, match="writer fenced"):
+            zombie.send_event("scan.item", "info", {"n": "z0"})
+        assert zombie.log.meta().failed_reason is not None
+        await send(b, ["b6"])  # the restored harness carries on
     await zombie.close()
     applied = contents(local_engine, run_id)
     assert [s for s, _ in applied] == list(range(1, 13))
     assert [n for _, n in applied] == [*range(5), *(f"b{i}" for i in range(7))]
-    assert local_engine.store.duplicates(run_id) >= 4
+    assert local_engine.store.duplicates(run_id) == 0
+    assert local_engine.owner(run_id) == Writer(restored.meta.writer_id or "", 1)
+    report = inspect_log(wal_a / f"{run_id}.wal.sqlite3")
+    assert report.state == "failed" and "walchannel takeover" in report.next_step
 
 
 @pytest.mark.asyncio

@@ -307,6 +307,39 @@ def test_an_exception_at_every_line_of_an_ack_leaves_the_cursor_on_disk_and_in_m
     assert n > 10, n
 
 
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=lambda e: e.__name__)
+def test_an_exception_at_every_line_of_a_verification_shift_moves_all_rows_or_none(
+    tmp_path: Path, exc: type[BaseException]
+) -> None:
+    # A restarted harness's rows 1-2 are unverified; the engine answers Ack(5):
+    # they move to 6-7 in one transaction, and the state follows it.
+    n = 0
+    while True:
+        n += 1
+        assert n < 2000, "the sweep never ended"
+        path = base_log(tmp_path / f"verify-{n}")
+        wal = RunLog.open(path.parent, RUN, correlation_id="c")
+        try:
+            assert wal.unverified_from == 1
+            if not raise_at_line(n, exc, partial(wal.verify, 5)):
+                break
+            assert no_write_transaction_open(path), f"line {n}: a transaction was left open"
+            seqs = [r.seq for r in wal.unacked()]
+            if wal.unverified_from is None:  # landed
+                assert (seqs, wal.last_acked_seq, wal.next_seq) == ([6, 7], 5, 8), n
+            else:
+                assert (seqs, wal.last_acked_seq, wal.next_seq) == ([1, 2], 0, 3), n
+                assert wal.verify(5) == 5
+            assert wal.append("finding", finding(3)) == 8
+            wal.close()
+            with RunLog.open(path.parent, RUN, correlation_id="c") as again:
+                assert [r.seq for r in again.unacked()] == [6, 7, 8]
+                assert again.last_acked_seq == 5
+        finally:
+            wal.close()
+    assert n > 10, n
+
+
 # -- a harness that catches it and goes on ------------------------------------------------
 
 

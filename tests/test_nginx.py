@@ -29,8 +29,15 @@ import pytest_asyncio
 from conftest import eventually
 from helpers.engines import EngineProcs, Proc
 from helpers.nginx import NGINX, Nginx
-from walchannel import Backoff, ChannelState, GrpcChannelConfig, GrpcEngineChannel
-from walchannel.testing.store import EngineStore
+from walchannel import (
+    Backoff,
+    ChannelState,
+    GrpcChannelConfig,
+    GrpcEngineChannel,
+    RunLog,
+    WriterFencedError,
+)
+from walchannel.testing.store import EngineStore, Writer
 
 REQUIRE = os.environ.get("WALCHANNEL_REQUIRE_NGINX") == "1"
 
@@ -233,3 +240,38 @@ async def test_frozen_engine_behind_nginx_without_dead_stream_ms_is_left_by_the_
         assert "stalled stream" in (ch.stats().last_error or "")
         assert await ch.wait_acked(timeout_ms=30_000)
     setup.audit(n)
+
+
+@pytest.mark.asyncio
+async def test_the_writer_fields_cross_nginx_and_fence_across_engine_processes(
+    setup: Setup,
+) -> None:
+    # The writer identity travels in the Handshake message, not in metadata
+    # (nginx drops header names with underscores by default). Behind nginx the
+    # two harnesses may reach different engine processes: the owner in the
+    # shared store fences the old writer at its next heartbeat all the same.
+    setup.start_nginx(timeout_s=60)
+    b_config = setup.config(wal_dir=setup.tmp / "wal-b")
+    async with GrpcEngineChannel(setup.config(keepalive_ms=1000)) as a:
+        await a.handshake("1", "h", "1")
+        for i in range(5):
+            a.send_finding({"n": i})
+        assert await a.wait_acked(timeout_ms=10_000)
+        async with GrpcEngineChannel(b_config) as b:
+            with pytest.raises(WriterFencedError, match="owned by another writer"):
+                await b.handshake("1", "h", "1")
+            b_log = b.log.path
+        with RunLog.open(b_log.parent, setup.run_id, correlation_id="ngx") as wal:
+            marked = wal.mark_takeover()  # `walchannel takeover`
+        async with GrpcEngineChannel(b_config) as b:
+            await b.handshake("1", "h", "1")
+            for i in range(5, 10):
+                b.send_finding({"n": i})
+            assert await b.wait_acked(timeout_ms=10_000)
+            await eventually(lambda: a.state is ChannelState.FAILED, 30, "the old writer fenced")
+            with pytest.raises(WriterFencedError, match="writer fenced"):
+                a.send_finding({"n": 99})
+    setup.audit(10)
+    with EngineStore(setup.engines.store) as store:
+        assert store.owner(setup.run_id) == Writer(marked.id, 0)
+        assert len(store.takeovers(setup.run_id)) == 1

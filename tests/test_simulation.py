@@ -12,6 +12,7 @@ simulated disk is the real ``RunLog``, transaction by transaction.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import random
 import sqlite3
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from helpers import sim_operator
 from plants import PLANTS, Plant, planted_copy, run_planted
 from walchannel.log import RunLog
 from walchannel.log_state import next_seq_at_open
@@ -36,6 +38,9 @@ def _load_sim() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    # The simulator predates the writer identity: its lost logs and older
+    # copies are taken over by a simulated operator (helpers/sim_operator.py).
+    sim_operator.take_over_in(module)
     return module
 
 
@@ -109,7 +114,7 @@ def test_the_same_seed_replays_to_the_same_trace_in_another_process() -> None:
     seed = 4711
     outputs = []
     for hash_seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        env = sim_operator.env({**os.environ, "PYTHONHASHSEED": hash_seed})
         run = subprocess.run(
             [sys.executable, str(ROOT / "tools" / "sim.py"), "--replay", str(seed)],
             capture_output=True,
@@ -126,7 +131,12 @@ def test_the_same_seed_replays_to_the_same_trace_in_another_process() -> None:
 
 
 def test_cli_sweep_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    product = logging.getLogger("walchannel")
+    level = product.level
     assert sim.main(["--seeds", "60", "--jobs", "1", "--quiet"]) == 0
+    # The sweep silences the product's logger while it runs, and gives it
+    # back: tests after it in this process read the logger with caplog.
+    assert product.level == level
     out = capsys.readouterr().out
     assert "schedules=60" in out
     assert "violations=0" in out
@@ -162,6 +172,7 @@ def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> N
         [sys.executable, str(ROOT / "tools" / "sim_coverage.py"), "--corpus"],
         capture_output=True,
         text=True,
+        env=sim_operator.env(),
         timeout=300,
         check=False,
     )

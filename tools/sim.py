@@ -66,7 +66,7 @@ import sqlite3
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -3199,22 +3199,32 @@ def sweep(
     stop_at_first: bool = False,
 ) -> Totals:
     """Run many schedules in this process (see :func:`run_schedule`)."""
-    _quiet_product()
     totals = Totals()
-    for seed in seeds:
-        w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
-        totals.add(w)
-        if stop_at_first and w.violations:
-            break
+    with _quiet_product():
+        for seed in seeds:
+            w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
+            totals.add(w)
+            if stop_at_first and w.violations:
+                break
     return totals
 
 
-def _quiet_product() -> None:
+@contextlib.contextmanager
+def _quiet_product() -> Iterator[None]:
     # The product logs every reconnect and refusal: in a sweep of thousands of
-    # schedules that is noise (and time); a replay shows them.
-    logging.getLogger("walchannel").setLevel(logging.CRITICAL + 1)
-    # A process ended by a signal's exception leaves tasks whose errors nobody reads.
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    # schedules that is noise (and time); a replay shows them. The level is
+    # given back: a test that sweeps in-process shares the logger with others.
+    # A process ended by a signal's exception leaves tasks whose errors nobody
+    # reads: asyncio's logger is quiet too.
+    loggers = [logging.getLogger(name) for name in ("walchannel", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 class _TraceHandler(logging.Handler):

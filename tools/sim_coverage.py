@@ -345,11 +345,11 @@ def find_corpus(seeds: int) -> list[int]:
     sys.path.insert(0, str(ROOT / "tools"))
     import sim  # measured from its import on
 
-    sim._quiet_product()
     per_seed: dict[int, set[tuple[str, int]]] = {}
-    for seed in range(seeds):
-        cov.switch_context(str(seed))
-        sim.run_schedule(seed)
+    with sim._quiet_product():
+        for seed in range(seeds):
+            cov.switch_context(str(seed))
+            sim.run_schedule(seed)
     cov.stop()
     data = cov.get_data()
     for file in data.measured_files():

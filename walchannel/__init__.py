@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "WalLockedError": "walchannel.errors",
     "WalWriteError": "walchannel.errors",
     "WalchannelError": "walchannel.errors",
+    "WriterFencedError": "walchannel.errors",
 }
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "WalLockedError",
     "WalWriteError",
     "WalchannelError",
+    "WriterFencedError",
 ]
 
 if TYPE_CHECKING:
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
         WalCorruptError,
         WalLockedError,
         WalWriteError,
+        WriterFencedError,
     )
     from walchannel.grace import EXIT_ROWS_LEFT, EXIT_STOPPED, GracePeriod
     from walchannel.interface import (

@@ -51,6 +51,7 @@ from walchannel import (
     GrpcChannelConfig,
     GrpcEngineChannel,
     RunCompletedError,
+    WriterFencedError,
 )
 from walchannel.formatting import get_logger
 
@@ -159,6 +160,9 @@ async def run(
         except RunCompletedError:
             print(f"run {args.run_id} is already completed; nothing to do", flush=True)
             return 0
+        except WriterFencedError as exc:  # another writer has the run: never scan it again
+            print(f"bandit_harness: {exc}", file=sys.stderr)
+            return 1
         marker = dict(channel.progress() or {})
         if marker and marker.get("tree") != ident:
             print(
@@ -214,7 +218,7 @@ async def run(
         except RunCompletedError:
             print(f"run {args.run_id} is already completed; nothing to do", flush=True)
             return 0
-        except EngineBehindError as exc:
+        except (EngineBehindError, WriterFencedError) as exc:
             print(f"bandit_harness: {exc}", file=sys.stderr)
             return 1
         if not acked:

@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from walchannel import __version__, files
-from walchannel.cli_logs import err, export_command, inspect_command, prune_command, say
+from walchannel.cli_logs import (
+    err,
+    export_command,
+    inspect_command,
+    prune_command,
+    say,
+    takeover_command,
+)
 from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import WalchannelError, WalLockedError
 from walchannel.flush import DEFAULT_FLUSH_TIMEOUT_S, flush_command
@@ -292,6 +299,42 @@ def _add_prune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="also remove tombstones whose quarantine holds rows (export them first)",
     )
     p.set_defaults(handler=prune_command)
+
+
+# -- takeover ------------------------------------------------------------------------
+
+_TAKEOVER_EXAMPLES = """\
+examples:
+  walchannel takeover /var/lib/scan/wal/run-42.wal.sqlite3   # then restart the harness
+
+One writer per run: the engine refuses a second harness on a run ("owned by
+another writer"), and a log that never had an answered handshake refuses to
+join an engine that already holds rows of its run (a WALCHANNEL_DIR typo, a
+relative wal_dir, a volume gone). Both end with WriterFencedError, every row
+kept. When this log should write the run after all, mark it: it gets a new
+writer id, and the harness restarted on it (or 'walchannel flush') asks the
+engine to take the run over until its first answered handshake (one shot;
+no config option). The engine then ends the other writer's stream and
+refuses it from then on. What the other writer delivered comes again unless
+the harness resumes from its own record. Any holder of the run's token can
+take a run over (docs/security.md). Exit 0 marked; 2 refused (no such log,
+a live owner, a tombstone, a damaged log) or bad usage.
+"""
+
+
+def _add_takeover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "takeover",
+        help="mark a log to take its run over from another writer (one shot)",
+        description=(
+            "Mark one run log so that its next handshakes ask the engine to make it the\n"
+            "run's writer, until the first answered one."
+        ),
+        epilog=_TAKEOVER_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument("log", metavar="LOG", help="the log file, <run_id>.wal.sqlite3")
+    p.set_defaults(handler=takeover_command)
 
 
 # -- flush -----------------------------------------------------------------------------
@@ -657,6 +700,7 @@ _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...
     _add_flush,
     _add_export,
     _add_prune,
+    _add_takeover,
     _add_demo,
     _add_replicate,
     _add_restore,
@@ -668,6 +712,7 @@ examples:
   walchannel export run-42.wal.sqlite3 > unacked.jsonl
   walchannel flush run-42.wal.sqlite3 --grpc-addr engine:50051 --token-env RUN_TOKEN
   walchannel prune --older-than 7
+  walchannel takeover run-42.wal.sqlite3   # this log takes its run over from another writer
   walchannel demo                    # the main job, end to end, audited
   walchannel replicate DIR --to s3://bucket/runs   # survive losing this machine
   walchannel restore run-42 --from s3://bucket/runs --wal-dir DIR

@@ -1,9 +1,9 @@
-"""``walchannel inspect``, ``export`` and ``prune``: the log commands that never touch the network.
+"""``walchannel inspect``, ``export``, ``prune`` and ``takeover``: the log commands without network.
 
 Their implementations; :mod:`walchannel.cli` wires their arguments and
-calls :func:`inspect_command`, :func:`export_command` and
-:func:`prune_command`. SPEC "Operating tools"; docs/operations.md says what
-to do about each state.
+calls :func:`inspect_command`, :func:`export_command`,
+:func:`prune_command` and :func:`takeover_command`. SPEC "Operating
+tools"; docs/operations.md says what to do about each state.
 
 - inspect: one row per run, most urgent first, its detail and next step
   wrapped under it to fit 120 columns (``--wide``: one line per run; or
@@ -15,6 +15,8 @@ to do about each state.
   and the exit code is 1.
 - prune: remove old tombstones and their sidecars, holding the owner lock
   while it removes them (``--dry-run``: only list them).
+- takeover: mark one log, under its owner lock, to take its run over from
+  whichever writer has it at its next handshake (one shot).
 
 Also :func:`err`, the one way every command prints an error line. This
 module imports neither grpc nor httpx, nor anything that does.
@@ -34,7 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from walchannel import files
-from walchannel.errors import WalCorruptError, WalLockedError
+from walchannel.errors import (
+    RunCompletedError,
+    WalCorruptError,
+    WalLockedError,
+    WalWriteError,
+)
 from walchannel.formatting import (
     TABLE_WIDTH,
     align_table,
@@ -52,13 +59,22 @@ from walchannel.inspection import (
     list_logs,
 )
 from walchannel.lock import OwnerLock, probe_owner
+from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE, MetaDamagedError, Row
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
 
-__all__ = ["err", "export_command", "inspect_command", "prune_command", "say", "table_lines"]
+__all__ = [
+    "err",
+    "export_command",
+    "inspect_command",
+    "prune_command",
+    "say",
+    "table_lines",
+    "takeover_command",
+]
 
 # Characters of a row body shown on one line by ``inspect --show --wide``
 # (without --wide: what is left of TABLE_WIDTH, at least _MIN_BODY_WIDTH).
@@ -629,4 +645,52 @@ def prune_command(args: argparse.Namespace) -> int:
         return 1
     if not removed:
         say(f"nothing to prune in {folder}")
+    return 0
+
+
+# -- takeover ------------------------------------------------------------------------
+
+
+def takeover_command(args: argparse.Namespace) -> int:
+    """Run ``walchannel takeover`` with the parsed ``args``; return the exit code.
+
+    Marks an existing log, under its owner lock, to take its run over from
+    whichever writer has it (:meth:`walchannel.log.RunLog.mark_takeover`: a
+    new writer id, the mark, a fenced failure mark cleared). The harness
+    restarted on the log (or ``walchannel flush``) asks the engine to take
+    the run over at its handshakes until the first answered one. 0: marked;
+    2: refused (no such log, a live owner, a tombstone, a damaged log) or
+    bad usage. SPEC "Operating tools".
+    """
+    path = Path(args.log).expanduser()
+    run_id = run_id_from_name(path)
+    if run_id is None:
+        err("takeover", f"{path}: LOG must be a run log named <run_id>{files.LOG_SUFFIX}")
+        return 2
+    try:
+        # The stored correlation id, read without creating anything: an
+        # open of a missing log would make a new one.
+        with LogReader(path, run_id) as reader:
+            correlation_id = reader.meta().correlation_id
+        wal = RunLog.open(path.parent, run_id, correlation_id=correlation_id)
+    except WalLockedError as exc:
+        err("takeover", f"refused: {exc} (stop that harness first: a live owner keeps its run)")
+        return 2
+    except (WalCorruptError, WalWriteError, LogUnreadableError) as exc:
+        err("takeover", f"refused: {exc}")
+        return 2
+    with wal:
+        before = wal.writer
+        try:
+            writer = wal.mark_takeover()
+        except (RunCompletedError, WalWriteError) as exc:
+            err("takeover", f"refused: {exc}")
+            return 2
+    say(
+        f"run {run_id}: {path} is marked to take the run over at its next handshake "
+        f"(writer {before.id} -> {writer.id}). Now restart the harness on this log (or "
+        "'walchannel flush' it): the engine makes it the run's owner, ends the other "
+        "writer's stream and refuses that writer from then on. Findings the other writer "
+        "delivered come again, unless the harness resumes from its own record"
+    )
     return 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
@@ -40,8 +41,17 @@ from walchannel.errors import (
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
+    WriterFencedError,
 )
-from walchannel.log_state import FAILED_ENGINE_BEHIND, LogState
+from walchannel.log_state import (
+    FAILED_ENGINE_BEHIND,
+    FAILED_UNDELIVERABLE,
+    LogState,
+    Writer,
+    fenced_reason,
+    impossible_answer,
+    refused_at_open,
+)
 
 if TYPE_CHECKING:
     import random
@@ -56,7 +66,9 @@ __all__ = [
     "CHECKPOINT_RETRY_MAX_MS",
     "KEEPALIVE_TIMEOUT_MS",
     "MAX_KEEPALIVE_MS",
+    "OWNED_BY_ANOTHER_WRITER",
     "STABLE_STREAM_MS",
+    "WRITER_FENCED",
     "AckKind",
     "Answer",
     "AnswerPlan",
@@ -75,6 +87,8 @@ __all__ = [
     "Verdict",
     "describe_end",
     "down_too_large_text",
+    "engine_refusal",
+    "fenced_error",
     "parse_receive_limit",
     "receive_limit_in",
     "parse_size_refusal",
@@ -134,6 +148,8 @@ _LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
     _S.CLOSED: frozenset(),
 }
 _FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
+# No bound on acks but the high-water (above any uint64 an Ack carries).
+_NO_BOUND: Final = 2**64
 _EXPIRED: Final = _S.EXPIRED  # a module global: the admission check runs on every send
 
 
@@ -159,8 +175,14 @@ class Answer(enum.Enum):
     RESUME = "resume"  # an ordinary ack of h: replay from h + 1
     VERIFY = "verify"  # first answer since open: RunLog.verify(h), then on_verified
     BEHIND = "behind"  # h below the stored cursor: FAILED, EngineBehindError
+    # A log that never had an answered handshake (nor a restore or takeover)
+    # meets an engine holding rows of the run: another writer's. FAILED, WriterFencedError.
+    FOREIGN = "foreign"
     FORGOT = "forgot"  # h below an ack received, not stored: re-send from h + 1
     AHEAD = "ahead"  # h above the high-water of a verified log: a protocol error
+    # h past SQLite's range, or its verification shift would carry a row past
+    # it: a protocol error, never applied; the stream ends and is dialed again.
+    IMPOSSIBLE = "impossible"
 
 
 class AckKind(enum.Enum):
@@ -169,6 +191,10 @@ class AckKind(enum.Enum):
     ADVANCE = "advance"  # moves the cursor
     STALE = "stale"  # at or below the cursor: nothing to do
     ABOVE_HIGH_WATER = "above_high_water"  # protocol error: never applied
+    # Beyond every row this channel wrote and the stream's answer h: the
+    # engine acks what it never received. A protocol error, never applied;
+    # the stream ends and is dialed again.
+    NEVER_WRITTEN = "never_written"
 
 
 class End(enum.Enum):
@@ -176,6 +202,8 @@ class End(enum.Enum):
 
     RECONNECT = "reconnect"  # record the error; back off and dial again
     RUN_COMPLETED = "run_completed"  # FAILED_PRECONDITION "run completed": the loop ends
+    # FAILED_PRECONDITION "owned by another writer" / "writer fenced": the loop ends
+    FENCED = "fenced"
     SIZE_REFUSAL = "size_refusal"  # the engine refused an up-message for its size
     DOWN_TOO_LARGE = "down_too_large"  # a down message over max_receive_message_bytes
     ALREADY_OVER = "already_over"  # the channel was FAILED/EXPIRED: nothing to record
@@ -187,6 +215,9 @@ class Completion(enum.Enum):
     TOMBSTONE = "tombstone"  # our Done was applied, its ack lost: RunLog.complete_by_engine
     UNDELIVERABLE = "undeliverable"  # rows remain that can never go: mark the run failed
     NOTHING = "nothing"  # nothing left: the loop ends, the log stays as it is
+    # The run is another writer's (refused, or completed by another with rows
+    # here): FAILED with WriterFencedError, every row kept.
+    FENCED = "fenced"
 
 
 class Verdict(enum.Enum):
@@ -218,11 +249,18 @@ class AnswerPlan:
         replay_from: the first seq to write on the stream; None: the stream ends.
         clear_failed_mark: a healthy answer clears a ``failed_at`` left in
             the log by an earlier run (``inspect`` no longer says failed).
+        problem: with :attr:`Answer.IMPOSSIBLE`, why (for the protocol error).
+        error: for ``BEHIND`` and ``FOREIGN``, the error the run fails with.
+        reason: the ``failed_reason`` to store with it (None: the driver's own,
+            see :meth:`Driver.fail`).
     """
 
     answer: Answer
     replay_from: int | None
     clear_failed_mark: bool = False
+    problem: str = ""
+    error: WalchannelError | None = None
+    reason: str | None = None
 
 
 class EndPlan(NamedTuple):
@@ -257,6 +295,11 @@ class Driver:
         failed_mark: the log holds ``failed_at`` from an earlier run (a
             healthy handshake answer clears it).
         now_ms: the time of creation (ms, monotonic).
+        writer: the log's writer identity (``RunLog.writer``); None: not
+            known, and the log is trusted to meet rows (the driver's own tests).
+        failed_reason: the log's stored ``failed_reason``: a fenced log not
+            marked to take over starts ``FAILED`` with ``WriterFencedError``.
+        path: the log file, for the errors that name it.
 
     Attributes:
         state: the :class:`ChannelState`.
@@ -284,13 +327,28 @@ class Driver:
             :data:`STABLE_STREAM_MS`).
         stopped: the engine sent ``Stop`` (callbacks fired).
         checkpoints: when to give the log's disk back.
+        fenced_failure: the ``failed_reason`` of the last :meth:`fenced` error.
     """
 
     def __init__(
-        self, config: GrpcChannelConfig, log: StateSource, *, failed_mark: bool, now_ms: float
+        self,
+        config: GrpcChannelConfig,
+        log: StateSource,
+        *,
+        failed_mark: bool,
+        now_ms: float,
+        writer: Writer | None = None,
+        failed_reason: str | None = None,
+        path: str = "",
     ) -> None:
         self._log = log
         self.run_id = config.run_id
+        self._writer = writer
+        self._path = path
+        # What the engine said when it ended the run for this writer.
+        self._engine_refused: str | None = None
+        self._completed_by: str | None = None
+        self.fenced_failure: str | None = None
         self._backoff = config.backoff
         self._dead_stream_ms = config.dead_stream_ms
         self._min_send_rate = float(config.min_send_rate_bytes_per_s)
@@ -320,6 +378,11 @@ class Driver:
         self.sent = 0
         self.replayed = 0
         self._max_written = 0
+        # The highest seq whose write ever started on a stream of this channel,
+        # and what an ack may cover: the higher of it and the stream's answer
+        # h (no bound without answers: engine_acks_handshake=False).
+        self._max_started = 0
+        self._ack_bound = _NO_BOUND
         self._streams_up = 0
         self.reconnects = 0
         self.protocol_errors = 0
@@ -331,6 +394,10 @@ class Driver:
         self.stopped = False
         self._decided: dict[str, tuple[bool, str]] = {}
         self.checkpoints = CheckpointPolicy(now_ms)
+        if refused_at_open(failed_reason, writer is not None and writer.take_over):
+            # Refused before, and not marked to take over: no dial, no send.
+            self.failure = self.fenced(f"it was refused before: {failed_reason}")
+            self.state = ChannelState.FAILED
 
     # -- the log's facts (read, never kept) ------------------------------------------------
 
@@ -472,15 +539,35 @@ class Driver:
             The plan. ``VERIFY``: the caller runs ``RunLog.verify(h)`` and then
             :meth:`on_verified`; ``RESUME``: :meth:`on_ack`; ``FORGOT``:
             :meth:`on_forgot`; ``BEHIND``: :meth:`fail`; ``AHEAD``:
-            :meth:`protocol_error`.
+            :meth:`protocol_error`; ``IMPOSSIBLE`` (``h`` past SQLite's range,
+            or a verification shift that would carry a row past it,
+            :func:`~walchannel.log_state.impossible_answer`): nothing is
+            applied, :meth:`protocol_error` and the stream ends.
         """
         if engine_high is None:
+            self._ack_bound = _NO_BOUND
             return AnswerPlan(Answer.NO_ANSWER, self.acked + 1)
+        problem = impossible_answer(
+            engine_high, unverified_from=self.unverified_from, high_water=self.high_water
+        )
+        if problem is not None:
+            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=problem)
+        self._ack_bound = max(engine_high, self._max_started)
         if engine_high < self.stored:
-            return AnswerPlan(Answer.BEHIND, None)
+            return AnswerPlan(Answer.BEHIND, None, error=self._behind(engine_high))
+        unverified = self.unverified_from
+        writer = self._writer
+        if unverified is not None and engine_high > 0 and writer and not writer.may_meet_rows:
+            error = self.fenced(
+                f"this log never had an answered handshake, and the engine already holds "
+                f"seqs up to {engine_high} of the run: they are another writer's (a lost or "
+                "misplaced log: a WALCHANNEL_DIR typo, a relative wal_dir, a volume gone; or "
+                "a second harness); joining them would apply findings twice",
+                engine_high=engine_high,
+            )
+            return AnswerPlan(Answer.FOREIGN, None, error=error, reason=self.fenced_failure)
         clear = self.failed_mark
         self.failed_mark = False
-        unverified = self.unverified_from
         if unverified is not None:
             # After the log's verification the high-water is at least h.
             self._verifying = (unverified, self.high_water + 1)
@@ -490,6 +577,27 @@ class Driver:
         if engine_high < self.acked:
             return AnswerPlan(Answer.FORGOT, engine_high + 1, clear)
         return AnswerPlan(Answer.RESUME, engine_high + 1, clear)
+
+    def _behind(self, engine_high: int) -> EngineBehindError:
+        return EngineBehindError(
+            f"run {self.run_id}: engine behind: its high-water {engine_high} is below "
+            f"the stored cursor {self.stored}; it lost rows this log already "
+            "deleted, which cannot be re-sent"
+        )
+
+    def fenced(self, why: str, *, engine_high: int | None = None) -> WriterFencedError:
+        """The :class:`~walchannel.errors.WriterFencedError` for ``why``, its reason kept.
+
+        The message says where the rows are and what to do (review them,
+        or take the run over); :attr:`fenced_failure` is set to the
+        ``failed_reason`` to store (:func:`~walchannel.log_state.fenced_reason`).
+
+        Args:
+            why: the cause (the engine's words, or the log's own evidence).
+            engine_high: the engine's high-water, when the evidence is the log's.
+        """
+        self.fenced_failure = fenced_reason(why)
+        return fenced_error(self.run_id, self._path, self._writer, why, engine_high=engine_high)
 
     def on_verified(self, engine_high: int, shift: int) -> None:
         """The log applied the verification rule for ``h`` with ``shift``; follow it.
@@ -538,9 +646,13 @@ class Driver:
 
         Returns:
             ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
-            ``STALE`` when it did not, ``ABOVE_HIGH_WATER`` for an ack of a
-            seq never logged: a protocol error, never applied.
+            ``STALE`` when it did not; for a protocol error, never applied:
+            ``NEVER_WRITTEN`` beyond :attr:`ack_bound` (rows never written:
+            the stream ends), ``ABOVE_HIGH_WATER`` for a seq never logged
+            within it (an answer above the high-water, or no answers).
         """
+        if seq > self._ack_bound:
+            return AckKind.NEVER_WRITTEN
         if seq > self._log.state.next_seq - 1:
             return AckKind.ABOVE_HIGH_WATER
         if self._first_written is not None and seq >= self._first_written:
@@ -633,6 +745,26 @@ class Driver:
         pos = self.write_pos
         return pos if pos and pos <= end else None
 
+    def on_writing(self, seq: int) -> None:
+        """Row ``seq``'s write starts on the live stream: from now on the engine may ack it.
+
+        An honest engine may ack a row before its write returns here.
+        """
+        if seq > self._max_started:
+            self._max_started = seq
+            if seq > self._ack_bound:
+                self._ack_bound = seq
+
+    @property
+    def ack_bound(self) -> int:
+        """The highest seq an ack may cover: the higher of the stream's answer and every write.
+
+        A replay rewinds the writer, so the rows written on this stream alone
+        would be too low. Without handshake answers (``engine_acks_handshake``
+        False) there is none: the high-water bounds acks then. SPEC "Acks".
+        """
+        return self._ack_bound
+
     def is_replay(self, seq: int) -> bool:
         """Tell whether writing ``seq`` now writes it again (it went out before)."""
         return seq <= self._max_written
@@ -685,7 +817,13 @@ class Driver:
         doubled = _is_too_many_pings(f"{details} {debug}")
         if doubled:
             self.keepalive_ms = min(self.keepalive_ms * 2, MAX_KEEPALIVE_MS)
+        refused = engine_refusal(code, details)
+        if refused is not None:
+            self._engine_refused = details
+            return EndPlan(End.FENCED, doubled, None)
         if code == "FAILED_PRECONDITION" and _RUN_COMPLETED in details.lower():
+            found = _COMPLETED_BY.search(details)
+            self._completed_by = found.group(1) if found is not None else None
             return EndPlan(End.RUN_COMPLETED, doubled, None)
         if self.final:
             return EndPlan(End.ALREADY_OVER, doubled, None)
@@ -711,17 +849,47 @@ class Driver:
         return first
 
     def on_run_completed(self) -> Completion:
-        """Decide what FAILED_PRECONDITION "run completed" does to the log. docs/design.md.
+        """Decide what the engine ending the run for this writer does to the log. docs/design.md.
 
-        Either way the loop ends (``FAILED``, ``RunCompletedError``): a log
-        holding an unacked ``Done`` becomes a tombstone on the engine's word
-        (it applied the ``Done``, and every row before it; the ack was lost);
-        else rows left above the stored cursor are undeliverable.
+        For FAILED_PRECONDITION "run completed" (and the engine's refusals of
+        this writer, :attr:`End.FENCED`). Either way the loop ends
+        (``FAILED``; :meth:`refused` gives the error): a log holding an
+        unacked ``Done`` becomes a tombstone on the engine's word (it applied
+        the ``Done``, and every row before it; the ack was lost) — only when
+        the engine names no writer or this one: a run another writer
+        completed while rows are here, or a refusal, is ``FENCED``, every row
+        kept; else rows left above the stored cursor are undeliverable.
         """
         state = self._log.state
+        by = self._completed_by
+        other = by is not None and self._writer is not None and by != self._writer.id
+        if self._engine_refused is not None or (other and state.unacked_count > 0):
+            return Completion.FENCED
         if state.done_seq is not None:
             return Completion.TOMBSTONE
         return Completion.UNDELIVERABLE if state.unacked_count > 0 else Completion.NOTHING
+
+    def refused(self, completion: Completion) -> tuple[WalchannelError, str | None]:
+        """The error a run ended by the engine fails with, and the ``failed_reason`` to store.
+
+        ``FENCED``: :class:`~walchannel.errors.WriterFencedError` naming what
+        the engine said; ``UNDELIVERABLE``: ``RunCompletedError`` with
+        :data:`~walchannel.log_state.FAILED_UNDELIVERABLE`; ``NOTHING``:
+        ``RunCompletedError``, no mark. SPEC "Reconnect".
+        """
+        if completion is Completion.FENCED:
+            said = self._engine_refused
+            if said is None:
+                count = self._log.state.unacked_count
+                said = (
+                    f"the engine says writer {self._completed_by} completed the run, while "
+                    f"{count} row(s) of this writer were never applied"
+                )
+            else:
+                said = f"the engine refused it: {said}"
+            return self.fenced(said), self.fenced_failure
+        error = RunCompletedError(f"run {self.run_id}: the engine says the run is completed")
+        return error, FAILED_UNDELIVERABLE if completion is Completion.UNDELIVERABLE else None
 
     def completed_by_engine(self) -> RunCompletedError:
         """The log became a tombstone on the engine's word: the loop ends, ``send_done`` is True.
@@ -993,6 +1161,63 @@ def stream_verdict(
 # -- how a stream ended --------------------------------------------------------------------
 
 _RUN_COMPLETED: Final = "run completed"
+# "run completed by writer <id>": the engine names the writer whose Done it applied.
+_COMPLETED_BY: Final = re.compile(r"run completed by writer ([0-9A-Za-z_.:-]+)", re.I)
+#: How the engine's FAILED_PRECONDITION details begin when it refuses this
+#: writer (SPEC "Engine duties"): another writer owns the run, or a newer
+#: epoch of this writer (a restore) or a takeover superseded it.
+OWNED_BY_ANOTHER_WRITER: Final = "owned by another writer"
+WRITER_FENCED: Final = "writer fenced"
+
+
+def fenced_error(
+    run_id: str, path: str, writer: Writer | None, why: str, *, engine_high: int | None = None
+) -> WriterFencedError:
+    """The :class:`~walchannel.errors.WriterFencedError` of a log that may not write its run.
+
+    The one text, for the channel and ``walchannel flush``: who, why, where
+    the rows stay, and the two next steps (review them; take the run over).
+
+    Args:
+        run_id: the run.
+        path: the log file ("" when unknown).
+        writer: the log's writer identity (None: unknown).
+        why: the cause.
+        engine_high: the engine's high-water, when the evidence is the log's own.
+    """
+    who = f"writer {writer.id} (epoch {writer.epoch})" if writer is not None else "this writer"
+    log = shlex.quote(path) if path else "LOG"
+    return WriterFencedError(
+        f"run {run_id}: not this log's to write ({who}): {why}. Every row stays in "
+        f"{path or 'the log'}; review them with 'walchannel export {log}', or take "
+        f"the run over with 'walchannel takeover {log}' and start again (what the other "
+        "writer delivered then comes again, unless the harness resumes from its own record)",
+        run_id=run_id,
+        path=path,
+        writer_id=writer.id if writer is not None else None,
+        engine_high=engine_high,
+    )
+
+
+def engine_refusal(code: str | None, details: str | None) -> str | None:
+    """Read a stream's end as the engine refusing this writer; the prefix said, or None.
+
+    Only FAILED_PRECONDITION whose details begin with
+    :data:`OWNED_BY_ANOTHER_WRITER` or :data:`WRITER_FENCED` (any case)
+    counts. SPEC "Engine duties".
+
+    Args:
+        code: the gRPC status name.
+        details: the status details.
+    """
+    if code != "FAILED_PRECONDITION" or not details:
+        return None
+    text = details.strip().lower()
+    for prefix in (OWNED_BY_ANOTHER_WRITER, WRITER_FENCED):
+        if text.startswith(prefix):
+            return prefix
+    return None
+
 
 # What grpc.aio reports, in place of the engine's status, when a write was in
 # flight as the stream ended (grpc/grpc#36066; grpcio 1.85 still does).

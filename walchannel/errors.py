@@ -17,6 +17,7 @@ keeps the message as built (SPEC "The channel", "Text from outside").
     ├── RunCompletedError                the run's Done was already applied
     ├── RunExpiredError                  past hard_deadline
     ├── EngineBehindError                engine lost rows this log deleted (FAILED)
+    ├── WriterFencedError                the run is another writer's (FAILED, rows kept)
     ├── WalLockedError                   another owner holds the run's log
     ├── WalCorruptError                  the log file is not a usable walchannel log
     ├── WalWriteError                    a commit failed (disk full, I/O error)
@@ -48,6 +49,7 @@ __all__ = [
     "WalLockedError",
     "WalWriteError",
     "WalchannelError",
+    "WriterFencedError",
     "raw_message",
 ]
 
@@ -125,6 +127,46 @@ class EngineBehindError(WalchannelError):
     The engine lost rows this log already deleted after the engine acked
     them; they cannot be re-sent. The channel is ``FAILED``. SPEC "Dial".
     """
+
+
+class WriterFencedError(WalchannelError):
+    """The run is another writer's: this log may not write it. Nothing is lost.
+
+    Delivery is idempotent by ``(run_id, seq)`` only while one writer hands
+    out a run's seqs. So the channel stops (``FAILED``, with a stored
+    ``failed_reason``; every row stays in the log, ``send_done`` never
+    returns True) when the engine says another writer owns the run, that a
+    newer copy of this log (a restore) or a takeover superseded this writer,
+    or that another writer completed the run while this log holds rows; and,
+    on its own evidence, when this log never had an answered handshake and
+    meets an engine that already holds rows of the run (a lost or misplaced
+    log, a second harness). ``handshake()`` and every later call raise it; a
+    restart on the same log is refused again until ``walchannel takeover``.
+    What to do: review the rows (``walchannel export LOG``), or take the run
+    over (``walchannel takeover LOG``, then restart). SPEC "The channel".
+
+    Attributes:
+        run_id: the run.
+        path: the log file that keeps the rows.
+        writer_id: this log's writer id (None when the log never had one).
+        engine_high: the engine's high-water when the refusal is the log's own
+            evidence (a never-answered log meeting rows); else None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        path: str,
+        writer_id: str | None,
+        engine_high: int | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.path = path
+        self.writer_id = writer_id
+        self.engine_high = engine_high
+        super().__init__(message)
 
 
 class WalLockedError(WalchannelError):

@@ -52,11 +52,18 @@ from typing import TYPE_CHECKING, Final
 from walchannel import files
 from walchannel.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
 from walchannel.cli_logs import err
-from walchannel.errors import InsecureDiscoveryWarning, WalCorruptError, WalLockedError
+from walchannel.driver import fenced_error
+from walchannel.errors import (
+    InsecureDiscoveryWarning,
+    WalCorruptError,
+    WalLockedError,
+    WriterFencedError,
+)
 from walchannel.formatting import get_logger
 from walchannel.inspection import FLUSH_TOKEN_ENV
 from walchannel.log_format import MetaDamagedError
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
+from walchannel.log_state import refused_at_open
 
 if TYPE_CHECKING:
     import httpx
@@ -125,11 +132,16 @@ def _check_flushable(wal: RunLog, token: str, *, replace_token: bool = False) ->
 
     Raises:
         _Refused: no stored handshake, another token (naming
-            ``--replace-token``), or ``quick_check`` finds damage.
+            ``--replace-token``), ``quick_check`` finds damage, or the log
+            was fenced (``WriterFencedError``'s text) and is not marked to
+            take the run over.
     """
     meta = wal.meta()
     if meta.completed_at is not None:
         return meta
+    if refused_at_open(meta.failed_reason, meta.takeover_at is not None):
+        why = f"it was refused before: {meta.failed_reason}"
+        raise _Refused(str(fenced_error(meta.run_id, str(wal.path), wal.writer, why)))
     if meta.harness_name is None:
         raise _Refused(
             f"{wal.path}: no stored handshake (the harness never called handshake()); "
@@ -415,6 +427,9 @@ async def _flush(
                         # The channel logged why (above): nothing can be delivered there.
                         err("flush", f"run {run_id}: the engine is behind this log ('failed')")
                         return 1
+                    except WriterFencedError as exc:
+                        # Another writer has the run: nothing of this log goes there.
+                        raise _Refused(str(exc)) from None
                     delivered = await _wait_delivered(channel, deadline)
                     failed = channel.state is ChannelState.FAILED
                     last_error = channel.stats().last_error

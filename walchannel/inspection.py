@@ -38,6 +38,7 @@ from walchannel.log_state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
+    FAILED_FENCED,
     FAILED_INTERNAL,
     next_seq_after,
 )
@@ -98,6 +99,9 @@ JSON_KEYS: Final = (
     "locked_by",
     "quarantined",
     "file_bytes",
+    "writer_id",
+    "writer_epoch",
+    "takeover",
     "next_step",
 )
 
@@ -195,6 +199,12 @@ class RunReport:
     locked_by: LockOwner | None = None
     quarantined: int | None = None
     file_bytes: int = 0
+    #: The log's writer identity (SPEC "The log"): its id (None in a log from
+    #: before it, until its owner's next open), epoch, and whether it is
+    #: marked to take the run over at its next handshake.
+    writer_id: str | None = None
+    writer_epoch: int | None = None
+    takeover: bool | None = None
     shown: tuple[ShownRow, ...] = field(default=())
     shown_quarantined: tuple[QuarantinedRow, ...] = field(default=())
     #: What the operator does next (SPEC "Operating tools"; a ``--json`` key).
@@ -265,7 +275,8 @@ class RunReport:
         detail = self.reason or ""
         error = self.last_error
         shown = self.state in _ERROR_STATES or (self.state == "active" and self.current_error)
-        if not error or not shown or error in detail:
+        # A fenced run's reason is whole: its last error says the same, longer.
+        if not error or not shown or error in detail or detail.startswith(FAILED_FENCED):
             return detail
         when = ""
         if self.last_error_at is not None:
@@ -364,6 +375,14 @@ def next_step(report: RunReport) -> str:
             return "raise this process's open-file limit (ulimit -n) and inspect again"
         return "inspect as the log's owner or root; do not move it (nothing says it is damaged)"
     if state == "failed":
+        if reason.startswith(FAILED_FENCED):
+            # Never advise a restart or flush: both are refused until the operator decides.
+            return (
+                f"another writer has the run: 'walchannel export {log}' to review the rows kept "
+                f"here; or, if this log should write the run, 'walchannel takeover {log}' and "
+                "restart the harness (what the other writer delivered then comes again, "
+                "unless the harness resumes from its own record)"
+            )
         if reason.startswith(FAILED_ENGINE_BEHIND[:13]):
             return (
                 f"the engine lost acked rows: restore its store; 'walchannel export {log}' "
@@ -445,6 +464,8 @@ def _state(
         # failed_reason names the cause; a log written before it had only
         # last_error, which a later error may have replaced.
         cause = meta.failed_reason
+        if cause and cause.startswith(FAILED_FENCED):
+            return "failed", cause  # the cause is whole; last_error says it again, longer
         if cause and meta.last_error and meta.last_error not in cause:
             return "failed", f"{cause}; the channel stopped: {meta.last_error}"
         if cause:
@@ -556,6 +577,12 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
             reason = note if reason is None else f"{reason}; {note}"
         if (oldest := _oldest_note(snap)) is not None:
             reason = oldest if reason is None else f"{reason}; {oldest}"
+        if meta.takeover_at is not None:
+            note = (
+                "marked to take the run over from whichever writer has it, at its next "
+                "handshake (walchannel takeover)"
+            )
+            reason = note if reason is None else f"{reason}; {note}"
     return RunReport(
         run_id=meta.run_id,
         file=str(path),
@@ -578,6 +605,9 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         shown_quarantined=shown_quarantined,
         last_ack_age_s=last_ack_age,
         salvage=readable.count if readable is not None else None,
+        writer_id=meta.writer_id,
+        writer_epoch=meta.writer_epoch,
+        takeover=meta.takeover_at is not None,
     )
 
 
@@ -732,4 +762,7 @@ def _salvaged(
         last_ack_age_s=last_ack_age,
         salvage=rows.count if rows is not None else None,
         damaged_fields=tuple(reading.damaged),
+        writer_id=values.get("writer_id"),
+        writer_epoch=values.get("writer_epoch"),
+        takeover=None if "takeover_at" in reading.damaged else values["takeover_at"] is not None,
     )

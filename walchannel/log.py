@@ -40,6 +40,7 @@ from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import (
     ChannelClosedError,
     PayloadError,
+    RunCompletedError,
     WalchannelError,
     WalCorruptError,
     WalLockedError,
@@ -62,6 +63,7 @@ from walchannel.log_format import (
     decode_row,
     encode_body,
     new_file_id,
+    new_writer_id,
     not_damage,
     quick_check,
     read_file_id,
@@ -69,7 +71,7 @@ from walchannel.log_format import (
     row_lost_body,
     row_time,
 )
-from walchannel.log_state import AckPlan, LogState
+from walchannel.log_state import FAILED_FENCED, AckPlan, LogState, Writer
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -305,10 +307,12 @@ class RunLog:
             for statement in SCHEMA:
                 conn.execute(statement)
             now = time.time()
+            # The writer identity is born with the log: a random id, epoch 0.
             conn.execute(
                 "INSERT INTO meta (id, schema_version, run_id, correlation_id,"
-                " created_at, updated_at, file_id) VALUES (1, ?, ?, ?, ?, ?, ?)",
-                (SCHEMA_VERSION, run_id, correlation_id, now, now, new_file_id()),
+                " created_at, updated_at, file_id, writer_id, writer_epoch)"
+                " VALUES (1, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (SCHEMA_VERSION, run_id, correlation_id, now, now, new_file_id(), new_writer_id()),
             )
             conn.execute("COMMIT")
         except BaseException:
@@ -504,7 +508,12 @@ class RunLog:
             raise WalWriteError(f"cannot create the log: {why}", path=str(path)) from None
 
     def _claim(self, meta: RunMeta, correlation_id: str) -> None:
-        """Record the owner and ``unverified_from`` at open (one transaction)."""
+        """Record the owner and ``unverified_from`` at open (one transaction).
+
+        A log made before the writer identity gets its writer id now (epoch
+        0, or the epoch a restore gave it), and counts as answered when it
+        holds an ack (SPEC "The log").
+        """
         if meta.correlation_id != correlation_id:
             logger.warning(
                 "run %s: correlation_id changed from %r to %r on reopen; storing the new one",
@@ -536,12 +545,29 @@ class RunLog:
         ]
         # Boot times of another boot cannot be compared with this one's.
         other_boot = meta.boot_id != self._boot_id
+        writer = Writer(
+            meta.writer_id or new_writer_id(),
+            meta.writer_epoch or 0,
+            meta.takeover_at is not None,
+            meta.answered_at is not None,
+        )
+        # A log from before the answered mark: answered if it holds an ack.
+        older = "answered_at" not in present and meta.last_acked_seq > 0
+        if older:
+            writer = writer._replace(answered=True)
 
         def work(conn: sqlite3.Connection) -> None:
             for statement in missing:
                 conn.execute(statement)
             if other_boot and "appended_boot" in row_columns:
                 conn.execute("UPDATE rows SET appended_boot = NULL")
+            if meta.writer_id is None or older:
+                conn.execute(
+                    "UPDATE meta SET writer_id = ?, writer_epoch = ?,"
+                    " answered_at = CASE WHEN ? THEN coalesce(last_ack_at, updated_at)"
+                    " ELSE answered_at END WHERE id = 1",
+                    (writer.id, writer.epoch, older),
+                )
             conn.execute(
                 "UPDATE meta SET correlation_id = ?, unverified_from = ?, owner_pid = ?,"
                 " owner_host = ?, boot_id = ?,"
@@ -550,9 +576,9 @@ class RunLog:
                 (*params[:5], other_boot, params[5]),
             )
 
-        self._commit(
-            "claim", "record the owner at open", work, single=not missing and not other_boot
-        )
+        single = not missing and not other_boot and meta.writer_id is not None
+        self._commit("claim", "record the owner at open", work, single=single)
+        self._writer = writer
 
     # -- state -----------------------------------------------------------------------------
 
@@ -565,6 +591,11 @@ class RunLog:
     def run_id(self) -> str:
         """The run this log belongs to."""
         return self._run_id
+
+    @property
+    def writer(self) -> Writer:
+        """The log's writer identity (id, epoch, takeover mark, answered mark). SPEC "The log"."""
+        return self._writer
 
     @property
     def durability(self) -> Durability:
@@ -1021,6 +1052,10 @@ class RunLog:
                 # not progress: last_ack_at says when rows were last acked.
                 " last_ack_at = CASE WHEN ? THEN ? ELSE last_ack_at END,"
                 " last_ack_boot = CASE WHEN ? THEN ? ELSE last_ack_boot END,"
+                # The first answered handshake (or ack of its rows) is the
+                # log's durable evidence; it ends a takeover's one shot.
+                " answered_at = coalesce(answered_at, ?),"
+                " takeover_at = CASE WHEN ? THEN NULL ELSE takeover_at END,"
                 " updated_at = ? WHERE id = 1",
                 (
                     plan.state.last_acked,
@@ -1033,12 +1068,18 @@ class RunLog:
                     plan.advanced,
                     boot,
                     now,
+                    plan.clear_unverified,
+                    now,
                 ),
             )
             return deleted, int(gone_bytes)
 
         def follow(result: tuple[int, int]) -> None:
             self._state = plan.state
+            if plan.clear_unverified:
+                self._writer = self._writer._replace(take_over=False, answered=True)
+            elif not self._writer.answered:
+                self._writer = self._writer._replace(answered=True)
             if self._unacked_bytes is not None:
                 self._unacked_bytes -= result[1]
 
@@ -1111,6 +1152,47 @@ class RunLog:
             lambda conn: conn.execute(sql, params),
             single=True,
         )
+
+    def mark_takeover(self) -> Writer:
+        """Mark the log to take its run over from whichever writer has it (``walchannel takeover``).
+
+        In one transaction the log gets a new random writer id (epoch 0), so
+        every copy of it under the old id stays refused by the engine, and
+        ``takeover_at`` is set: the channel's handshakes ask the engine to
+        take the run over until the first answered one, which clears the
+        mark in its own transaction (one shot: a mark left set would make
+        two writers fence each other in turn). A fenced failure mark
+        (``failed_reason`` :data:`~walchannel.log_state.FAILED_FENCED`) is
+        cleared: the operator decided. SPEC "The log", "Operating tools".
+
+        Returns:
+            The log's new writer identity.
+
+        Raises:
+            RunCompletedError: the log is a tombstone: its run is done.
+            ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
+        """
+        self._check_writable()
+        if self._state.completed:
+            raise RunCompletedError(
+                f"run {self._run_id}: completed (its Done was acked); {self._path} is a "
+                "tombstone: there is nothing to take over"
+            )
+        writer = Writer(new_writer_id(), 0, True, self._writer.answered)
+        now = self._clock.wall_s()
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE meta SET writer_id = ?, writer_epoch = 0, takeover_at = ?,"
+                " failed_at = CASE WHEN failed_reason LIKE ? THEN NULL ELSE failed_at END,"
+                " failed_reason = CASE WHEN failed_reason LIKE ? THEN NULL ELSE failed_reason END,"
+                " updated_at = ? WHERE id = 1",
+                (writer.id, now, f"{FAILED_FENCED}%", f"{FAILED_FENCED}%", now),
+            )
+
+        self._commit("meta", "mark the log to take the run over", work)
+        self._writer = writer
+        return writer
 
     # -- the quarantine: damaged rows and rows set aside -----------------------------------
 

@@ -65,6 +65,7 @@ __all__ = [
     "encode_body",
     "quick_check",
     "new_file_id",
+    "new_writer_id",
     "not_damage",
     "read_file_id",
     "read_meta",
@@ -129,7 +130,11 @@ SCHEMA: Final = (
         updated_at REAL NOT NULL,
         boot_id TEXT,
         last_ack_boot REAL,
-        file_id TEXT)""",
+        file_id TEXT,
+        writer_id TEXT,
+        writer_epoch INTEGER,
+        takeover_at REAL,
+        answered_at REAL)""",
 )
 
 _ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
@@ -180,6 +185,16 @@ class RunMeta:
     discovery base URL the harness's last ``handshake()`` was configured
     with (None without discovery, or in an older log): ``inspect``'s
     ``flush`` step names it, as the last engine may be dead.
+
+    The writer identity (SPEC "The log", "Engine duties"): ``writer_id`` is
+    random, made in the creation transaction (or at the owner's first open
+    of an older log, or anew by ``walchannel takeover``) and sent in every
+    handshake with ``writer_epoch``, 0 at creation and raised by one by each
+    ``walchannel restore``. ``takeover_at`` is when the operator marked the
+    log to take the run over (None: not marked; cleared by the first
+    answered handshake). ``answered_at`` is when an engine first answered a
+    handshake of this log or acked its rows (None: never), the evidence that
+    the run's rows an engine holds may be this log's.
     """
 
     schema_version: int
@@ -209,6 +224,10 @@ class RunMeta:
     last_ack_boot: float | None = None
     file_id: str | None = None
     http_addr: str | None = None
+    writer_id: str | None = None
+    writer_epoch: int | None = None
+    takeover_at: float | None = None
+    answered_at: float | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
@@ -222,6 +241,10 @@ OPTIONAL_META_TYPES: Final = {
     "last_ack_boot": "REAL",
     "file_id": "TEXT",
     "http_addr": "TEXT",
+    "writer_id": "TEXT",
+    "writer_epoch": "INTEGER",
+    "takeover_at": "REAL",
+    "answered_at": "REAL",
 }
 OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
 #: Row columns added the same way (NULL in the rows of an older writer).
@@ -416,6 +439,11 @@ def new_file_id() -> str:
     return secrets.token_hex(8)
 
 
+def new_writer_id() -> str:
+    """A random writer id (16 hex digits; meta ``writer_id``, the handshake's ``writer_id``)."""
+    return secrets.token_hex(8)
+
+
 def read_file_id(conn: sqlite3.Connection) -> str | None:
     """Read meta's ``file_id`` (None in a log made before it existed).
 
@@ -589,9 +617,16 @@ def read_meta_fields(conn: sqlite3.Connection, path: str | Path) -> MetaReading:
 
 #: Meta columns by the values walchannel writes there ("?": None allowed too).
 _META_COUNTS: Final = ("schema_version", "last_acked_seq", "high_water", "reconnects")
-_META_COUNTS_OR_NONE: Final = ("unverified_from", "owner_pid")
+_META_COUNTS_OR_NONE: Final = ("unverified_from", "owner_pid", "writer_epoch")
 _META_TIMES: Final = ("created_at", "updated_at")
-_META_TIMES_OR_NONE: Final = ("last_ack_at", "last_error_at", "failed_at", "completed_at")
+_META_TIMES_OR_NONE: Final = (
+    "last_ack_at",
+    "last_error_at",
+    "failed_at",
+    "completed_at",
+    "takeover_at",
+    "answered_at",
+)
 _META_BOOT_TIMES_OR_NONE: Final = ("last_ack_boot",)
 _META_TEXTS: Final = ("run_id", "correlation_id")
 _META_TEXTS_OR_NONE: Final = (
@@ -606,6 +641,7 @@ _META_TEXTS_OR_NONE: Final = (
     "http_addr",
     "boot_id",
     "file_id",
+    "writer_id",
 )
 
 

@@ -25,11 +25,17 @@ __all__ = [
     "FAILED_CORRUPT",
     "FAILED_DONE_REFUSED",
     "FAILED_ENGINE_BEHIND",
+    "FAILED_FENCED",
     "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
+    "MAX_SEQ",
     "AckPlan",
     "LogState",
+    "impossible_answer",
+    "Writer",
+    "fenced_reason",
+    "refused_at_open",
     "next_seq_after",
     "next_seq_at_open",
     "unverified_at_open",
@@ -39,6 +45,10 @@ __all__ = [
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
 KINDS = frozenset({"event", "finding", "approval_request", "done"})
+
+#: The largest seq: SQLite's largest INTEGER. No row's seq, and no high-water,
+#: may pass it (SPEC "Dial": an answer that would is impossible).
+MAX_SEQ: Final = 2**63 - 1
 
 #: ``failed_reason``: an engine answered below the stored cursor (SPEC "Dial").
 FAILED_ENGINE_BEHIND: Final = (
@@ -71,6 +81,75 @@ FAILED_DONE_REFUSED: Final = (
     "Done refused: the engine refuses the run's Done for its size; raise the engine's "
     "limit, then resume or flush"
 )
+
+
+#: ``failed_reason`` begins so when the run is not this log's to write
+#: (``WriterFencedError``, SPEC "The channel"): the engine says another
+#: writer owns the run, or that a newer copy of this log (a restore)
+#: superseded it, or that another writer completed it; or this log never had
+#: an answered handshake and meets an engine that already holds rows of the
+#: run (a lost or misplaced log, a second harness). The cause follows; every
+#: row is kept, and the log stays refused until ``walchannel takeover``.
+FAILED_FENCED: Final = "fenced: the run is another writer's"
+
+
+def fenced_reason(cause: str) -> str:
+    """The ``failed_reason`` of a fenced log: :data:`FAILED_FENCED`, then the cause.
+
+    Args:
+        cause: why (the engine's words, or the evidence of a never-answered log).
+    """
+    return f"{FAILED_FENCED} ({cause}); every row is kept"
+
+
+def refused_at_open(failed_reason: str | None, take_over: bool) -> bool:
+    """Tell whether a log stays refused when opened: it was fenced, and is not marked to take over.
+
+    A fenced log (``failed_reason`` :data:`FAILED_FENCED`) is refused by
+    the channel and ``flush`` before any dial, until ``walchannel takeover``
+    marks it (SPEC "The channel").
+
+    Args:
+        failed_reason: the stored ``failed_reason``.
+        take_over: the log is marked to take the run over.
+    """
+    return not take_over and failed_reason is not None and failed_reason.startswith(FAILED_FENCED)
+
+
+class Writer(NamedTuple):
+    """The writer identity of a log: who writes the run through it. SPEC "The log".
+
+    Sent in every handshake (``Handshake.writer_id``, ``writer_epoch``,
+    ``take_over``); the engine keeps the run's owner and refuses any other
+    writer (SPEC "Engine duties").
+
+    Attributes:
+        id: random, made in the log's creation transaction (at the owner's
+            first open for a log made before it, anew by ``walchannel takeover``).
+        epoch: 0 when made; raised by one by each ``walchannel restore``, so
+            a restored copy supersedes a still-living original.
+        take_over: the operator marked the log (``walchannel takeover``): its
+            handshakes ask to take the run over until the first answered one.
+        answered: an engine answered one of its handshakes, or acked its rows
+            (a durable mark, set in the verification transaction).
+    """
+
+    id: str
+    epoch: int
+    take_over: bool
+    answered: bool
+
+    @property
+    def may_meet_rows(self) -> bool:
+        """True when this log may meet an engine that already holds rows of the run.
+
+        It had an answered handshake (the rows may be its own), was restored
+        (``epoch > 0``: an older copy, the verification rule renumbers past
+        them) or was marked to take the run over. Otherwise an engine that
+        holds rows holds another writer's: a lost or misplaced log, or a
+        second harness (SPEC "Dial"); the channel refuses to join them.
+        """
+        return self.answered or self.take_over or self.epoch > 0
 
 
 def next_seq_after(high_water: int, last_acked_seq: int) -> int:
@@ -122,6 +201,35 @@ def verification_shift(unverified_from: int | None, engine_high: int) -> int:
     if unverified_from is None or engine_high < unverified_from:
         return 0
     return engine_high + 1 - unverified_from
+
+
+def impossible_answer(
+    engine_high: int, *, unverified_from: int | None, high_water: int
+) -> str | None:
+    """Say why a handshake answer ``Ack(h)`` is impossible, or None when it is not.
+
+    ``h`` past :data:`MAX_SEQ` cannot be stored; on a log not yet verified,
+    an ``h`` whose verification shift would carry a row to :data:`MAX_SEQ`
+    or past it (leaving no seq for the next row) cannot be carried out.
+    Either way the engine is wrong: a protocol error, never applied (SPEC
+    "Dial", "Acks").
+
+    Args:
+        engine_high: ``h``, the engine's answer (an uint64).
+        unverified_from: the log's ``unverified_from`` (None once verified).
+        high_water: the log's high-water mark.
+    """
+    limit = "2**63 - 1, the largest seq SQLite holds"
+    if engine_high > MAX_SEQ:
+        return f"handshake answer Ack({engine_high}) is past {limit}"
+    shift = verification_shift(unverified_from, engine_high)
+    if unverified_from is not None and max(high_water + shift, engine_high) >= MAX_SEQ:
+        return (
+            f"handshake answer Ack({engine_high}) would move the unverified rows (seq "
+            f"{unverified_from} on) by {shift}, up to seq {high_water + shift}: no seq "
+            f"would be left below {limit}"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,8 +451,9 @@ class LogState(NamedTuple):
         is cleared; then ``Ack(h)`` is stored as any ack is.
 
         Raises:
-            ValueError: the log is already verified, or ``h`` is below the
-                stored cursor (the engine-behind rule is the caller's).
+            ValueError: the log is already verified, ``h`` is below the
+                stored cursor (the engine-behind rule is the caller's), or
+                it is impossible (:func:`impossible_answer`).
         """
         if self.unverified_from is None:
             raise ValueError(f"run {self.run_id}: the log is already verified")
@@ -353,6 +462,11 @@ class LogState(NamedTuple):
                 f"run {self.run_id}: engine high {engine_high} is below the stored "
                 f"cursor {self.last_acked}"
             )
+        why = impossible_answer(
+            engine_high, unverified_from=self.unverified_from, high_water=self.high_water
+        )
+        if why is not None:
+            raise ValueError(f"run {self.run_id}: {why}")
         return self._store(
             engine_high, verification_shift(self.unverified_from, engine_high), verify=True
         )

@@ -479,7 +479,7 @@ def restore(
             _run_restore(source, tmp, env, timeout_s)
             # Litestream creates with the umask; a log is 0600 (SPEC "The log").
             os.chmod(tmp, stat.S_IRUSR | stat.S_IWUSR)
-            meta, unacked, next_seq = _check_restored(tmp, run_id, source)
+            meta, unacked, next_seq = _check_restored(tmp, run_id, source, new_epoch=True)
             # Checked again at the last moment: nothing appeared meanwhile.
             _refuse_beside_sidecars(target, tmp)
             try:
@@ -586,13 +586,18 @@ def _run_restore(source: str, out: Path, env: dict[str, str] | None, timeout_s: 
         raise ReplicationError(f"cannot restore {source!r}: {reason}")
 
 
-def _check_restored(path: Path, run_id: str, source: str) -> tuple[RunMeta, int, int]:
+def _check_restored(
+    path: Path, run_id: str, source: str, *, new_epoch: bool = False
+) -> tuple[RunMeta, int, int]:
     """Check the restored file before it is linked into place; give it a new file id.
 
     This run's log (header, schema, meta), every page sound (``PRAGMA
     quick_check``); then a new ``file_id`` is committed and checkpointed
     into the file itself, so its own ``-wal`` never differs from it and a
     stale ``-wal`` of the lost log cannot pass for its own (SPEC "Host loss").
+    With ``new_epoch`` (a restore) the writer keeps its id and its epoch is
+    raised by one, in the same transaction: the restored copy supersedes a
+    still-living original, which the engine then refuses (SPEC "The log").
     """
     try:
         conn = sqlite3.connect(files.sqlite_uri(path, "mode=rw"), uri=True, isolation_level=None)
@@ -607,9 +612,20 @@ def _check_restored(path: Path, run_id: str, source: str) -> tuple[RunMeta, int,
                 "nothing was placed in the log folder"
             )
         columns = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
-        if "file_id" not in columns:
-            conn.execute("ALTER TABLE meta ADD COLUMN file_id TEXT")
+        wanted = {"file_id": "TEXT"}
+        if new_epoch:
+            wanted.update(writer_id="TEXT", writer_epoch="INTEGER")
+        conn.execute("BEGIN IMMEDIATE")
+        for name, kind in wanted.items():
+            if name not in columns:
+                conn.execute(f"ALTER TABLE meta ADD COLUMN {name} {kind}")
         conn.execute("UPDATE meta SET file_id = ? WHERE id = 1", (new_file_id(),))
+        if new_epoch:
+            # An older log has no writer id yet: its owner's next open makes one.
+            conn.execute(
+                "UPDATE meta SET writer_epoch = coalesce(writer_epoch, 0) + 1 WHERE id = 1"
+            )
+        conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         meta = read_meta(conn, path)
         unacked, top = conn.execute("SELECT COUNT(*), MAX(seq) FROM rows").fetchone()

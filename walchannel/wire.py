@@ -98,8 +98,20 @@ def handshake_message(
     connector_version: str,
     harness_name: str,
     harness_version: str,
+    *,
+    writer_id: str = "",
+    writer_epoch: int = 0,
+    take_over: bool = False,
 ) -> pb.UpMessage:
-    """Build the handshake (a control message at seq 0)."""
+    """Build the handshake (a control message at seq 0).
+
+    Args:
+        run_id, correlation_id: the run's identifiers.
+        connector_version, harness_name, harness_version: the harness's fields.
+        writer_id, writer_epoch: the log's writer identity ("" and 0: none,
+            as an older client sends); SPEC "Wire contract".
+        take_over: ask the engine to make this writer the run's owner.
+    """
     return pb.UpMessage(
         run_id=run_id,
         correlation_id=correlation_id,
@@ -108,6 +120,9 @@ def handshake_message(
             connector_version=connector_version,
             harness_name=harness_name,
             harness_version=harness_version,
+            writer_id=writer_id,
+            writer_epoch=writer_epoch,
+            take_over=take_over,
         ),
     )
 
@@ -127,7 +142,8 @@ def struct_to_dict(struct: Struct) -> dict[str, Any]:
 def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
     """Return ``(kind, body mapping)`` of an up-message, shapes as in the module doc.
 
-    Control messages come back too: ``handshake`` as its three fields,
+    Control messages come back too: ``handshake`` as its fields (the
+    writer's too: ``writer_id``, ``writer_epoch``, ``take_over``),
     ``heartbeat`` as ``{"ts"}``; an empty body as ``("", {})``.
     """
     kind = msg.WhichOneof("body")
@@ -162,6 +178,9 @@ def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
             "connector_version": hs.connector_version,
             "harness_name": hs.harness_name,
             "harness_version": hs.harness_version,
+            "writer_id": hs.writer_id,
+            "writer_epoch": int(hs.writer_epoch),
+            "take_over": hs.take_over,
         }
     if kind == "heartbeat":
         return kind, {"ts": msg.heartbeat.ts}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,9 @@ class RogueStream:
 class RogueEngine:
     """Serve ``/EngineChannel/Open`` on 127.0.0.1:0 and run ``script`` for each stream."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, *, options: Sequence[tuple[str, Any]] = ()) -> None:
         self.script = script
+        self.options = list(options)  # grpc server options, e.g. a fixed HTTP/2 window
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.streams: list[RogueStream] = []
@@ -94,7 +95,7 @@ class RogueEngine:
                 finally:
                     task.cancel()
 
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=self.options)
         pb_grpc.add_EngineChannelServicer_to_server(Servicer(), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()

@@ -46,10 +46,14 @@ def _without_check() -> Iterator[None]:
 def _without_commit() -> Iterator[None]:
     original = RunLog._commit
 
-    def commit(self: RunLog, label: str, what: str, work: Any, *, single: bool = False) -> Any:
+    def commit(
+        self: RunLog, label: str, what: str, work: Any, *, single: bool = False, then: Any = None
+    ) -> Any:
         if label == "append":
+            if then is not None:
+                then(None)  # the log's memory follows as if the rows had landed
             return None
-        return original(self, label, what, work, single=single)
+        return original(self, label, what, work, single=single, then=then)
 
     RunLog._commit = commit  # type: ignore[method-assign]
     try:

@@ -119,19 +119,34 @@ class Handshake(_message.Message):
     CONNECTOR_VERSION_FIELD_NUMBER: _builtins.int
     HARNESS_NAME_FIELD_NUMBER: _builtins.int
     HARNESS_VERSION_FIELD_NUMBER: _builtins.int
+    WRITER_ID_FIELD_NUMBER: _builtins.int
+    WRITER_EPOCH_FIELD_NUMBER: _builtins.int
+    TAKE_OVER_FIELD_NUMBER: _builtins.int
     connector_version: _builtins.str
     harness_name: _builtins.str
     harness_version: _builtins.str
+    writer_id: _builtins.str
+    """The writer of the run: random per log, kept across restarts, flush and
+    replication; "" from an older client. The engine keeps the run's owner
+    (writer_id, writer_epoch) and refuses any other writer (SPEC "Engine duties").
+    """
+    writer_epoch: _builtins.int
+    """raised by one by each restore of the log"""
+    take_over: _builtins.bool
+    """the operator asked this writer to take the run over"""
     def __init__(
         self,
         *,
         connector_version: _builtins.str = ...,
         harness_name: _builtins.str = ...,
         harness_version: _builtins.str = ...,
+        writer_id: _builtins.str = ...,
+        writer_epoch: _builtins.int = ...,
+        take_over: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector_version", b"connector_version", "harness_name", b"harness_name", "harness_version", b"harness_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector_version", b"connector_version", "harness_name", b"harness_name", "harness_version", b"harness_version", "take_over", b"take_over", "writer_epoch", b"writer_epoch", "writer_id", b"writer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -70,7 +70,6 @@ from walchannel.errors import (
     BacklogFullError,
     ChannelClosedError,
     DiscoveryError,
-    EngineBehindError,
     EngineUnavailableError,
     PayloadError,
     RowRefusedError,
@@ -89,7 +88,6 @@ from walchannel.log_state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_INTERNAL,
-    FAILED_UNDELIVERABLE,
 )
 from walchannel.payload import check_text
 from walchannel.replication import SOCKET_ENV
@@ -246,6 +244,10 @@ class GrpcEngineChannel:
             log,
             failed_mark=meta.failed_at is not None,
             now_ms=self._clock.monotonic_ms(),
+            # A fenced log stays refused until `walchannel takeover` marks it.
+            writer=log.writer,
+            failed_reason=meta.failed_reason,
+            path=str(log.path),
         )
         self._addr = config.grpc_addr
         # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
@@ -262,9 +264,7 @@ class GrpcEngineChannel:
         self._wake_at = math.inf
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
-        # close() began closing the network (the transport, the replica gate);
-        # a cancelled close() leaves it to a task of its own, kept here.
-        self._network_closing = False
+        # A cancelled close() leaves closing the network to a task of its own, kept here.
         self._teardown: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -1148,10 +1148,7 @@ class GrpcEngineChannel:
 
     async def _open(self, stream: Stream) -> None:
         """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
-        fields = self._handshake_fields or ("", "", "")
-        hello = wire.handshake_message(
-            self._run_id, self._config.correlation_id, *fields
-        ).SerializeToString()
+        hello = self._hello().SerializeToString()
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
             async with asyncio.timeout(timeout_s):
@@ -1202,6 +1199,23 @@ class GrpcEngineChannel:
                 )
         stream.start()
 
+    def _hello(self) -> pb.UpMessage:
+        """The handshake: its stored fields and the log's writer identity (SPEC "Wire contract").
+
+        It asks to take the run over while the log is marked so (until the
+        first answered handshake clears the mark).
+        """
+        fields = self._handshake_fields or ("", "", "")
+        writer = self._log.writer
+        return wire.handshake_message(
+            self._run_id,
+            self._config.correlation_id,
+            *fields,
+            writer_id=writer.id,
+            writer_epoch=writer.epoch,
+            take_over=writer.take_over,
+        )
+
     def _take_answer(self, engine_high: int | None) -> int | None:
         """Carry out the driver's decision on the handshake answer ``Ack(h)``. SPEC "Dial".
 
@@ -1221,14 +1235,15 @@ class GrpcEngineChannel:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if answer is Answer.BEHIND:
-            self._fail(
-                EngineBehindError(
-                    f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
-                    f"the stored cursor {driver.stored}; it lost rows this log already "
-                    "deleted, which cannot be re-sent"
-                )
+        if answer is Answer.IMPOSSIBLE:
+            # Nothing applied; replay_from is None: the stream ends.
+            self._protocol_error(
+                f"{plan.problem}; not applied",
+                end=True,
             )
+            return plan.replay_from
+        if plan.error is not None:  # BEHIND, FOREIGN: the run cannot go on with this engine
+            self._fail(plan.error, reason=plan.reason)
             return None
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
@@ -1272,10 +1287,19 @@ class GrpcEngineChannel:
         self._on_ack(engine_high)
         return plan.replay_from
 
-    def _protocol_error(self, message: str) -> None:
-        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks")."""
+    def _protocol_error(self, message: str, *, end: bool = False) -> None:
+        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks").
+
+        ``end``: an impossible answer; the stream ends, and its end (this
+        message) is recorded as the last error (``inspect``) and re-dialed
+        with backoff, as after any end: a fresh handshake re-syncs.
+        """
         self._driver.protocol_error(message)
         logger.error("run %s: protocol error: %s", self._run_id, message)
+        if end and self._stream is not None:
+            self._stream.finish(
+                StreamEnded(f"protocol error: {message}; the stream is ended and dialed again")
+            )
 
     # -- how a stream ended ----------------------------------------------------------------
 
@@ -1302,7 +1326,7 @@ class GrpcEngineChannel:
                 keepalive,
                 driver.keepalive_ms,
             )
-        if plan.end is End.RUN_COMPLETED:
+        if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
             self._on_run_completed()
             return
         if plan.end is End.ALREADY_OVER:
@@ -1358,10 +1382,11 @@ class GrpcEngineChannel:
         self._record_error(f"{where}: {why}")
 
     def _on_run_completed(self) -> None:
-        """The engine answered FAILED_PRECONDITION "run completed": the loop ends.
+        """The engine answered "run completed", or refused this writer: the loop ends.
 
-        What it does to the log is the driver's decision
-        (:meth:`~walchannel.driver.Driver.on_run_completed`); this carries it out.
+        What it does to the log, and the error the run fails with, are the
+        driver's decisions (:meth:`~walchannel.driver.Driver.on_run_completed`,
+        :meth:`~walchannel.driver.Driver.refused`); this carries them out.
         """
         driver = self._driver
         completion = driver.on_run_completed()
@@ -1381,14 +1406,10 @@ class GrpcEngineChannel:
                     self._state_changed()
                     return
             completion = Completion.UNDELIVERABLE  # Done, and maybe more, stays
-        self._fail(RunCompletedError(f"run {self._run_id}: the engine says the run is completed"))
-        if completion is Completion.UNDELIVERABLE and self._log.writable:
-            # Rows this log still holds cannot be delivered any more: flag the
-            # run for an operator (inspect shows it as failed, export saves them).
-            with contextlib.suppress(WalchannelError):
-                self._log.update_meta(
-                    failed_at=self._clock.wall_s(), failed_reason=FAILED_UNDELIVERABLE
-                )
+        # Rows this log still holds cannot be delivered (here) any more: the
+        # reason flags the run for an operator (inspect: failed; export saves them).
+        error, reason = driver.refused(completion)
+        self._fail(error, reason=reason)
 
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
@@ -1411,9 +1432,7 @@ class GrpcEngineChannel:
             self._record_error(f"{addr}: {text}")
             return
         if verdict.seq is None:
-            fields = self._handshake_fields or ("", "", "")
-            hello = wire.handshake_message(self._run_id, self._config.correlation_id, *fields)
-            why = unproven_refusal(verdict, refusal, handshake_size=hello.ByteSize())
+            why = unproven_refusal(verdict, refusal, handshake_size=self._hello().ByteSize())
             logger.error(
                 "run %s: the engine at %s refused a %d-byte message (its limit: %d bytes), but %s: "
                 "nothing is set aside; the stream will be retried",
@@ -1592,6 +1611,13 @@ class GrpcEngineChannel:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
+        elif kind is AckKind.NEVER_WRITTEN:
+            self._protocol_error(
+                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, the "
+                "highest this channel wrote or the engine answered the handshake with; "
+                "not applied",
+                end=True,
+            )
         elif kind is AckKind.ABOVE_HIGH_WATER:
             self._protocol_error(
                 f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
@@ -1787,21 +1813,21 @@ class GrpcEngineChannel:
         self._acked_changed.set()
         if self._metrics is not None:
             self._metrics.close()
-        if not self._network_closing:
+        if self._teardown is None:
             self._teardown = asyncio.get_running_loop().create_task(
                 self._close_network(), name=f"walchannel-{self._run_id}-teardown"
             )
 
     async def _close_network(self) -> None:
-        """Close the transport (its discovery client) and the replica gate; errors are logged."""
-        self._network_closing = True
-        try:
-            await self._transport.aclose()
-        except Exception as exc:
-            logger.debug("run %s: closing the transport failed: %r", self._run_id, exc)
+        """Close the transport and the replica gate (both idempotent) after a cancelled close."""
+        closers = [self._transport.aclose]
         if self._replica is not None:
-            with contextlib.suppress(Exception):
-                await self._replica.aclose()
+            closers.append(self._replica.aclose)
+        for aclose in closers:
+            try:
+                await aclose()
+            except Exception as exc:
+                logger.debug("run %s: closing the network failed: %r", self._run_id, exc)
 
     async def _close(self) -> None:
         driver = self._driver
@@ -1816,9 +1842,12 @@ class GrpcEngineChannel:
             lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
         )
         self._acked_changed.set()
+        await self._transport.aclose()
         if self._metrics is not None:
             self._metrics.close()
-        await self._close_network()
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                await self._replica.aclose()
 
     async def _stop_streaming(self) -> None:
         """For close: half-close the stream, wait up to ``close_timeout_ms``, tear down.
@@ -1829,14 +1858,12 @@ class GrpcEngineChannel:
         budget_s = self._config.close_timeout_ms / 1000
         stream = self._stream
         if stream is not None and not stream.ended.is_set():
-            # A cancel propagates (asyncio.timeout, not wait_for: on Python
-            # 3.11 wait_for can swallow one, python/cpython#86296).
-            try:
+            # The budget passed, or the call failed: tear down. A cancel
+            # propagates (asyncio.timeout, not wait_for: on Python 3.11
+            # wait_for can swallow one, python/cpython#86296).
+            with contextlib.suppress(Exception):
                 async with asyncio.timeout(budget_s):
                     await stream.half_close()
-            except Exception as exc:  # the budget passed, or the call failed: tear down
-                if not isinstance(exc, TimeoutError):
-                    logger.debug("run %s: half-close failed: %r", self._run_id, exc)
             stream.finish(StreamEnded("closed"))
         # Wake the loop (backoff sleeps and handshake waits watch _over) and
         # let it tear its stream down itself; cancel it only if it lingers.

@@ -186,6 +186,7 @@ class Stream:
         driver = self._driver
         next_to_write = driver.next_to_write
         on_written = driver.on_written
+        on_writing = driver.on_writing
         row_bytes = self._rows.row_bytes
         now_ms = self._clock.monotonic_ms
         replica = self._replica
@@ -229,6 +230,7 @@ class Stream:
                     unacked.append((seq, size))
                     if seq > self.top_written:
                         self.top_written = seq
+                        on_writing(seq)  # the engine may ack it from now on
                     await call.write(data)
                     self.write_since_ms = None
                     on_written(seq)

@@ -12,8 +12,18 @@ The duties (SPEC "Wire contract", "Engine duties the client relies on"):
   UNAUTHENTICATED (the token is never echoed or logged).
 - The first up-message is a handshake at seq 0, answered with ``Ack(h)``
   (``h`` = the highest seq the store holds for the run, 0 if none); a
-  completed run fails FAILED_PRECONDITION "run completed". After every
-  handshake the run's ``Stop`` (if issued) and every decision are re-sent.
+  completed run fails FAILED_PRECONDITION "run completed by writer W".
+  After every handshake the run's ``Stop`` (if issued) and every decision
+  are re-sent.
+- One writer per run: the store keeps the run's owner (writer id, epoch)
+  and :meth:`EngineStore.admit <walchannel.testing.store.EngineStore.admit>`
+  decides each handshake before it is answered or ends any stream. Another
+  writer fails FAILED_PRECONDITION "owned by another writer: …" unless its
+  handshake asks to take the run over; the owner at a lower epoch fails
+  "writer fenced: …". A takeover is logged at WARNING and recorded, and
+  ends the old writer's stream with "writer fenced: …"; every message of a
+  writer that lost the run is refused the same way (checked in the
+  transaction that applies it), and so is its next heartbeat.
 - Heartbeats (seq 0) are answered with ``Ack(h)``.
 - Data: ``seq == h + 1`` is applied, ``seq <= h`` is a duplicate (counted,
   acked, not applied), a higher seq is a gap (recorded; FAILED_PRECONDITION
@@ -22,8 +32,8 @@ The duties (SPEC "Wire contract", "Engine duties the client relies on"):
   a second ``Done`` is a protocol error.
 - Acks say only what the store committed: one per ``ack_every`` messages,
   and after ``ack_idle_ms`` without new messages if anything is unacked.
-- One live stream per run per engine: a newer stream ends the older
-  (ABORTED).
+- One live stream per run per engine: a newer stream of the owner ends the
+  older (ABORTED); a refused handshake ends none.
 
 Each RPC handler owns one command queue, fed by a reader task (up-messages,
 end of input) and by the engine (end with a status, push a down message,
@@ -49,11 +59,26 @@ from grpc import aio
 
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
+from walchannel.driver import OWNED_BY_ANOTHER_WRITER, WRITER_FENCED
 from walchannel.formatting import get_logger
-from walchannel.testing.store import AcceptResult, Decision, EngineStore, StoreClosedError
+from walchannel.testing.store import (
+    AcceptResult,
+    Admission,
+    Decision,
+    EngineStore,
+    StoreClosedError,
+    Writer,
+)
 from walchannel.wire import DATA_KINDS, body_of
 
-__all__ = ["RUN_COMPLETED", "EngineServicer", "EngineStream", "wait_finished"]
+__all__ = [
+    "OWNED_BY_ANOTHER_WRITER",
+    "RUN_COMPLETED",
+    "WRITER_FENCED",
+    "EngineServicer",
+    "EngineStream",
+    "wait_finished",
+]
 
 logger = get_logger(__name__)
 
@@ -108,6 +133,30 @@ class _IdleAck:
 _Command = _Up | _ReadEnded | _Push | _End | _Flush | _IdleAck
 
 
+def completed_text(completed_by: str | None) -> str:
+    """The details of "run completed", naming the writer whose ``Done`` was applied when known."""
+    return f"{RUN_COMPLETED} by writer {completed_by}" if completed_by else RUN_COMPLETED
+
+
+def refusal_text(run_id: str, writer: Writer, admission: Admission) -> str:
+    """The FAILED_PRECONDITION details of a writer the run refuses (SPEC "Engine duties").
+
+    They begin with a fixed text the client recognises:
+    :data:`~walchannel.driver.OWNED_BY_ANOTHER_WRITER` or
+    :data:`~walchannel.driver.WRITER_FENCED`.
+    """
+    if admission.verdict == "fenced":
+        return (
+            f"{WRITER_FENCED}: {writer} of run {run_id} is below the run's epoch "
+            f"{admission.owner.epoch if admission.owner else '?'} (a restored copy of its log "
+            "superseded it)"
+        )
+    return (
+        f"{OWNED_BY_ANOTHER_WRITER}: run {run_id} is owned by {admission.owner}; "
+        f"{writer} did not ask to take it over (walchannel takeover)"
+    )
+
+
 def _ack(seq: int) -> pb.DownMessage:
     return pb.DownMessage(ack=pb.Ack(seq=seq))
 
@@ -143,6 +192,8 @@ class EngineStream:
     def __init__(self, peer: str) -> None:
         self.peer = peer
         self.run_id: str | None = None
+        #: The writer its handshake named (admitted as the run's owner).
+        self.writer: Writer | None = None
         #: Highest seq this stream knows to be committed for its run.
         self.h = 0
         #: Messages received (applied or duplicate) since the last ack.
@@ -424,9 +475,13 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                     grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} must carry seq 0, got {seq}"
                 )
             if kind == "handshake":
+                await self._admit(stream, msg, context)
                 await self._answer_handshake(stream, context)
             elif self._ack_heartbeats:
-                h = await self.store_call(self._store.high_water, run_id)
+                writer = stream.writer or Writer("", 0)
+                h, owner = await self.store_call(self._store.heartbeat, run_id, writer)
+                if owner is not None:
+                    await self._fence(context, run_id, writer, owner)
                 stream.h = max(stream.h, h)
                 self._send_ack(stream)
             return
@@ -438,7 +493,9 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} needs a seq >= 1, got 0"
             )
-        result = await self.store_call(self._store.accept, run_id, seq, kind, body)
+        result = await self.store_call(
+            self._store.accept, run_id, seq, kind, body, writer=stream.writer or Writer("", 0)
+        )
         await self._on_result(stream, seq, kind, result, context)
 
     async def _open_run(
@@ -464,14 +521,77 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                 f" at seq {msg.seq}",
             )
         stream.run_id = run_id
+        # The writer first: a refused handshake ends no stream of the owner.
+        admission = await self._admit(stream, msg, context)
         older = self.streams.get(run_id)
         # Register before reading the run's state: a Stop or decision issued
         # meanwhile is queued behind this handshake's answer, never lost.
         self.streams[run_id] = stream
         if older is not None and older is not stream:
-            logger.info("run %s: a newer stream from %s ends the older one", run_id, stream.peer)
-            older.command(_End(grpc.StatusCode.ABORTED, "superseded by a newer stream for the run"))
+            if admission.took_over_from is not None or older.writer != stream.writer:
+                # Another writer (a takeover) or a newer epoch (a restored copy)
+                # has the run: the old writer is refused from now on.
+                text = (
+                    f"{WRITER_FENCED}: {stream.writer} has run {run_id} now; "
+                    f"{older.writer or 'a writer with no id'} no longer writes it"
+                )
+                older.command(_End(grpc.StatusCode.FAILED_PRECONDITION, text))
+            else:
+                logger.info(
+                    "run %s: a newer stream from %s ends the older one", run_id, stream.peer
+                )
+                older.command(
+                    _End(grpc.StatusCode.ABORTED, "superseded by a newer stream for the run")
+                )
         await self._answer_handshake(stream, context)
+
+    async def _admit(
+        self,
+        stream: EngineStream,
+        msg: pb.UpMessage,
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+    ) -> Admission:
+        """Decide the handshake's writer (the store's ``admit``); abort the call when refused."""
+        run_id = msg.run_id
+        hello = msg.handshake
+        writer = Writer(hello.writer_id, int(hello.writer_epoch))
+        admission = await self.store_call(
+            self._store.admit, run_id, writer, take_over=hello.take_over
+        )
+        if admission.verdict == "unknown_run":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
+        if admission.verdict == "completed":
+            logger.info("run %s: handshake refused, run completed", run_id)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, completed_text(admission.completed_by)
+            )
+        if admission.verdict != "accepted":
+            text = refusal_text(run_id, writer, admission)
+            logger.warning("run %s: handshake from %s refused: %s", run_id, stream.peer, text)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, text)
+        if admission.took_over_from is not None:
+            logger.warning(
+                "run %s: %s from %s took the run over from %s (recorded in the store); "
+                "the old writer is refused from now on",
+                run_id,
+                writer,
+                stream.peer,
+                admission.took_over_from,
+            )
+        stream.writer = writer
+        return admission
+
+    async def _fence(
+        self,
+        context: aio.ServicerContext[pb.UpMessage, pb.DownMessage],
+        run_id: str,
+        writer: Writer,
+        owner: Writer | None,
+    ) -> None:
+        """End the call of a writer that no longer owns the run (FAILED_PRECONDITION)."""
+        text = f"{WRITER_FENCED}: {writer} no longer owns run {run_id}; {owner} does"
+        logger.warning("run %s: %s", run_id, text)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, text)
 
     async def _answer_handshake(
         self, stream: EngineStream, context: aio.ServicerContext[pb.UpMessage, pb.DownMessage]
@@ -483,7 +603,9 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if state.completed:
             logger.info("run %s: handshake refused, run completed", run_id)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RUN_COMPLETED)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, completed_text(state.completed_by)
+            )
         stream.h = max(stream.h, state.h)
         if self._ack_handshakes:
             self._send_ack(stream)
@@ -529,6 +651,8 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"expected seq {result.expected}, got seq {seq}",
             )
+        elif result.outcome == "fenced":
+            await self._fence(context, run_id or "", stream.writer or Writer("", 0), result.owner)
         elif result.outcome == "completed":
             if kind == "done":
                 details = f"second Done at seq {seq}: the run completed at seq {result.h}"

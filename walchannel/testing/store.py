@@ -4,13 +4,21 @@ In memory (``path=None``: one connection, gone with the object) or a file
 shared by several engine processes (WAL mode, ``busy_timeout`` 10 s)::
 
     runs      (run_id PRIMARY KEY, token_sha256, h, completed_at, stop_reason,
-               duplicates, registered_at)
+               duplicates, registered_at, writer_id, writer_epoch, completed_by)
     messages  (run_id, seq, kind, body JSON text, applied_at;
                PRIMARY KEY (run_id, seq))
     gaps      (run_id, expected, received, at)
     decisions (run_id, request_id, approved, reason, decided_at;
                PRIMARY KEY (run_id, request_id))
     engines   (id, grpc_addr, pid, started_at)   -- the newest row is discovery's answer
+    takeovers (id, run_id, at, from_writer, from_epoch, to_writer, to_epoch)
+
+Each run keeps its owner, the writer ``(writer_id, writer_epoch)`` whose
+handshake it accepts (SPEC "Engine duties"): :meth:`EngineStore.admit`
+decides a handshake and :meth:`EngineStore.accept` checks the owner in the
+same transaction as the seq, so a writer that lost the run can never apply
+another message. A store file made before these columns gets them when an
+engine opens it.
 
 Every up-message is accepted in one ``BEGIN IMMEDIATE`` transaction (read
 ``h``, compare the seq, insert, bump ``h``, commit), so two streams or two
@@ -41,10 +49,13 @@ from walchannel.formatting import get_logger
 
 __all__ = [
     "AcceptResult",
+    "Admission",
     "Decision",
     "EngineStore",
     "RunState",
     "StoreClosedError",
+    "Takeover",
+    "Writer",
     "token_sha256",
 ]
 
@@ -87,9 +98,21 @@ _SCHEMA: Final = (
         grpc_addr TEXT NOT NULL,
         pid INTEGER NOT NULL,
         started_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS takeovers (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        from_writer TEXT,
+        from_epoch INTEGER,
+        to_writer TEXT NOT NULL,
+        to_epoch INTEGER NOT NULL)""",
 )
+# Columns of runs added after the table first shipped: an older store file
+# gets them (NULL) when an engine opens it.
+_RUN_COLUMNS: Final = {"writer_id": "TEXT", "writer_epoch": "INTEGER", "completed_by": "TEXT"}
 
-Outcome = Literal["applied", "duplicate", "gap", "completed", "unknown_run"]
+Outcome = Literal["applied", "duplicate", "gap", "completed", "fenced", "unknown_run"]
+Verdict = Literal["accepted", "completed", "owned", "fenced", "unknown_run"]
 
 
 class StoreClosedError(RuntimeError):
@@ -99,6 +122,11 @@ class StoreClosedError(RuntimeError):
 def token_sha256(run_token: str) -> str:
     """Return the hex sha256 of a run token (what the store keeps instead of it)."""
     return hashlib.sha256(run_token.encode("utf-8")).hexdigest()
+
+
+def _lost(owner: Writer | None, writer: Writer) -> bool:
+    """True when ``writer`` may not write a run owned by ``owner``: another id, or a lower epoch."""
+    return owner is not None and (writer.id != owner.id or writer.epoch < owner.epoch)
 
 
 def _dump(body: dict[str, Any]) -> str:
@@ -116,6 +144,53 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class Writer:
+    """A writer of a run, as its handshake names it (SPEC "Engine duties").
+
+    Attributes:
+        id: the log's random writer id; "" from an older client (no id).
+        epoch: raised by one by each restore of the log.
+    """
+
+    id: str
+    epoch: int
+
+    def __str__(self) -> str:
+        return f"writer {self.id} (epoch {self.epoch})" if self.id else "a writer with no id"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The outcome of :meth:`EngineStore.admit`: may this writer's handshake be answered?
+
+    Attributes:
+        verdict: ``"accepted"`` (the writer owns the run now); ``"completed"``
+            (the run's ``Done`` was applied: "run completed");
+            ``"owned"`` (another writer owns the run and this one did not ask
+            to take it over); ``"fenced"`` (the owner's id at a lower epoch: a
+            restored copy superseded it); ``"unknown_run"``.
+        owner: the run's owner after the transaction (None: none with an id).
+        completed_by: for ``"completed"``, the writer id whose ``Done`` was
+            applied (None: unknown, or a writer with no id).
+        took_over_from: the owner this handshake took the run over from.
+    """
+
+    verdict: Verdict
+    owner: Writer | None = None
+    completed_by: str | None = None
+    took_over_from: Writer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """A takeover recorded in the store: the run changed owner on an operator's request."""
+
+    at: float
+    from_writer: Writer | None
+    to_writer: Writer
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
     """What a handshake needs to know about a run, read in one transaction.
 
@@ -124,12 +199,15 @@ class RunState:
         completed: True once the run's ``Done`` was applied.
         stop_reason: the issued ``Stop`` reason, or None.
         decisions: every approval decision made for the run, oldest first.
+        completed_by: the writer id whose ``Done`` completed the run (None:
+            not completed, or a writer with no id).
     """
 
     h: int
     completed: bool
     stop_reason: str | None
     decisions: tuple[Decision, ...]
+    completed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +218,20 @@ class AcceptResult:
         outcome: ``"applied"`` (seq == h+1, inserted), ``"duplicate"``
             (seq <= h, counted, not applied), ``"gap"`` (seq > h+1,
             recorded, not applied), ``"completed"`` (seq == h+1 but the
-            run's ``Done`` was already applied: not applied), or
+            run's ``Done`` was already applied: not applied), ``"fenced"``
+            (the sending writer no longer owns the run: not applied), or
             ``"unknown_run"``.
         h: the run's high-water after the transaction.
         decision: the stored decision for an ``approval_request``'s id, if any.
         differs: for a duplicate, True when its body differs from the applied one.
+        owner: for ``"fenced"``, the run's owner now.
     """
 
     outcome: Outcome
     h: int
     decision: Decision | None = None
     differs: bool = False
+    owner: Writer | None = None
 
     @property
     def expected(self) -> int:
@@ -194,9 +275,13 @@ class EngineStore:
                 self._conn.execute("PRAGMA journal_mode = WAL")
                 # NORMAL in WAL mode: a commit survives the process being killed.
                 self._conn.execute("PRAGMA synchronous = NORMAL")
-            with self._transaction():
+            with self._transaction() as conn:
                 for statement in _SCHEMA:
-                    self._conn.execute(statement)
+                    conn.execute(statement)
+                have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+                for name, kind in _RUN_COLUMNS.items():
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
         except BaseException:
             self._conn.close()
             raise
@@ -304,7 +389,8 @@ class EngineStore:
         """Return the run's high-water, completion, Stop and decisions (None: unknown run)."""
         with self._reading() as conn:
             row = conn.execute(
-                "SELECT h, completed_at, stop_reason FROM runs WHERE run_id = ?", (run_id,)
+                "SELECT h, completed_at, stop_reason, completed_by FROM runs WHERE run_id = ?",
+                (run_id,),
             ).fetchone()
             if row is None:
                 return None
@@ -318,6 +404,7 @@ class EngineStore:
             completed=row[1] is not None,
             stop_reason=row[2],
             decisions=tuple(Decision(r[0], bool(r[1]), r[2]) for r in decisions),
+            completed_by=row[3],
         )
 
     def high_water(self, run_id: str) -> int:
@@ -326,15 +413,131 @@ class EngineStore:
             row = conn.execute("SELECT h FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return int(row[0]) if row is not None else 0
 
+    # -- the run's writer ----------------------------------------------------
+
+    def admit(self, run_id: str, writer: Writer, *, take_over: bool = False) -> Admission:
+        """Decide whether ``writer``'s handshake may be answered, in one transaction.
+
+        SPEC "Engine duties": a completed run is ``"completed"`` (naming the
+        writer whose ``Done`` was applied). A run without an owner that has
+        an id is taken by the first writer with an id that dials (a new run,
+        or one from before owners, rows and all); a writer without an id (an
+        older client) is accepted only while the run has no such owner. The
+        owner is accepted at an equal or higher epoch (the stored epoch
+        follows) and ``"fenced"`` at a lower one (a restored copy superseded
+        it). Another writer is ``"owned"`` unless it asks to ``take_over``:
+        then it becomes the owner and the takeover is recorded
+        (:meth:`takeovers`); the caller ends the old writer's stream, and
+        :meth:`accept` refuses the old writer from then on.
+
+        Args:
+            run_id: the run.
+            writer: the handshake's writer.
+            take_over: the handshake asks to take the run over.
+
+        Returns:
+            The verdict, with the run's owner after it.
+        """
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT completed_at, completed_by, writer_id, writer_epoch FROM runs"
+                " WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                return Admission("unknown_run")
+            completed_at, completed_by, owner_id, owner_epoch = row
+            owner = Writer(owner_id, int(owner_epoch or 0)) if owner_id else None
+            if completed_at is not None:
+                return Admission("completed", owner, completed_by)
+            same = owner is not None and writer.id == owner.id
+            if owner is None or (same and (take_over or writer.epoch >= owner.epoch)):
+                if writer.id:  # adopt the run, or follow the owner's epoch
+                    conn.execute(
+                        "UPDATE runs SET writer_id = ?, writer_epoch = ? WHERE run_id = ?",
+                        (writer.id, writer.epoch, run_id),
+                    )
+                return Admission("accepted", writer if writer.id else None)
+            if same:
+                return Admission("fenced", owner)
+            if not take_over or not writer.id:
+                return Admission("owned", owner)
+            conn.execute(
+                "UPDATE runs SET writer_id = ?, writer_epoch = ? WHERE run_id = ?",
+                (writer.id, writer.epoch, run_id),
+            )
+            conn.execute(
+                "INSERT INTO takeovers (run_id, at, from_writer, from_epoch, to_writer, to_epoch)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, time.time(), owner.id, owner.epoch, writer.id, writer.epoch),
+            )
+            return Admission("accepted", writer, took_over_from=owner)
+
+    def heartbeat(self, run_id: str, writer: Writer) -> tuple[int, Writer | None]:
+        """Return the run's high-water, and its owner when ``writer`` no longer owns it (else None).
+
+        A heartbeat is answered with ``Ack(h)``; a writer that lost the run
+        (to a takeover or a restored copy, perhaps through another engine
+        process) learns it here at the latest.
+        """
+        with self._reading() as conn:
+            row = conn.execute(
+                "SELECT h, writer_id, writer_epoch FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            return 0, None
+        owner = Writer(row[1], int(row[2] or 0)) if row[1] else None
+        return int(row[0]), owner if _lost(owner, writer) else None
+
+    def owner(self, run_id: str) -> Writer | None:
+        """Return the run's owner (None: unknown run, or no owner with an id yet)."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT writer_id, writer_epoch FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return Writer(row[0], int(row[1] or 0)) if row is not None and row[0] else None
+
+    def completed_by(self, run_id: str) -> str | None:
+        """Return the writer id whose ``Done`` completed the run (None: not completed, or no id)."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT completed_by FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return str(row[0]) if row is not None and row[0] else None
+
+    def takeovers(self, run_id: str) -> list[Takeover]:
+        """Return the run's recorded takeovers, oldest first."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT at, from_writer, from_epoch, to_writer, to_epoch FROM takeovers"
+                " WHERE run_id = ? ORDER BY id",
+                (run_id,),
+            ).fetchall()
+        return [
+            Takeover(r[0], Writer(r[1], int(r[2] or 0)) if r[1] else None, Writer(r[3], int(r[4])))
+            for r in rows
+        ]
+
     # -- the check-and-insert ----------------------------------------------
 
-    def accept(self, run_id: str, seq: int, kind: str, body: dict[str, Any]) -> AcceptResult:
+    def accept(
+        self,
+        run_id: str,
+        seq: int,
+        kind: str,
+        body: dict[str, Any],
+        *,
+        writer: Writer | None = None,
+    ) -> AcceptResult:
         """Accept one data message in one ``BEGIN IMMEDIATE`` transaction.
 
+        A writer that no longer owns the run (another took it over, or a
+        restored copy superseded it) is ``"fenced"``: nothing is applied.
         ``seq == h + 1`` is inserted and becomes the new ``h`` (a ``done``
-        also marks the run completed, in the same transaction); ``seq <= h``
-        is a duplicate: counted, not applied; a higher seq is recorded as a
-        gap ``(h + 1, seq)`` and not applied. SPEC "Engine duties".
+        also marks the run completed, by this writer, in the same
+        transaction); ``seq <= h`` is a duplicate: counted, not applied; a
+        higher seq is recorded as a gap ``(h + 1, seq)`` and not applied.
+        SPEC "Engine duties".
 
         Args:
             run_id: the run (registered).
@@ -342,6 +545,8 @@ class EngineStore:
             kind: the ``UpMessage`` oneof name (``event``, ``finding``,
                 ``approval_request``, ``done``).
             body: the body mapping as :func:`walchannel.wire.body_of` returns it.
+            writer: the stream's writer, checked against the run's owner
+                (None: not checked).
 
         Returns:
             What happened, with the run's high-water after it.
@@ -350,11 +555,15 @@ class EngineStore:
         request_id = body.get("request_id") if kind == "approval_request" else None
         with self._transaction() as conn:
             row = conn.execute(
-                "SELECT h, completed_at FROM runs WHERE run_id = ?", (run_id,)
+                "SELECT h, completed_at, writer_id, writer_epoch FROM runs WHERE run_id = ?",
+                (run_id,),
             ).fetchone()
             if row is None:
                 return AcceptResult("unknown_run", 0)
             h, completed_at = int(row[0]), row[1]
+            owner = Writer(row[2], int(row[3] or 0)) if row[2] else None
+            if writer is not None and _lost(owner, writer):
+                return AcceptResult("fenced", h, owner=owner)
             if seq <= h:
                 conn.execute(
                     "UPDATE runs SET duplicates = duplicates + 1 WHERE run_id = ?", (run_id,)
@@ -378,9 +587,10 @@ class EngineStore:
                 "INSERT INTO messages (run_id, seq, kind, body, applied_at) VALUES (?, ?, ?, ?, ?)",
                 (run_id, seq, kind, text, now),
             )
+            done = kind == "done"
             conn.execute(
-                "UPDATE runs SET h = ?, completed_at = ? WHERE run_id = ?",
-                (seq, now if kind == "done" else None, run_id),
+                "UPDATE runs SET h = ?, completed_at = ?, completed_by = ? WHERE run_id = ?",
+                (seq, now if done else None, writer.id if done and writer else None, run_id),
             )
             decision = self._decision(conn, run_id, request_id)
             return AcceptResult("applied", seq, decision)

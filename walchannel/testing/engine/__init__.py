@@ -35,7 +35,7 @@ from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.formatting import get_logger
 from walchannel.testing._http import DiscoveryServer
 from walchannel.testing.servicer import RUN_COMPLETED, EngineServicer, wait_finished
-from walchannel.testing.store import EngineStore
+from walchannel.testing.store import EngineStore, Takeover, Writer
 
 __all__ = [
     "PERMISSIVE_PING_OPTIONS",
@@ -473,3 +473,11 @@ class LocalEngine:
     def done(self, run_id: str) -> dict[str, Any] | None:
         """The applied ``Done`` as ``{"seq", "status", "findings", "coverage", "exit_reason"}``."""
         return self._read(EngineStore.done, run_id)
+
+    def owner(self, run_id: str) -> Writer | None:
+        """The run's owner, the writer (id, epoch) whose handshakes it accepts; None: none yet."""
+        return self._read(EngineStore.owner, run_id)
+
+    def takeovers(self, run_id: str) -> list[Takeover]:
+        """The run's recorded takeovers (from, to, when), oldest first."""
+        return self._read(EngineStore.takeovers, run_id)
