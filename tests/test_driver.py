@@ -333,7 +333,9 @@ def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> 
     assert d.on_answer(None).answer is Answer.NO_ANSWER
     up(d, 1)
     assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
-    assert d.on_ack(31, 0) is AckKind.ABOVE_HIGH_WATER
+    # Beyond the high-water, the bound then (SPEC "Acks"): the stream ends.
+    assert d.on_ack(31, 0) is AckKind.NEVER_WRITTEN
+    assert d.ack_bound == 30
 
 
 @pytest.mark.parametrize("answer", [0, 3, 7, 10, 25])

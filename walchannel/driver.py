@@ -648,13 +648,15 @@ class Driver:
             ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
             ``STALE`` when it did not; for a protocol error, never applied:
             ``NEVER_WRITTEN`` beyond :attr:`ack_bound` (rows never written:
-            the stream ends), ``ABOVE_HIGH_WATER`` for a seq never logged
-            within it (an answer above the high-water, or no answers).
+            the stream ends; without handshake answers, beyond the
+            high-water), ``ABOVE_HIGH_WATER`` for a seq never logged within
+            it (after an answer above the high-water).
         """
         if seq > self._ack_bound:
             return AckKind.NEVER_WRITTEN
         if seq > self._log.state.next_seq - 1:
-            return AckKind.ABOVE_HIGH_WATER
+            # Without answers the high-water is the bound (SPEC "Acks").
+            return AckKind.ABOVE_HIGH_WATER if self._acks_handshake else AckKind.NEVER_WRITTEN
         if self._first_written is not None and seq >= self._first_written:
             self.attempt = 0
             self.down_too_large = None
@@ -763,7 +765,7 @@ class Driver:
         would be too low. Without handshake answers (``engine_acks_handshake``
         False) there is none: the high-water bounds acks then. SPEC "Acks".
         """
-        return self._ack_bound
+        return self._ack_bound if self._acks_handshake else self.high_water
 
     def is_replay(self, seq: int) -> bool:
         """Tell whether writing ``seq`` now writes it again (it went out before)."""

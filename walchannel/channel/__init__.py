@@ -1612,10 +1612,14 @@ class GrpcEngineChannel:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
         elif kind is AckKind.NEVER_WRITTEN:
+            bound = (
+                "the highest this channel wrote or the engine answered the handshake with"
+                if self._config.engine_acks_handshake
+                else "the log's high-water (the engine answers no handshakes)"
+            )
             self._protocol_error(
-                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, the "
-                "highest this channel wrote or the engine answered the handshake with; "
-                "not applied",
+                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, "
+                f"{bound}; not applied",
                 end=True,
             )
         elif kind is AckKind.ABOVE_HIGH_WATER:
