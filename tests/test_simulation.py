@@ -47,7 +47,7 @@ def _load_sim() -> ModuleType:
 sim = _load_sim()
 
 #: Schedules in the clean sweep (a few seconds on one core).
-SWEEP = 800
+SWEEP = 600  # (800 before issue 33's eight plants: the same time in all)
 #: Every planted bug must be found within this many seeds.
 BOUND = 300
 
@@ -95,6 +95,14 @@ def test_short_sweep_finds_no_violation() -> None:
         "engine_forgets",
         "forgot_answers",
         "seq_waits",
+        # A lying engine (heartbeat_lies are rarer: a heartbeat inside the chaos window).
+        "ack_lies",
+        "answer_lies",
+        "ack_floods",
+        "backward_acks",
+        "down_too_large",
+        "control_details",
+        "protocol_errors",
     ):
         assert st[key] > 0, key
     assert totals.max_dials_per_s <= 3

@@ -57,6 +57,7 @@ import asyncio
 import bisect
 import contextlib
 import contextvars
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -130,7 +131,7 @@ MAX_TURNS = 3_000_000
 #: Shares of the schedules with each fault of the inside and each lie of the engine.
 P_INTERRUPTS = 0.25
 P_CANCELS = 0.25
-P_LIAR = 0.0  # 0.2 once impossible answers are never applied (issue 33)
+P_LIAR = 0.2
 P_FORGET = 0.2
 P_SEQ_WAITS = 0.3
 #: What a lying engine does (World.fault_lie).
@@ -959,6 +960,16 @@ class World:
         self.liar = r2.random() < P_LIAR
         self.lie_answers_until = -1.0
         self.lies_armed: list[str] = []  # told as the engine next acks (World.tell_lie)
+        self.lies: list[str] = []
+        if self.liar:
+            self.lies = [r2.choice(LIES) for _ in range(r2.choice((1, 2, 3, 5)))]
+        # A file the harness takes 2.5 s to scan: heartbeats go out meanwhile.
+        self.slow_file: int | None = None
+        if "heartbeat" in self.lies:
+            self.slow_file = r2.randrange(self.nf)
+            if self.config.keepalive_ms > 1_000:
+                # Heartbeats a second apart, for the engine to answer with a lie.
+                self.config = dataclasses.replace(self.config, keepalive_ms=1_000)
         # An engine that acked rows its store never kept and dies (the forgot path).
         self.forget = self.acks_hs and r2.random() < P_FORGET
         self.forget_armed = False
@@ -1145,9 +1156,8 @@ class World:
     def plan_inside(self, end: float) -> None:
         """The faults of the inside and of a lying engine (their own random stream)."""
         r2 = self.rng2
-        if self.liar:
-            for _ in range(r2.choice((1, 2, 3, 5))):
-                self.at(r2.random() * end * 0.8, self.fault_lie, r2.choice(LIES))
+        for lie in self.lies:
+            self.at(r2.random() * end * 0.8, self.fault_lie, lie)
         if self.forget:
             self.at(r2.random() * end * 0.5, self.arm_forget)
         if self.task_cancels:
@@ -1347,12 +1357,18 @@ class World:
         if r < 0.6:
             return r2.randint(I64_MAX + 1, U64_MAX)
         st = self.disk.states[-1] if self.disk.exists else None
-        u = st.unverified if st is not None else None
-        top = max(st.rows, default=0) if st is not None else 0
+        if st is None:
+            return U64_MAX
+        u = st.unverified
+        top = max(st.rows, default=st.last_acked)
         if u is not None and top >= u:
-            # The unverified rows u..top would move to h+1.., the last past 2**63 - 1.
-            return I64_MAX - r2.randrange(top - u + 1)
-        return I64_MAX - r2.randrange(1_000)  # far above the high-water
+            # The unverified rows u..top would move to h+1.., the last to 2**63 - 1
+            # or past it, leaving no seq for the next row (SPEC "Dial").
+            return I64_MAX - r2.randrange(top - u + 2)
+        # Any other answer in range could be the engine's word (one above the
+        # high-water on a verified log is a protocol error whose stream goes on):
+        # only one past the range is impossible here.
+        return I64_MAX + 1 + r2.randrange(1_000)
 
     def read_mark(self, s: Link, mark: tuple[Any, str, Any]) -> Any:
         """The client reads a down message the checker follows: an ack, an answer, a lie."""
@@ -1377,7 +1393,12 @@ class World:
             seq = self.impossible_answer()
             self.stats["answer_lies"] += 1
         else:
+            # Beyond every seq this channel wrote and the stream's answer (SPEC
+            # "Acks"); without answers the high-water bounds acks, so beyond it.
             base = max(s.answer_h or 0, proc.max_written)
+            if not self.acks_hs and self.disk.exists:
+                st = self.disk.states[-1]
+                base = max(base, st.last_acked, max(st.rows, default=0))
             r2 = self.rng2
             seq = r2.choice((1, 1, 2, 20, 1_000, I64_MAX, I64_MAX + 1, U64_MAX))
             seq = seq if seq > I64_MAX // 2 and seq > base else base + seq
@@ -2698,6 +2719,9 @@ class World:
             pause = rng.random() * self.think
             if rng.random() < 0.05:
                 pause += 200.0 + rng.random() * 3_000.0
+            if life.nxt == self.slow_file and self.chaos:
+                self.slow_file = None
+                pause += 2_500.0
             await asyncio.sleep(pause / 1000)
             if rng.random() < 0.03:
                 ch.replay_unacked()
