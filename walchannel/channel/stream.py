@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 from walchannel import _killpoints
 from walchannel.driver import Verdict
-from walchannel.errors import WalchannelError, WalCorruptError
+from walchannel.errors import ChannelClosedError, WalchannelError, WalCorruptError
 from walchannel.formatting import get_logger
 from walchannel.row_source import RowMissingError
 from walchannel.transport import StreamEnded
@@ -256,7 +256,12 @@ class Stream:
             self.finish(exc)
             self._on_fatal(exc)
         except WalchannelError as exc:
-            logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)
+            if self.ended.is_set() and isinstance(exc, ChannelClosedError):
+                # A cancelled close() closed the log under a writer still running:
+                # the stream was already over, nothing is wrong with the log.
+                logger.info("run %s: the writer stops, the stream is over: %s", self._run_id, exc)
+            else:
+                logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)
             self.finish(exc)
         except Exception as exc:
             logger.exception("run %s: writing the stream failed", self._run_id)
