@@ -772,3 +772,36 @@ def test_a_log_fenced_before_starts_failed_unless_marked_to_take_over() -> None:
         d = Driver(config, log, failed_mark=True, now_ms=0.0, writer=writer, failed_reason=reason)
         assert d.state is state
         assert isinstance(d.failure, WriterFencedError) is not take_over
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first", ["handshake", "send"])
+async def test_a_takeover_without_handshake_answers_is_refused_before_any_dial(
+    local_engine: LocalEngine, tmp_path: Path, first: str
+) -> None:
+    # A takeover numbers the log's rows after the engine's h; without the
+    # answer they would start at seq 1, and the engine would take them for
+    # the old writer's duplicates and drop them: findings lost silently.
+    run_id, token = new_run(local_engine)
+    async with channel_for(local_engine, tmp_path / "a", run_id, token) as a:
+        await a.handshake("1", "h", "1")
+        assert await a.wait_acked(a.send_finding(finding("a0")), timeout_ms=10_000)
+    with RunLog.open(tmp_path / "b", run_id, correlation_id="c") as wal:
+        wal.mark_takeover()
+    b = channel_for(local_engine, tmp_path / "b", run_id, token, engine_acks_handshake=False)
+    async with b:
+        assert b.state is ChannelState.FAILED
+
+        async def call() -> None:
+            if first == "handshake":
+                await b.handshake("1", "h", "1")
+            else:
+                b.send_finding(finding("b0"))
+
+        with pytest.raises(WriterFencedError, match="engine_acks_handshake") as caught:
+            await call()
+        assert caught.value.path == str(b.log.path)
+        assert b.log.meta().takeover_at is not None  # the mark stays for a config that answers
+    assert local_engine.owner(run_id) == Writer(a.log.writer.id, 0)
+    bodies = local_engine.bodies(run_id)
+    assert [x["body"]["fields"]["n"] for x in bodies if x["kind"] == "finding"] == ["a0"]

@@ -220,6 +220,8 @@ ALLOWED: dict[str, str] = {
     'logger.exception("run %s: reading the stream failed", self._run_id)': _BUG,
     "walchannel/channel/stream.py::Stream._read_loop::self.finish(exc)": _BUG,
     "walchannel/channel/stream.py::Stream._write_loop::await replica.wait()": _ADAPTER,
+    "walchannel/channel/stream.py::Stream._write_loop::"
+    'logger.error("run %s: cannot read the log to write: %s", self._run_id, exc)': _READ_FAILS,
     "walchannel/channel/stream.py::Stream._write_loop::self.finish(exc)": _READ_FAILS,
     "walchannel/channel/stream.py::Stream._write_loop::self._on_fatal(exc)": _READ_FAILS,
     "walchannel/channel/stream.py::Stream._write_loop::except Exception as exc:": _BUG,

@@ -398,6 +398,21 @@ class Driver:
             # Refused before, and not marked to take over: no dial, no send.
             self.failure = self.fenced(f"it was refused before: {failed_reason}")
             self.state = ChannelState.FAILED
+        elif writer is not None and writer.take_over and not self._acks_handshake:
+            # A takeover numbers this log's rows after the engine's h. Without
+            # the answer they would start at the log's own seqs, which the
+            # engine holds from the old writer: dropped as duplicates, lost.
+            self.failure = WriterFencedError(
+                f"run {self.run_id}: {self._path or 'the log'} is marked to take the run over "
+                "(walchannel takeover), which needs the engine's handshake answer to number "
+                "its rows after the engine's: set engine_acks_handshake=True (an engine that "
+                "answers handshakes); without it the engine would drop them as duplicates of "
+                f"the old writer's rows. Every row stays in {self._path or 'the log'}",
+                run_id=self.run_id,
+                path=self._path,
+                writer_id=writer.id,
+            )
+            self.state = ChannelState.FAILED
 
     # -- the log's facts (read, never kept) ------------------------------------------------
 
