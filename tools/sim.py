@@ -349,15 +349,17 @@ def _writer_id() -> str:
 
     The product draws them from ``secrets``; here they are numbered per
     schedule, so a seed's trace (and the engine's refusals naming them) is
-    the same in every process.
+    the same in every process. Outside a schedule the product's own (the
+    simulator may be loaded into a process that opens real logs too).
     """
     w = _CURRENT
     if w is None:
-        return "sim-w0"
+        return _PRODUCT_WRITER_ID()
     w.writers += 1
     return f"sim-w{w.writers}"
 
 
+_PRODUCT_WRITER_ID = _product_log.new_writer_id
 _product_log.new_writer_id = _writer_id
 
 
