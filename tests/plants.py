@@ -18,8 +18,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import sim_operator
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -319,6 +317,21 @@ PLANTS: tuple[Plant, ...] = (
         "        boot_at = None\n",
         ("older than the boot",),
     ),
+    # -- one writer per run (issue 34) ------------------------------------------------
+    Plant(
+        "every_handshake_asks_to_take_over",
+        "channel/__init__.py",
+        "            take_over=writer.take_over,\n",
+        "            take_over=True,\n",
+        ("applied 2 times", "applied 3 times", "two contents", *LOST),
+    ),
+    Plant(
+        "owned_by_another_writer_not_recognised",
+        "driver.py",
+        "    for prefix in (OWNED_BY_ANOTHER_WRITER, WRITER_FENCED):\n",
+        "    for prefix in (WRITER_FENCED,):\n",
+        ("stuck", "never applied", "applied 0 times"),
+    ),
 )
 
 
@@ -352,7 +365,6 @@ def run_planted(plant: Plant, into: Path, seeds: int) -> subprocess.CompletedPro
     sim = planted_copy(plant, into)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
-    env = sim_operator.env(env)  # every log the world lays out is taken over
     return subprocess.run(
         [sys.executable, str(sim), "--seeds", str(seeds), "--jobs", "1", "--stop-at-first"],
         capture_output=True,
