@@ -81,8 +81,9 @@ if __package__ in (None, ""):
 from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel
 from walchannel import log as _product_log
 from walchannel.contract import load_engine_messages
-from walchannel.driver import OWNED_BY_ANOTHER_WRITER, WRITER_FENCED
 from walchannel.errors import (
+    OWNED_BY_ANOTHER_WRITER,
+    WRITER_FENCED,
     ApprovalTimeoutError,
     BacklogFullError,
     ChannelClosedError,

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 from walchannel.errors import (
+    OWNED_BY_ANOTHER_WRITER,
+    WRITER_FENCED,
     ChannelClosedError,
     EngineBehindError,
     RunCompletedError,
@@ -66,9 +68,7 @@ __all__ = [
     "CHECKPOINT_RETRY_MAX_MS",
     "KEEPALIVE_TIMEOUT_MS",
     "MAX_KEEPALIVE_MS",
-    "OWNED_BY_ANOTHER_WRITER",
     "STABLE_STREAM_MS",
-    "WRITER_FENCED",
     "AckKind",
     "Answer",
     "AnswerPlan",
@@ -1180,11 +1180,6 @@ def stream_verdict(
 _RUN_COMPLETED: Final = "run completed"
 # "run completed by writer <id>": the engine names the writer whose Done it applied.
 _COMPLETED_BY: Final = re.compile(r"run completed by writer ([0-9A-Za-z_.:-]+)", re.I)
-#: How the engine's FAILED_PRECONDITION details begin when it refuses this
-#: writer (SPEC "Engine duties"): another writer owns the run, or a newer
-#: epoch of this writer (a restore) or a takeover superseded it.
-OWNED_BY_ANOTHER_WRITER: Final = "owned by another writer"
-WRITER_FENCED: Final = "writer fenced"
 
 
 def fenced_error(

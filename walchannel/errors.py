@@ -30,9 +30,13 @@ keeps the message as built (SPEC "The channel", "Text from outside").
 
 from __future__ import annotations
 
+from typing import Final
+
 from walchannel.formatting import escape_text
 
 __all__ = [
+    "OWNED_BY_ANOTHER_WRITER",
+    "WRITER_FENCED",
     "ApprovalTimeoutError",
     "BacklogFullError",
     "ChannelClosedError",
@@ -127,6 +131,14 @@ class EngineBehindError(WalchannelError):
     The engine lost rows this log already deleted after the engine acked
     them; they cannot be re-sent. The channel is ``FAILED``. SPEC "Dial".
     """
+
+
+#: How the engine's FAILED_PRECONDITION details begin when it refuses a
+#: writer (SPEC "Engine duties"): another writer owns the run, or a newer
+#: epoch of this writer (a restore) or a takeover superseded it. The client
+#: recognises them (:class:`WriterFencedError`); an engine sends them.
+OWNED_BY_ANOTHER_WRITER: Final = "owned by another writer"
+WRITER_FENCED: Final = "writer fenced"
 
 
 class WriterFencedError(WalchannelError):

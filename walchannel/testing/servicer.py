@@ -59,7 +59,7 @@ from grpc import aio
 
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
-from walchannel.driver import OWNED_BY_ANOTHER_WRITER, WRITER_FENCED
+from walchannel.errors import OWNED_BY_ANOTHER_WRITER, WRITER_FENCED
 from walchannel.formatting import get_logger
 from walchannel.testing.store import (
     AcceptResult,
@@ -142,8 +142,8 @@ def refusal_text(run_id: str, writer: Writer, admission: Admission) -> str:
     """The FAILED_PRECONDITION details of a writer the run refuses (SPEC "Engine duties").
 
     They begin with a fixed text the client recognises:
-    :data:`~walchannel.driver.OWNED_BY_ANOTHER_WRITER` or
-    :data:`~walchannel.driver.WRITER_FENCED`.
+    :data:`~walchannel.errors.OWNED_BY_ANOTHER_WRITER` or
+    :data:`~walchannel.errors.WRITER_FENCED`.
     """
     if admission.verdict == "fenced":
         return (
