@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from conftest import eventually
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
+from helpers.sqlite_probe import no_write_transaction_open
 from walchannel import ChannelState, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.cli import main
@@ -89,19 +89,6 @@ def inspect_json(path: Path) -> dict[str, object]:
     (report,) = json.loads(out.getvalue())
     return report  # type: ignore[no-any-return]
 
-
-def no_write_transaction_open(path: Path) -> bool:
-    other = sqlite3.connect(path, timeout=0, isolation_level=None)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-    except sqlite3.OperationalError as exc:
-        if "locked" not in str(exc):
-            raise
-        return False
-    finally:
-        other.close()
-    return True
 
 
 def config_for(engine: RogueEngine, tmp_path: Path, **kw: object) -> GrpcChannelConfig:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import new_run
+from helpers.sqlite_probe import no_write_transaction_open
 from walchannel import GrpcEngineChannel, RunLog, log_state
 from walchannel import log as log_module
 from walchannel.testing.engine import LocalEngine
@@ -84,20 +85,6 @@ class InterruptingConnection(sqlite3.Connection):
         self._point("after", sql)
         return cursor
 
-
-def no_write_transaction_open(path: Path) -> bool:
-    """Tell, from another connection, that nobody holds a write transaction on ``path``."""
-    other = sqlite3.connect(path, timeout=0, isolation_level=None)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-    except sqlite3.OperationalError as exc:
-        if "locked" not in str(exc):
-            raise
-        return False
-    finally:
-        other.close()
-    return True
 
 
 def base_log(folder: Path) -> Path:
