@@ -197,8 +197,7 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel.close::return": _LOOP,
     "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
     "await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close::self._metrics.close()": _METRICS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close_now::self._metrics.close()": (
+    "walchannel/channel/__init__.py::GrpcEngineChannel._mark_closed::self._metrics.close()": (
         _METRICS
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel._close_network::"
@@ -207,10 +206,6 @@ ALLOWED: dict[str, str] = {
     'logger.debug("run %s: closing the network failed: %r", self._run_id, exc)': (_TRANSPORT_CLOSE),
     "walchannel/channel/__init__.py::GrpcEngineChannel._close_network::"
     "closers.append(self._replica.aclose)": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close::"
-    "with contextlib.suppress(Exception):": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close::"
-    "await self._replica.aclose()": _ADAPTER,
     "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"
     "with contextlib.suppress(Exception):": _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"

@@ -1809,6 +1809,17 @@ class GrpcEngineChannel:
         runner = self._runner
         if runner is not None and not runner.done():
             runner.cancel()
+        self._mark_closed()
+        if self._teardown is None:
+            self._teardown = asyncio.get_running_loop().create_task(
+                self._close_network(), name=f"walchannel-{self._run_id}-teardown"
+            )
+
+    def _mark_closed(self) -> None:
+        """The part of closing that awaits nothing: ack stored, ``CLOSED``, waiters answered.
+
+        Shared by :meth:`_close` and :meth:`_close_now` (idempotent).
+        """
         self._store_ack(force=True)
         self._move(ChannelState.CLOSED)
         self._fail_approvals(
@@ -1817,13 +1828,9 @@ class GrpcEngineChannel:
         self._acked_changed.set()
         if self._metrics is not None:
             self._metrics.close()
-        if self._teardown is None:
-            self._teardown = asyncio.get_running_loop().create_task(
-                self._close_network(), name=f"walchannel-{self._run_id}-teardown"
-            )
 
     async def _close_network(self) -> None:
-        """Close the transport and the replica gate (both idempotent) after a cancelled close."""
+        """Close the transport and the replica gate (both idempotent; a failure is logged)."""
         closers = [self._transport.aclose]
         if self._replica is not None:
             closers.append(self._replica.aclose)
@@ -1840,18 +1847,8 @@ class GrpcEngineChannel:
         _killpoints.reached("in_close")
         self._cancel_timers()
         await self._stop_streaming()
-        self._store_ack(force=True)
-        self._move(ChannelState.CLOSED)
-        self._fail_approvals(
-            lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
-        )
-        self._acked_changed.set()
-        await self._transport.aclose()
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._replica is not None:
-            with contextlib.suppress(Exception):
-                await self._replica.aclose()
+        self._mark_closed()
+        await self._close_network()
 
     async def _stop_streaming(self) -> None:
         """For close: half-close the stream, wait up to ``close_timeout_ms``, tear down.
