@@ -384,3 +384,30 @@ async def test_a_harness_that_catches_an_exception_inside_a_commit_loses_no_retu
     async with GrpcEngineChannel(config) as again:
         assert again.progress() == {"step": 4}
         assert again.unacked_count == 0
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=lambda e: e.__name__)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_exception_around_a_takeover_marks_commit_leaves_memory_and_disk_one_writer(
+    tmp_path: Path, when: str, exc: type[BaseException]
+) -> None:
+    # The writer identity is the log's too: after an interrupted mark the
+    # handshake must send the id the disk holds, or the engine sees a stranger.
+    path = base_log(tmp_path)
+    conn = sqlite3.connect(path, factory=InterruptingConnection, isolation_level=None)
+    wal = RunLog.on_connection(conn, run_id=RUN, correlation_id="c")
+    conn.arm(None)
+    wal.mark_takeover()  # counted dry run: its statements
+    assert conn.seen == ["BEGIN IMMEDIATE", "UPDATE meta", "COMMIT"]
+    before = wal.writer
+    conn.arm((3, when, exc))
+    with pytest.raises(exc, match=f"interrupted {when} statement 3"):
+        wal.mark_takeover()
+    assert no_write_transaction_open(path)
+    stored = sqlite3.connect(path).execute(
+        "SELECT writer_id, takeover_at IS NOT NULL FROM meta"
+    ).fetchone()
+    assert (wal.writer.id, wal.writer.take_over) == (stored[0], bool(stored[1]))
+    landed = when == "after"
+    assert (wal.writer.id != before.id) is landed
+    wal.close()

@@ -545,12 +545,7 @@ class RunLog:
         ]
         # Boot times of another boot cannot be compared with this one's.
         other_boot = meta.boot_id != self._boot_id
-        writer = Writer(
-            meta.writer_id or new_writer_id(),
-            meta.writer_epoch or 0,
-            meta.takeover_at is not None,
-            meta.answered_at is not None,
-        )
+        writer = _writer_of(meta, meta.writer_id or new_writer_id())
         # A log from before the answered mark: answered if it holds an ack.
         older = "answered_at" not in present and meta.last_acked_seq > 0
         if older:
@@ -840,6 +835,8 @@ class RunLog:
             top_is_done=bool(top) and top[1] == "done",
         )
         self._progress = meta.progress
+        if meta.writer_id is not None:
+            self._writer = _writer_of(meta, meta.writer_id)
         self._quarantined = quarantined
         self._unacked_bytes = None  # summed again from disk when next asked
         return True
@@ -1190,8 +1187,10 @@ class RunLog:
                 (writer.id, now, f"{FAILED_FENCED}%", f"{FAILED_FENCED}%", now),
             )
 
-        self._commit("meta", "mark the log to take the run over", work)
-        self._writer = writer
+        def follow(_: None) -> None:
+            self._writer = writer
+
+        self._commit("meta", "mark the log to take the run over", work, then=follow)
         return writer
 
     # -- the quarantine: damaged rows and rows set aside -----------------------------------
@@ -1539,3 +1538,13 @@ class RunLog:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next_seq={self._state.next_seq}"
         return f"<RunLog run_id={self._run_id!r} {state} acked={self._state.last_acked}>"
+
+
+def _writer_of(meta: RunMeta, writer_id: str) -> Writer:
+    """The writer identity the meta row stores, with ``writer_id`` (a new one when it has none)."""
+    return Writer(
+        writer_id,
+        meta.writer_epoch or 0,
+        meta.takeover_at is not None,
+        meta.answered_at is not None,
+    )
