@@ -835,9 +835,9 @@ class RunLog:
             top_is_done=bool(top) and top[1] == "done",
         )
         self._progress = meta.progress
+        self._quarantined = quarantined
         if meta.writer_id is not None:
             self._writer = _writer_of(meta, meta.writer_id)
-        self._quarantined = quarantined
         self._unacked_bytes = None  # summed again from disk when next asked
         return True
 
