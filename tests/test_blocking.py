@@ -98,11 +98,19 @@ def test_callbacks_run_on_their_own_thread_and_may_call_the_channel(
         ch.on_stop(broken)
         ch.on_stop(on_stop)
         budgets: list[str] = []
-        ch.on_budget_update(lambda m, d: budgets.append(m))
+        budget_seen = threading.Event()
+
+        def on_budget(message: str, detail: object) -> None:
+            budgets.append(message)
+            budget_seen.set()
+
+        ch.on_budget_update(on_budget)
         ch.handshake("1", "blocking", "1")
         engine.run(engine.engine.send_stop(run_id, "deadline"))
         engine.run(engine.engine.send_budget_update(run_id, "half", {"used": 0.5}))
         assert done.wait(10)
+        # close() drops callbacks still queued (documented): wait for this one first.
+        assert budget_seen.wait(10)
         assert seen[0][0] == "deadline" and "callbacks" in seen[0][1]
         assert seen[1] == ("seq", "1")
         assert ch.wait_acked(timeout_ms=5000)
