@@ -332,6 +332,20 @@ PLANTS: tuple[Plant, ...] = (
         "    for prefix in (WRITER_FENCED,):\n",
         ("stuck", "never applied", "applied 0 times"),
     ),
+    Plant(
+        "own_rows_taken_for_another_writers",
+        "log_state.py",
+        "        return self.answered or self.take_over or self.epoch > 0\n",
+        "        return self.take_over or self.epoch > 0\n",
+        ("WriterFencedError", "stuck", *LOST),
+    ),
+    Plant(
+        "another_writers_done_read_as_ours",
+        "driver.py",
+        "        other = by is not None and self._writer is not None and by != self._writer.id\n",
+        "        other = False\n",
+        ("not this one's", "not its own", "no named error", "no tombstone", *LOST),
+    ),
 )
 
 
@@ -373,3 +387,41 @@ def run_planted(plant: Plant, into: Path, seeds: int) -> subprocess.CompletedPro
         timeout=600,
         check=False,
     )
+
+
+def first_failure(plant: Plant, seeds: int = 3000) -> tuple[int | None, str]:
+    """Schedules run on ``plant``'s copy to its first failure (None: none); the first violation."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="plant-") as folder:
+        run = run_planted(plant, Path(folder), seeds)
+    lines = run.stdout.splitlines()
+    count = next(
+        (int(w.split("=", 1)[1]) for w in lines[0].split() if w.startswith("schedules=")), None
+    )
+    said = next((x.strip()[2:] for x in lines if x.strip().startswith("- ")), "")
+    return (count if run.returncode == 1 else None), said
+
+
+def main() -> int:
+    """Print docs/reliability.md's plant table: ``python tests/plants.py [--jobs N]``."""
+    import argparse
+    from concurrent.futures import ProcessPoolExecutor
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=3000)
+    args = parser.parse_args()
+    print("| plant | file | schedules to the first failure | what the checker said |")
+    print("|---|---|---:|---|")
+    with ProcessPoolExecutor(args.jobs) as pool:
+        found = pool.map(first_failure, PLANTS, [args.seeds] * len(PLANTS))
+        for plant, (count, said) in zip(PLANTS, found, strict=True):
+            shown = "none" if count is None else str(count)
+            said = (said if len(said) <= 200 else said[:199] + "…").replace("|", "\\|")
+            print(f"| `{plant.name}` | `{plant.path}` | {shown} | {said} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -105,6 +105,11 @@ def test_short_sweep_finds_no_violation() -> None:
         "fenced_stops",
         "takeovers",
         "takeover_dups",
+        # A second harness on the run: fenced, or taking the run over.
+        "second_harnesses",
+        "second_fenced",
+        "second_completed",
+        "second_takeovers",
     ):
         assert st[key] > 0, key
     assert totals.max_dials_per_s <= 3

@@ -141,6 +141,9 @@ P_SEQ_WAITS = 0.3
 #: The share of crashes that lose the log in the schedules without handshake
 #: answers (where rollbacks are not played; the engine refuses a new writer).
 P_LOST_UNANSWERED = 0.04
+#: The share of schedules with a second harness on the run (its own log and writer id).
+P_SECOND = 0.15
+SECOND = "second harness"
 #: What a lying engine does (World.fault_lie).
 LIES = ("ack", "ack", "heartbeat", "flood", "backwards", "answer", "down_big", "control")
 
@@ -515,6 +518,43 @@ class Life:
         self.first: int | None = None
 
 
+class Second:
+    """A second harness on the run: another pod with its own volume (a retried Job).
+
+    Its log is its own (a writer id of its own), on a disk with no faults:
+    the world's faults are the network's and the engine's it shares. Its
+    operator stops it on the named error, or takes the run over once.
+    """
+
+    __slots__ = ("at", "image", "logged", "named", "over", "proc", "took_over", "writers")
+
+    def __init__(self, at: float) -> None:
+        self.at = at  # when it starts (virtual ms)
+        self.image: bytes | None = None  # its log's last committed image
+        self.logged: set[int] = set()  # findings it logged (a seq was returned)
+        self.named = False  # it got WriterFencedError
+        self.took_over = False  # its operator took the run over
+        self.over = asyncio.Event()  # it ended for good
+        self.proc: Proc | None = None  # its running process
+        self.writers: set[str] = set()  # the writer ids its log has had
+
+
+class SecondHook:
+    """The second harness's disk: every commit lands (its ``CommitHook``)."""
+
+    __slots__ = ("conn", "second")
+
+    def __init__(self, second: Second, conn: sqlite3.Connection) -> None:
+        self.second = second
+        self.conn = conn
+
+    def before_commit(self, what: str) -> None:
+        return None
+
+    def after_commit(self, what: str) -> None:
+        self.second.image = self.conn.serialize()
+
+
 def _task_factory(
     loop: asyncio.AbstractEventLoop,
     coro: Coroutine[Any, Any, Any],
@@ -839,6 +879,12 @@ class World:
                 "fenced_stops",
                 "takeovers",
                 "takeover_dups",
+                # A second harness on the run.
+                "second_harnesses",
+                "second_runs",
+                "second_fenced",
+                "second_completed",
+                "second_takeovers",
             ),
             0,
         )
@@ -1033,6 +1079,19 @@ class World:
         self.fenced_stop = False  # the operator stopped after a WriterFencedError
         self.taken_over = False  # the operator took the run over (duplicates are counted)
         self.lost_contents: set[int] = set()  # a lost log's rows: logged again, never applied twice
+        # A second harness on the run, from a random stream of its own (its own log, its
+        # own writer id; never with rows over a limit, a backlog bound or a deadline).
+        self.rng4 = random.Random(f"walchannel-sim-second:{seed}")
+        self.second: Second | None = None
+        if (
+            self.rng4.random() < P_SECOND
+            and self.limit is None
+            and self.max_unacked_bytes is None
+            and self.deadline_ms is None
+        ):
+            # A fifth of them start first (the run becomes theirs), the rest during the scan.
+            early = self.rng4.random() < 0.2
+            self.second = Second(self.rng4.random() * (5.0 if early else self.chaos_end))
 
     # -- the scheduler: the loop's virtual time, in ms -------------------------------
 
@@ -1167,11 +1226,18 @@ class World:
         self.plan_faults()
         self.at(self.chaos_end, self.end_chaos)
         self.at(0.0, self.start_harness)
+        sec = self.second
+        if sec is not None:
+            self.stats["second_harnesses"] += 1
+            self.at(sec.at, self.start_second)
         try:
             async with asyncio.timeout(self.limit_ms / 1000.0):
                 await self.over.wait()
+                if sec is not None and not self.violations:
+                    await sec.over.wait()  # the run is over when both harnesses are
         except TimeoutError:
-            pass
+            if sec is not None and self.finished and not sec.over.is_set():
+                self.violation("stuck: the second harness never ended")
 
     def _shutdown(self) -> None:
         loop = self.loop
@@ -1360,6 +1426,8 @@ class World:
         armed = self.lies_armed
         if not self.chaos or not s.link or not s.e_open or not s.proc.alive or s.proc.ending:
             return False
+        if s.proc.role == SECOND:
+            return False  # made from the first harness's log: impossible only for its streams
         if self.acks_hs and not s.answered:
             return False  # before the answer, an ack would be taken for it: not a lie then
         kinds = [k for k in armed if (k == "heartbeat") == heartbeat]
@@ -2221,7 +2289,8 @@ class World:
             if self.chaos and self.rng.random() < self.p_late:
                 self.stats["late_answers"] += 1
                 delay += self.rng.random() * 15_000.0
-            if self.now < self.lie_answers_until:
+            # (The lies are made from the first harness's log: told to its streams only.)
+            if self.now < self.lie_answers_until and s.proc.role != SECOND:
                 self.at(self.now + delay, self.send_down, s, ("lie", "answer"))
             else:
                 self.at(self.now + delay, self.send_down, s, ("ack", len(self.applied)))
@@ -2414,7 +2483,10 @@ class World:
             # run over (walchannel takeover) and starts the harness again.
             # Without handshake answers a taken-over log cannot renumber past the
             # engine's rows (SPEC "Dial"): there the operator only stops.
-            if not self.acks_hs or self.rng3.random() < 0.5:
+            # After the second harness took the run over, the first is stopped: two
+            # operators taking it over in turn would fence each other for ever.
+            sec = self.second
+            if not self.acks_hs or (sec is not None and sec.took_over) or self.rng3.random() < 0.5:
                 self.tr("the operator stops: the run stays another writer's")
                 self.stats["fenced_stops"] += 1
                 self.fenced_stop = True
@@ -2462,6 +2534,153 @@ class World:
             self.at(self.now + 100.0 + self.rng3.random() * 2_000.0, self.take_over)
         else:
             self.at(self.now + self.restart_delay(), self.start_harness)
+
+    # -- the second harness on the run ------------------------------------------------------
+
+    def start_second(self) -> None:
+        sec = self.second
+        if sec is None or sec.over.is_set() or sec.proc is not None:
+            return
+        self.stats["second_runs"] += 1
+        proc = sec.proc = Proc(self, SECOND)
+        self.spawn(proc, self.second_harness(proc, sec))
+
+    def second_channel(self, proc: Proc, sec: Second) -> GrpcEngineChannel:
+        """The second harness opens its own log (new, or its last image) and its channel."""
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        proc.conn = conn  # type: ignore[assignment]
+        if sec.image is None:
+            conn.deserialize(fresh_image())
+            conn.execute("UPDATE meta SET writer_id = ? WHERE id = 1", (_writer_id(),))
+        else:
+            conn.deserialize(sec.image)
+        log = RunLog.on_connection(
+            conn,
+            run_id=RUN_ID,
+            correlation_id=CORRELATION_ID,
+            commit_hook=SecondHook(sec, conn),
+            clock=self.clock,
+        )
+        ch = GrpcEngineChannel(
+            self.config,
+            rng=random.Random(self.rng4.getrandbits(32)),
+            log=log,
+            transport=SimTransport(self, proc),
+            clock=self.clock,
+        )
+        proc.channel = ch
+        proc.max_truth = log.last_acked_seq
+        ch.on_stop(lambda reason: self.on_stop(proc))
+        return ch
+
+    async def second_harness(self, proc: Proc, sec: Second) -> None:
+        """Another pod's harness on the same run: resume from progress, scan, Done, close."""
+        ch = self.second_channel(proc, sec)
+        wid = ch.log.writer.id
+        sec.writers.add(wid)
+        marker = ch.progress()
+        nxt = 0 if marker is None else int(marker["n"])
+        self.tr("the second harness starts as writer %s (progress=%s)", wid, marker)
+        why = "gave up"
+        try:
+            with contextlib.suppress(EngineUnavailableError):  # the channel keeps dialing
+                await ch.handshake(*HARNESS)
+            while nxt < self.nf:
+                await asyncio.sleep(self.rng4.random() * self.think / 1000)
+                seq = ch.send_finding(self.finding(nxt), progress={"n": nxt + 1})
+                self.tr("the second harness logs %s at seq %d", _name(nxt), seq)
+                sec.logged.add(nxt)
+                nxt += 1
+            acked = await ch.send_done("completed", self.nf, ["/scan"], "")
+            if acked:
+                why = "completed"
+                if self.completed_by != wid or self.done_body != ("completed", self.nf):
+                    self.violation(
+                        f"the second harness's send_done returned True, but the engine applied "
+                        f"Done {self.done_body} of writer {self.completed_by}, not its own ({wid})"
+                    )
+        except WriterFencedError as exc:
+            self.check_fenced(proc, exc)
+            sec.named = True
+            why = "fenced"
+        except RunCompletedError:
+            why = "refused"
+        except EngineBehindError:
+            why = "engine behind"
+        await ch.close()
+        self.second_exits(proc, sec, why)
+
+    def second_exits(self, proc: Proc, sec: Second, why: str) -> None:
+        """The second harness exited: its operator restarts, stops, or takes the run over."""
+        proc.alive = False
+        sec.proc = None
+        self.tr("the second harness exits: %s", why)
+        if why == "gave up":
+            self.at(self.now + self.restart_delay(), self.start_second)
+            return
+        if why in ("completed", "refused") and not self.completed:
+            self.violation(f"the second harness exited '{why}' but the engine lacks Done")
+        elif why == "engine behind":
+            if not self.engine_lost:
+                self.violation("engine behind declared, but the engine never lost rows")
+            self.behind = True
+        elif why == "fenced":
+            self.stats["second_fenced"] += 1
+            if self.acks_hs and not self.taken_over and self.rng4.random() < 0.4:
+                # `walchannel takeover` on its log, then it starts again (the first is fenced).
+                self.at(self.now + self.restart_delay(), self.second_takes_over)
+                return
+            self.tr("the operator stops the second harness: the run stays another writer's")
+        if why == "completed":
+            self.stats["second_completed"] += 1
+        sec.over.set()
+
+    def second_takes_over(self) -> None:
+        sec = self.second
+        if sec is None or sec.image is None:
+            return
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        conn.deserialize(sec.image)
+        log = RunLog.on_connection(
+            conn,
+            run_id=RUN_ID,
+            correlation_id=CORRELATION_ID,
+            commit_hook=SecondHook(sec, conn),
+            clock=self.clock,
+        )
+        try:
+            writer = log.mark_takeover()
+        finally:
+            log.close()
+        self.stats["second_takeovers"] += 1
+        sec.took_over = self.taken_over = True
+        self.tr("the operator takes the run over for the second harness: writer %s", writer.id)
+        self.start_second()
+
+    def check_fenced(self, proc: Proc, error: WriterFencedError) -> None:
+        """A ``WriterFencedError`` has a cause in the world (SPEC "The channel").
+
+        The engine's owner is another writer (or this one at a higher epoch),
+        another writer completed the run, or the log never had an answered
+        handshake and the engine holds rows (the log's own evidence).
+        """
+        ch = proc.channel
+        if ch is None or not proc.alive:
+            return
+        writer = ch.log.writer
+        owner = self.owner
+        if owner is not None and (owner[0] != writer.id or owner[1] > writer.epoch):
+            return
+        if self.completed_by is not None and self.completed_by != writer.id:
+            return
+        # (The rule is the checker's own, on the fields as stored: not the product's predicate.)
+        unanswered = not (writer.answered or writer.take_over or writer.epoch > 0)
+        if unanswered and self.peak > 0:
+            return  # (raised again from the stored refusal on a restart: still unanswered)
+        self.violation(
+            f"the {proc.role} got WriterFencedError ({error}), yet the run's owner is "
+            f"{owner}, it was completed by {self.completed_by}, and its log's writer is {writer}"
+        )
 
     def new_proc(self, role: str) -> Proc:
         proc = Proc(self, role)
@@ -2750,6 +2969,7 @@ class World:
             return "expired"
         if isinstance(error, WriterFencedError):
             self.stats["fenced_errors"] += 1
+            self.check_fenced(proc, error)
             return "fenced"
         # The engine refused the logged Done, or the harness's own bound
         # (max_message_bytes, the engine's limit) refused it at send time.
@@ -3007,8 +3227,14 @@ class World:
         if not proc.alive:
             return
         done_at = self.tombstone_at
+        wid = proc.channel.log.writer.id if proc.channel is not None else None
         if acked and not self.completed:
             self.violation("send_done returned True, but the engine never applied Done")
+        elif acked and self.completed_by != wid:
+            self.violation(
+                f"send_done returned True, but the engine applied the Done of writer "
+                f"{self.completed_by}, not this one's ({wid})"
+            )
         elif acked and self.done_body != ("completed", self.nf):
             self.violation(
                 f"send_done returned True, but the engine applied Done {self.done_body}, "
@@ -3326,15 +3552,25 @@ class World:
                     self.stats["takeover_dups"] += n - 1
                 else:
                     self.violation(f"{_name(i)} applied {n} times (no rolled-back commit of it)")
+        sec = self.second
+        if sec is not None and not sec.named:
+            for i in sorted(sec.logged):
+                if counts[i] == 0:
+                    self.violation(
+                        f"{_name(i)}, logged by the second harness, never applied, and that "
+                        "harness got no named error"
+                    )
         if dones == 0 and self.fenced_stop:
             pass  # the run stays unfinished: its harness got the named error
         elif dones != 1:
             self.violation(f"Done applied {dones} times")
         elif applied[-1] != DONE:
             self.violation("Done is not the last message applied")
+        # The second harness completed the run: the first one's scan may stop anywhere.
+        second_done = sec is not None and self.completed_by in sec.writers
         for i, n in enumerate(self.logged):
             if n == 0 and i not in self.refused_at_send:
-                if not self.fenced_stop:
+                if not self.fenced_stop and not second_done:
                     self.violation(f"the harness never logged {_name(i)}")
             elif n > 1 and i not in self.affected and i not in self.lost_contents:
                 self.violation(f"the harness logged {_name(i)} {n} times")
