@@ -2545,22 +2545,25 @@ class World:
         proc = sec.proc = Proc(self, SECOND)
         self.spawn(proc, self.second_harness(proc, sec))
 
-    def second_channel(self, proc: Proc, sec: Second) -> GrpcEngineChannel:
-        """The second harness opens its own log (new, or its last image) and its channel."""
+    def open_second_log(self, sec: Second) -> RunLog:
+        """The second harness's log: new (a writer id of its own), or its last image."""
         conn = sqlite3.connect(":memory:", isolation_level=None)
-        proc.conn = conn  # type: ignore[assignment]
         if sec.image is None:
             conn.deserialize(fresh_image())
             conn.execute("UPDATE meta SET writer_id = ? WHERE id = 1", (_writer_id(),))
         else:
             conn.deserialize(sec.image)
-        log = RunLog.on_connection(
+        return RunLog.on_connection(
             conn,
             run_id=RUN_ID,
             correlation_id=CORRELATION_ID,
             commit_hook=SecondHook(sec, conn),
             clock=self.clock,
         )
+
+    def second_channel(self, proc: Proc, sec: Second) -> GrpcEngineChannel:
+        """The second harness opens its own log (new, or its last image) and its channel."""
+        log = self.open_second_log(sec)
         ch = GrpcEngineChannel(
             self.config,
             rng=random.Random(self.rng4.getrandbits(32)),
@@ -2639,15 +2642,7 @@ class World:
         sec = self.second
         if sec is None or sec.image is None:
             return
-        conn = sqlite3.connect(":memory:", isolation_level=None)
-        conn.deserialize(sec.image)
-        log = RunLog.on_connection(
-            conn,
-            run_id=RUN_ID,
-            correlation_id=CORRELATION_ID,
-            commit_hook=SecondHook(sec, conn),
-            clock=self.clock,
-        )
+        log = self.open_second_log(sec)
         try:
             writer = log.mark_takeover()
         finally:
