@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 
 from walchannel.errors import ChannelClosedError, RunCompletedError
-from walchannel.log_state import AckPlan, LogState
+from walchannel.log_state import (
+    COMPLETED_BY_ANOTHER,
+    AckPlan,
+    LogState,
+    completed_by_another,
+    fenced_reason,
+)
 
 RUN = "run-7"
 
@@ -203,3 +209,27 @@ def test_replacing_the_done_row_forgets_the_done_and_no_other_row_does() -> None
     assert state.row_replaced(8) == LogState(RUN, 9, 3, 7, None, False)
     assert state.row_replaced(5) is state
     assert _state(done_seq=None).row_replaced(5) == _state(done_seq=None)
+
+
+# -- a fenced log's cause, read back (walchannel takeover, inspect) ------------------------
+
+
+@pytest.mark.parametrize("writer", ["w-1a2b", "0f3c9e.7:x_y"])
+def test_the_writer_that_completed_the_run_is_read_back_from_the_fenced_reason(
+    writer: str,
+) -> None:
+    said = f"{COMPLETED_BY_ANOTHER.format(writer=writer)}, while 2 row(s) of this writer"
+    assert completed_by_another(fenced_reason(said)) == writer
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        None,
+        fenced_reason("the engine refused it: owned by another writer: run r is owned by w"),
+        # The phrase outside a fenced reason (a last error quoted elsewhere) is no cause.
+        "engine behind: " + COMPLETED_BY_ANOTHER.format(writer="w-1"),
+    ],
+)
+def test_other_reasons_name_no_completing_writer(reason: str | None) -> None:
+    assert completed_by_another(reason) is None

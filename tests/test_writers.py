@@ -417,6 +417,19 @@ async def test_run_completed_is_success_only_when_the_engine_names_this_writer(
                 await b.handshake("1", "h", "1")
             assert not b.log.completed and b.log.unacked_count == 2
             assert b.state is ChannelState.FAILED
+            b_log = b.log.path
+        # A takeover cannot reopen a run another writer completed: inspect says
+        # export, and takeover refuses, naming that writer, the log left as it was.
+        report = inspect_log(b_log)
+        assert report.state == "failed" and report.next_step is not None
+        assert "walchannel export" in report.next_step
+        assert "walchannel takeover" not in report.next_step
+        marked = await acli("takeover", b_log)
+        assert marked.returncode == 2, marked.stdout + marked.stderr
+        writer_a = inspect_log(live / name).writer_id
+        assert f"completed by writer {writer_a}" in marked.stderr
+        assert "walchannel export" in marked.stderr and str(b_log) in marked.stderr
+        assert not inspect_log(b_log).takeover and inspect_log(b_log).state == "failed"
     finally:
         await engine.stop()
 

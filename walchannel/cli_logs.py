@@ -62,6 +62,7 @@ from walchannel.lock import OwnerLock, probe_owner
 from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE, MetaDamagedError, Row
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
+from walchannel.log_state import completed_by_another
 
 if TYPE_CHECKING:
     from walchannel.log_format import RunMeta
@@ -659,8 +660,9 @@ def takeover_command(args: argparse.Namespace) -> int:
     new writer id, the mark, a fenced failure mark cleared). The harness
     restarted on the log (or ``walchannel flush``) asks the engine to take
     the run over at its handshakes until the first answered one. 0: marked;
-    2: refused (no such log, a live owner, a tombstone, a damaged log) or
-    bad usage. SPEC "Operating tools".
+    2: refused (no such log, a live owner, a tombstone, a log fenced because
+    another writer completed the run, a damaged log) or bad usage. SPEC
+    "Operating tools".
     """
     path = Path(args.log).expanduser()
     run_id = run_id_from_name(path)
@@ -671,8 +673,17 @@ def takeover_command(args: argparse.Namespace) -> int:
         # The stored correlation id, read without creating anything: an
         # open of a missing log would make a new one.
         with LogReader(path, run_id) as reader:
-            correlation_id = reader.meta().correlation_id
-        wal = RunLog.open(path.parent, run_id, correlation_id=correlation_id)
+            meta = reader.meta()
+        completer = completed_by_another(meta.failed_reason)
+        if completer is not None:
+            err(
+                "takeover",
+                f"refused: run {run_id} was completed by writer {completer} (the engine said "
+                f"so): a takeover cannot reopen a completed run. 'walchannel export {path}' "
+                "lists the rows kept here, to compare with the engine's record of the run",
+            )
+            return 2
+        wal = RunLog.open(path.parent, run_id, correlation_id=meta.correlation_id)
     except WalLockedError as exc:
         err("takeover", f"refused: {exc} (stop that harness first: a live owner keeps its run)")
         return 2

@@ -46,6 +46,7 @@ from walchannel.errors import (
     WriterFencedError,
 )
 from walchannel.log_state import (
+    COMPLETED_BY_ANOTHER,
     FAILED_ENGINE_BEHIND,
     FAILED_UNDELIVERABLE,
     LogState,
@@ -899,7 +900,7 @@ class Driver:
             if said is None:
                 count = self._log.state.unacked_count
                 said = (
-                    f"the engine says writer {self._completed_by} completed the run, while "
+                    f"{COMPLETED_BY_ANOTHER.format(writer=self._completed_by)}, while "
                     f"{count} row(s) of this writer were never applied"
                 )
             else:

@@ -40,6 +40,7 @@ from walchannel.log_state import (
     FAILED_ENGINE_BEHIND,
     FAILED_FENCED,
     FAILED_INTERNAL,
+    completed_by_another,
     next_seq_after,
 )
 
@@ -375,6 +376,14 @@ def next_step(report: RunReport) -> str:
             return "raise this process's open-file limit (ulimit -n) and inspect again"
         return "inspect as the log's owner or root; do not move it (nothing says it is damaged)"
     if state == "failed":
+        completer = completed_by_another(reason)
+        if completer is not None:
+            # A takeover cannot reopen a completed run: only the rows remain to review.
+            return (
+                f"writer {completer} completed the run, so nothing can write it again: "
+                f"'walchannel export {log}' lists the {report.unacked_count} row(s) kept here, "
+                "to compare with the engine's record of the run; then the log can go"
+            )
         if reason.startswith(FAILED_FENCED):
             # Never advise a restart or flush: both are refused until the operator decides.
             return (

@@ -15,6 +15,7 @@ SQLite: the rules are tested exhaustively on plain values, and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -22,6 +23,7 @@ from typing import Final, NamedTuple
 from walchannel.errors import ChannelClosedError, RunCompletedError
 
 __all__ = [
+    "COMPLETED_BY_ANOTHER",
     "FAILED_CORRUPT",
     "FAILED_DONE_REFUSED",
     "FAILED_ENGINE_BEHIND",
@@ -34,6 +36,7 @@ __all__ = [
     "LogState",
     "impossible_answer",
     "Writer",
+    "completed_by_another",
     "fenced_reason",
     "refused_at_open",
     "next_seq_after",
@@ -91,6 +94,31 @@ FAILED_DONE_REFUSED: Final = (
 #: run (a lost or misplaced log, a second harness). The cause follows; every
 #: row is kept, and the log stays refused until ``walchannel takeover``.
 FAILED_FENCED: Final = "fenced: the run is another writer's"
+
+
+#: The cause of a fenced log that another writer completed the run beside
+#: (``WriterFencedError``): ``completed_by_another(failed_reason)`` reads the
+#: writer back. A takeover cannot reopen a completed run (SPEC "Operating tools").
+COMPLETED_BY_ANOTHER: Final = "the engine says writer {writer} completed the run"
+_COMPLETED_BY_ANOTHER: Final = re.compile(
+    re.escape(COMPLETED_BY_ANOTHER).replace(re.escape("{writer}"), r"(\S+)")
+)
+
+
+def completed_by_another(failed_reason: str | None) -> str | None:
+    """The writer another writer's completion names in a fenced ``failed_reason``, or None.
+
+    Args:
+        failed_reason: the log's stored ``failed_reason`` (None: not failed).
+
+    Returns:
+        The writer id the engine named as having completed the run, when the
+        log was fenced for that (:data:`COMPLETED_BY_ANOTHER`); else None.
+    """
+    if failed_reason is None or not failed_reason.startswith(FAILED_FENCED):
+        return None
+    found = _COMPLETED_BY_ANOTHER.search(failed_reason)
+    return found.group(1) if found is not None else None
 
 
 def fenced_reason(cause: str) -> str:
