@@ -23,6 +23,7 @@ from conftest import ROOT
 # Each module may import only modules earlier in this list (or the stdlib and
 # third-party packages). A package's modules come before the package itself.
 ORDER = [
+    "walchannel._version",
     "walchannel._proto",
     "walchannel._killpoints",
     "walchannel.formatting",

@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from walchannel import __version__, files
+from walchannel import files
+from walchannel._version import __version__
 from walchannel.cli_logs import (
     err,
     export_command,

@@ -38,7 +38,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from walchannel import __version__, files
+from walchannel import files
+from walchannel._version import __version__
 from walchannel.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
 from walchannel.formatting import get_logger
