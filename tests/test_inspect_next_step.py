@@ -89,6 +89,22 @@ EXPECTED = {
 }
 
 
+class TenMinutesAgo:
+    """A ``walchannel.clock.Clock`` ten minutes behind, on an unknown boot."""
+
+    def monotonic_ms(self) -> float:
+        return time.monotonic() * 1000
+
+    def wall_s(self) -> float:
+        return time.time() - 600
+
+    def boot_s(self) -> float:
+        return time.monotonic()
+
+    def boot_id(self) -> str | None:
+        return None
+
+
 def build_every_state(folder: Path, owned: ExitStack) -> dict[str, Path]:
     logs: dict[str, Path] = {}
     folder.mkdir()
@@ -113,10 +129,12 @@ def build_every_state(folder: Path, owned: ExitStack) -> dict[str, Path]:
     done.close()
     logs["completed"] = done.path
     # Owned by this process (a live owner): stuck, done-pending, active.
-    stuck = owned.enter_context(RunLog.open(folder, "run-stuck", correlation_id="c"))
+    # Its row appended ten minutes ago, by a boot it cannot tell (the wall clock decides).
+    stuck = owned.enter_context(
+        RunLog.open(folder, "run-stuck", correlation_id="c", clock=TenMinutesAgo())
+    )
     stuck.append("finding", FINDING)
     stuck.update_meta(last_error="10.0.0.1:50051: UNAVAILABLE", last_error_at=time.time() - 500)
-    stuck._conn.execute("UPDATE rows SET appended_at = appended_at - 600, appended_boot = NULL")
     logs["stuck"] = stuck.path
     pending = owned.enter_context(RunLog.open(folder, "run-pending", correlation_id="c"))
     pending.append("done", {"status": "completed", "findings": 0, "coverage": [], "summary": ""})
