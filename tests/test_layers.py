@@ -66,6 +66,8 @@ ORDER = [
     "walchannel.testing.proxy",
     "walchannel.testing.plugin",
     "walchannel.testing",
+    # The package face (its names, re-exported lazily): what a harness imports.
+    "walchannel",
     "walchannel.bandit_harness",
     "walchannel.demo",
     "walchannel.demo_hostloss",
@@ -110,7 +112,8 @@ NO_IO = {"walchannel.driver", "walchannel.log_state"}
 
 def rank(module: str) -> int:
     for i, prefix in enumerate(ORDER):
-        if module == prefix or module.startswith(prefix + "."):
+        # The package itself ranks alone: its modules are placed one by one.
+        if module == prefix or (prefix != "walchannel" and module.startswith(prefix + ".")):
             if prefix in _ABOVE_THEIR_PACKAGE.values() and module != prefix:
                 continue
             return i
@@ -122,7 +125,7 @@ def modules() -> dict[str, ast.Module]:
     for path in (ROOT / "walchannel").rglob("*.py"):
         rel = path.relative_to(ROOT).with_suffix("")
         name = ".".join(rel.parts).removesuffix(".__init__")
-        if name.startswith("walchannel._proto") or name == "walchannel":
+        if name.startswith("walchannel._proto"):
             continue
         found[name] = ast.parse(path.read_text(), str(path))
     return found
@@ -150,8 +153,18 @@ def imports(tree: ast.Module, module: str, *, typing: bool = True) -> list[str]:
             base = node.module or ""
             if node.level:
                 base = f"{package}.{base}".rstrip(".")
-            out += [base] + [f"{base}.{alias.name}" for alias in node.names]
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            # `from walchannel import files` loads a module, not the package's
+            # names: only a name defined in the package counts as importing it.
+            if not all(_is_module(n) for n in names):
+                out.append(base)
+            out += names
     return out
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 PACKAGES = {
@@ -167,9 +180,14 @@ def graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for name, tree in trees.items():
         edges[name] = set()
-        for target in imports(tree, name):
+        for imported in imports(tree, name):
+            target = imported
             while target and target not in trees and "." in target:
                 target = target.rsplit(".", 1)[0]  # an attribute: from walchannel.x import Name
+            # Only an import of the package's own names reaches the package (imports()
+            # lists it then); a module outside the graph (_proto) does not.
+            if target == "walchannel" and imported != "walchannel":
+                continue
             if target in trees and target != name:
                 edges[name].add(target)
     return edges
