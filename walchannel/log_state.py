@@ -7,7 +7,7 @@ transaction of :class:`walchannel.log.RunLog` asks it first; it returns the
 new state and, for an ack or a verification, an :class:`AckPlan` saying what
 to do to the rows ("shift seqs ``>= S`` by ``k``", "delete seqs ``<= X``",
 "set ``completed_at``"). ``RunLog`` only carries that out in SQL, and the
-channel's :class:`walchannel.protocol.Cursor` reads these facts from the
+channel's :class:`walchannel.driver.Driver` reads these facts from the
 log's state instead of tracking copies of them. No I/O, no clock, no
 SQLite: the rules are tested exhaustively on plain values, and
 ``tools/sim.py`` runs them inside the real ``RunLog``.
