@@ -33,7 +33,7 @@ def test_the_progress_line_and_the_resume_line_agree_on_the_harness_marker(
     tmp_path: Path,
 ) -> None:
     from walchannel import RunLog
-    from walchannel.demo import engine_progress, progress_line, read_marker, resume_line
+    from walchannel.demo.progress import engine_progress, progress_line, read_marker, resume_line
 
     total = 734
     # The killed harness committed file 371's rows with its marker; the engine

@@ -68,9 +68,15 @@ ORDER = [
     "walchannel.testing",
     # The package face (its names, re-exported lazily): what a harness imports.
     "walchannel",
-    "walchannel.bandit_harness",
+    # The demo and its harness: above the library, which never imports them.
+    "walchannel.demo.bandit_harness",
+    "walchannel.demo.processes",
+    "walchannel.demo.audit",
+    "walchannel.demo.progress",
+    "walchannel.demo.options",
+    "walchannel.demo.kills",
+    "walchannel.demo.hostloss",
     "walchannel.demo",
-    "walchannel.demo_hostloss",
     "walchannel.cli_logs",
     "walchannel.flush",
     "walchannel.cli",
@@ -200,6 +206,18 @@ def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
             assert rank(target) < own or target == _ABOVE_THEIR_PACKAGE.get(name), (
                 f"{name} imports {target}, a higher layer"
             )
+
+
+def test_the_library_never_imports_the_demo() -> None:
+    # The demo and its harness use the library; only the CLI runs them.
+    def in_demo(module: str) -> bool:
+        return module == "walchannel.demo" or module.startswith("walchannel.demo.")
+
+    for name, targets in graph().items():
+        if in_demo(name) or name.startswith("walchannel.cli"):
+            continue
+        demo = sorted(filter(in_demo, targets))
+        assert not demo, f"{name} imports {demo}: the library never imports the demo"
 
 
 def test_there_is_no_import_cycle_not_even_a_type_only_one() -> None:

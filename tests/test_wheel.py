@@ -55,7 +55,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("py.typed", "_proto/engine_channel.proto", "_proto/engine_channel_pb2.pyi"):
         assert f"walchannel/{name}" in names
-    assert "walchannel/bandit_harness.py" in names  # what `walchannel demo` runs
+    assert "walchannel/demo/bandit_harness.py" in names  # what `walchannel demo` runs
     assert not any("__pycache__" in n for n in names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Chaos loop for host loss: many lost machines at random times, each restored and resumed.
 
-Everything is real (``walchannel.demo_hostloss``): a LocalEngine process
-and a discovery process on one store, ``walchannel.bandit_harness`` as the
+Everything is real (``walchannel.demo.hostloss``): a LocalEngine process
+and a discovery process on one store, ``walchannel.demo.bandit_harness`` as the
 harness, a ``litestream replicate`` sidecar per "machine" (a folder) with a
 file replica. A loss SIGKILLs Litestream and the harness together and
 deletes the machine's folder; the log is restored from the replica into the
@@ -41,15 +41,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from walchannel import bandit_harness, demo, demo_hostloss  # noqa: E402
+from walchannel.demo import audit, bandit_harness, hostloss  # noqa: E402
 
 
 def _expected(files: list[Path], tree: Path, workdir: Path) -> Any:
     report = workdir / "independent-bandit.json"
     with (workdir / "bandit.log").open("w") as log:
-        proc = demo._audit_scan(files, report, log)
+        proc = audit.start_audit_scan(files, report, log)
         proc.wait()
-    return demo._expected(report, tree)
+    return audit.expected_findings(report, tree)
 
 
 def loop(
@@ -65,7 +65,7 @@ def loop(
     keep: bool,
     durability: str,
 ) -> dict[str, Any]:
-    done_losses: list[demo_hostloss.HostLoss] = []
+    done_losses: list[hostloss.HostLoss] = []
     runs: list[dict[str, Any]] = []
     failures = 0
     while len(done_losses) < losses:
@@ -73,7 +73,7 @@ def loop(
         points = sorted(round(rng.uniform(0.05, 0.9), 3) for _ in range(count))
         workdir = Path(tempfile.mkdtemp(prefix="hostloss-", dir=workroot))
         with (workdir / "processes.log").open("w") as plog:
-            outcome = demo_hostloss.stream_with_host_losses(
+            outcome = hostloss.stream_with_host_losses(
                 tree=tree,
                 files=files,
                 limit=None,
@@ -85,7 +85,7 @@ def loop(
                 plog=plog,
                 durability=durability,
             )
-        fig = demo_hostloss.figures(outcome, expected, files, tree)
+        fig = hostloss.figures(outcome, expected, files, tree)
         ok = fig.ok and len(outcome.losses) == count
         failures += not ok
         done_losses.extend(outcome.losses)

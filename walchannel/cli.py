@@ -24,9 +24,9 @@ standard input, never from an argument, and is never printed.
 This module is the argparse wiring (every subcommand's options, examples
 and exit codes) and ``main``. The commands' code lives beside it:
 :mod:`walchannel.cli_logs` (inspect, export, prune: no network),
-:mod:`walchannel.flush`, :mod:`walchannel.demo` and
-:mod:`walchannel.demo_hostloss`; ``replicate`` and ``restore`` are short
-and stay here, over :mod:`walchannel.replication`.
+:mod:`walchannel.flush` and the :mod:`walchannel.demo` package;
+``replicate`` and ``restore`` are short and stay here, over
+:mod:`walchannel.replication`.
 """
 
 from __future__ import annotations
@@ -446,7 +446,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo",
         help="stream a real bandit scan through engine and harness kills, then audit it",
         description=(
-            "Run walchannel.bandit_harness over a code tree against a local engine\n"
+            "Run walchannel.demo.bandit_harness over a code tree against a local engine\n"
             "process; part-way through, (a) SIGKILL the engine (a replacement takes over\n"
             "behind discovery) and (b) SIGKILL the harness (restarted on the same log,\n"
             "resuming from its progress marker); then audit the engine's findings\n"
@@ -455,20 +455,20 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=_DEMO_EXAMPLES,
         formatter_class=_RAW,
     )
-    from walchannel import demo
+    from walchannel.demo import options
 
-    demo.add_arguments(p)
+    options.add_arguments(p)
     p.set_defaults(handler=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     if args.host_loss:
-        from walchannel import demo_hostloss
+        from walchannel.demo import hostloss
 
-        return demo_hostloss.run(args)
-    from walchannel import demo
+        return hostloss.run(args)
+    from walchannel.demo import kills
 
-    return demo.run(args)
+    return kills.run(args)
 
 
 # -- replicate / restore (host loss) -----------------------------------------------

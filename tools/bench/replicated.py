@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel  # noqa: E402
-from walchannel.demo import _start as start_process  # noqa: E402
+from walchannel.demo.processes import start_process  # noqa: E402
 from walchannel.replication import SOCKET_ENV, Replicator  # noqa: E402
 
 

@@ -17,7 +17,7 @@ the backlog drain and exits 143, or 75 when rows are left in the log.
 
 Usage::
 
-    HARNESS_TOKEN=... python -m walchannel.bandit_harness --run-id RUN \\
+    HARNESS_TOKEN=... python -m walchannel.demo.bandit_harness --run-id RUN \\
         --grpc-addr 127.0.0.1:50051 [--http-addr http://127.0.0.1:8080] \\
         [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D] \\
         [--grace SECONDS]

@@ -1,7 +1,7 @@
 """``walchannel demo --host-loss``: a replicated bandit scan survives losing its machine.
 
 Like ``walchannel demo`` (a local engine process and a discovery process on
-one store, :mod:`walchannel.bandit_harness` as the harness), but each
+one store, :mod:`walchannel.demo.bandit_harness` as the harness), but each
 "machine" is a folder ``host-N/wal`` replicated by a ``litestream
 replicate`` sidecar to ``replica/host-N``. At each loss point the whole
 machine goes: Litestream and the harness are SIGKILLed together and the
@@ -21,7 +21,6 @@ machinery many times at random loss points.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import secrets
 import shutil
@@ -36,9 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from walchannel import bandit_harness
-from walchannel.demo import HARNESS, Key, _applied, _audit_scan, _expected, bandit_installed
-from walchannel.demo import _start as _start_process
+from walchannel.demo import bandit_harness
+from walchannel.demo.audit import (
+    Key,
+    applied_findings,
+    bandit_installed,
+    expected_findings,
+    start_audit_scan,
+)
+from walchannel.demo.processes import HARNESS, child_env, start_process
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
 
@@ -146,20 +151,16 @@ def stream_with_host_losses(
     store_path = workdir / "engine-store.sqlite3"
     run_id = f"hostloss-{secrets.token_hex(4)}"
     token = secrets.token_urlsafe(24)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p
-    )
-    env["DEMO_TOKEN"] = token
+    env = child_env(token)
     outcome = Outcome(run_id=run_id, code=None)
     procs: list[subprocess.Popen[Any]] = []
     replicator: Replicator | None = None
     try:
-        engine, info = _start_process(
+        engine, info = start_process(
             ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, plog
         )
         procs.append(engine)
-        discovery, dinfo = _start_process(
+        discovery, dinfo = start_process(
             ["-m", "walchannel.testing.discovery", "--store", str(store_path)], env, plog
         )
         procs.append(discovery)
@@ -303,7 +304,7 @@ class Figures:
 
 def figures(outcome: Outcome, expected: Counter[Key], files: list[Path], tree: Path) -> Figures:
     """Audit ``outcome`` against ``expected`` (by content: path, line, column, test id)."""
-    applied = _applied(outcome.bodies)
+    applied = applied_findings(outcome.bodies)
     index = {str(p.relative_to(tree)): i for i, p in enumerate(files)}
     exactly_once = sum(1 for key, want in expected.items() if applied.get(key, 0) == want)
     lost = sum(max(0, want - applied.get(key, 0)) for key, want in expected.items())
@@ -368,7 +369,15 @@ def audit(outcome: Outcome, expected: Counter[Key], files: list[Path], tree: Pat
 
 
 def run(args: argparse.Namespace) -> int:
-    """``walchannel demo --host-loss``: return 0 only when the audit holds."""
+    """``walchannel demo --host-loss``: return 0 only when the audit holds.
+
+    Args:
+        args: the parsed ``walchannel demo`` options (:mod:`walchannel.demo.options`).
+
+    Returns:
+        0 when the audit holds, 1 when it does not, 2 when bandit, Litestream
+        or the tree's files are missing.
+    """
     from walchannel.replication import ReplicationError, find_litestream
 
     if not bandit_installed():
@@ -395,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with (workdir / "processes.log").open("w") as plog:
         report = workdir / "independent-bandit.json"
-        audit_proc = _audit_scan(files, report, plog)
+        audit_proc = start_audit_scan(files, report, plog)
         try:
             outcome = stream_with_host_losses(
                 tree=tree,
@@ -412,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             audit_proc.wait()
         say(f"harness exited {outcome.code}")
-        ok = audit(outcome, _expected(report, tree), files, tree)
+        ok = audit(outcome, expected_findings(report, tree), files, tree)
         ok &= len(outcome.losses) == 1
     print("PASS" if ok else "FAIL", f"({time.monotonic() - started:.1f} s)")
     if ok and not args.workdir:
