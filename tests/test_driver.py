@@ -23,6 +23,7 @@ from walchannel.driver import (
     STABLE_STREAM_MS,
     AckKind,
     Answer,
+    AnswerPlan,
     Call,
     ChannelState,
     CheckpointPolicy,
@@ -34,6 +35,7 @@ from walchannel.driver import (
     StateError,
     Verdict,
     describe_end,
+    fenced_error,
     stall_bound_ms,
     stream_verdict,
     unproven_refusal,
@@ -46,11 +48,16 @@ from walchannel.errors import (
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
+    WriterFencedError,
 )
 from walchannel.log_state import (
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
+    FAILED_FENCED,
+    FAILED_UNDELIVERABLE,
     LogState,
+    Writer,
+    fenced_reason,
     next_seq_after,
     unverified_at_open,
     verification_shift,
@@ -818,3 +825,339 @@ def test_stop_fires_once_and_decisions_are_kept_by_request_id() -> None:
     d.on_decision("r1", True, "ok")
     d.on_decision("r1", False, "changed")  # the latest wins
     assert d.decision("r1") == (False, "changed")
+
+
+# -- what the driver says: exact texts, plans and first state (mutation survivors) --------
+
+_NEXT_STEPS = (
+    "and start again (what the other writer delivered then comes again, unless the "
+    "harness resumes from its own record)"
+)
+_DEADLINE = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def with_writer(
+    writer: Writer | None,
+    *,
+    high: int = 10,
+    stored: int = 0,
+    unverified: int | None = None,
+    failed_mark: bool = False,
+    failed_reason: str | None = None,
+    path: str | None = None,
+    **config: Any,
+) -> Driver:
+    """A driver as the channel builds it: with the log's writer, stored reason and path."""
+    log = SimpleNamespace(state=LogState("r", high + 1, stored, unverified, None, False))
+    base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
+    extra: dict[str, Any] = {} if path is None else {"path": path}
+    return Driver(
+        GrpcChannelConfig(**{**base, **config}),
+        log,
+        failed_mark=failed_mark,
+        now_ms=0.0,
+        writer=writer,
+        failed_reason=failed_reason,
+        **extra,
+    )
+
+
+def test_a_fresh_driver_starts_with_nothing_known_sent_or_failed() -> None:
+    d = driver(stored=3)
+    assert d.run_id == "r"
+    assert (d.state, d.closed, d.done_sent, d.failure) == (S.IDLE, False, False, None)
+    assert d.closed is False and d.done_sent is False and d.stopped is False
+    assert (d.acked, d.write_pos, d.provisional, d.hold_at, d.held) == (3, 0, None, None, None)
+    assert (d.attempt, d.sent, d.replayed, d.reconnects, d.protocol_errors) == (0, 0, 0, 0, 0)
+    assert (d.last_error, d.last_end_code, d.down_too_large, d.fenced_failure) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert d.first_said("")  # nothing was said yet, not even an empty text
+
+
+def test_the_first_unstored_ack_counts_one_toward_the_store_every_batch() -> None:
+    d = driver(high=10_000)
+    for seq in range(1, ACK_STORE_EVERY):
+        assert d.on_ack(seq, 0.0) is AckKind.ADVANCE
+    assert d.ack_to_store(0.0) is None  # one ack short of the batch
+    d.on_ack(ACK_STORE_EVERY, 0.0)
+    assert d.ack_to_store(0.0) == ACK_STORE_EVERY
+
+
+def test_an_answer_of_zero_bounds_acks_by_what_was_written_since_none_was() -> None:
+    d = driver()
+    assert d.on_answer(0) == AnswerPlan(Answer.RESUME, 1)
+    assert d.ack_bound == 0
+    assert d.on_ack(1, 0.0) is AckKind.NEVER_WRITTEN  # row 1 never went out on the stream
+    d.on_writing(1)
+    assert d.ack_bound == 1 and d.on_ack(1, 0.0) is AckKind.ADVANCE
+
+
+def test_the_deadline_is_counted_down_to_zero_and_refuses_at_the_second() -> None:
+    d = driver(hard_deadline=_DEADLINE)
+    at = _DEADLINE.timestamp()
+    assert driver().deadline_in_s(at) is None
+    assert d.deadline_in_s(at - 30.0) == 30.0
+    assert d.deadline_in_s(at - 0.25) == 0.25
+    assert d.deadline_in_s(at) == 0.0 and d.deadline_in_s(at + 5.0) == 0.0
+    assert d.admit(Call.SEND, at - 0.001) is None
+    for call in Call:
+        error = d.admit(call, at)  # the deadline second itself is past it
+        assert isinstance(error, RunExpiredError)
+        assert str(error) == "run r: past its hard_deadline"
+
+
+def test_only_send_done_of_a_completed_run_passes_a_deadline_or_a_failure() -> None:
+    d = driver(hard_deadline=_DEADLINE)
+    log_of(d).state = log_of(d).state._replace(completed=True)
+    after = _DEADLINE.timestamp() + 1.0
+    assert d.admit(Call.DONE, after) is None
+    assert isinstance(d.admit(Call.SEND, after), RunExpiredError)
+    assert isinstance(d.admit(Call.HANDSHAKE, after), RunExpiredError)
+    error = d.completed_by_engine()
+    assert d.admit(Call.DONE, 0.0) is None
+    assert d.admit(Call.SEND, 0.0) is error
+
+
+def test_close_done_and_errors_are_recorded_as_said() -> None:
+    d = driver()
+    d.on_close()
+    assert d.closed is True
+    d.on_done_sent()
+    assert d.done_sent is True
+    d.note_error("UNAVAILABLE: connection refused")
+    assert d.last_error == "UNAVAILABLE: connection refused"
+    assert d.protocol_error("ack 99 above the high-water 10") == (
+        "protocol error: ack 99 above the high-water 10"
+    )
+    assert d.last_error == "protocol error: ack 99 above the high-water 10"
+    assert d.protocol_errors == 1
+    d.protocol_error("again")
+    d.protocol_error("and again")
+    assert d.protocol_errors == 3 and d.last_error == "protocol error: and again"
+
+
+def test_an_engine_behind_the_cursor_is_named_with_both_seqs() -> None:
+    d = driver(acked=5, stored=3)
+    plan = d.on_answer(2)
+    assert (plan.answer, plan.replay_from, plan.clear_failed_mark, plan.reason) == (
+        Answer.BEHIND,
+        None,
+        False,
+        None,
+    )
+    assert isinstance(plan.error, EngineBehindError)
+    assert str(plan.error) == (
+        "run r: engine behind: its high-water 2 is below the stored cursor 3; it lost "
+        "rows this log already deleted, which cannot be re-sent"
+    )
+
+
+def test_a_verifying_answer_clears_the_old_failed_mark_in_its_plan() -> None:
+    d = driver(unverified=4, failed_mark=True)
+    assert d.on_answer(5) == AnswerPlan(Answer.VERIFY, 6, True)
+    assert d.failed_mark is False
+    assert d.on_answer(5) == AnswerPlan(Answer.VERIFY, 6, False)  # cleared once
+
+
+def test_a_verification_is_followed_once_and_an_equal_answer_keeps_the_ack() -> None:
+    d = driver(acked=5, stored=5, unverified=4)
+    assert d.on_answer(7).answer is Answer.VERIFY
+    d.on_verified(7, 4)
+    assert d.provisional == (4, 11, 4) and d.acked == 7
+    d.on_verified(9, 2)  # no VERIFY plan before it: no range handed out to move
+    assert d.provisional == (4, 11, 4) and d.acked == 9
+    fresh = driver(acked=5, stored=5)
+    fresh.on_verified(5, 3)
+    assert fresh.provisional is None and fresh.acked == 5
+
+
+_FOREIGN_WHY = (
+    "this log never had an answered handshake, and the engine already holds seqs up to 1 "
+    "of the run: they are another writer's (a lost or misplaced log: a WALCHANNEL_DIR "
+    "typo, a relative wal_dir, a volume gone; or a second harness); joining them would "
+    "apply findings twice"
+)
+
+
+def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None:
+    me = Writer("w-me", 0, False, False)
+    d = with_writer(me, unverified=1, path="/wal/r.wal")
+    plan = d.on_answer(1)  # the engine holds seq 1 already: not this log's
+    assert plan == AnswerPlan(
+        Answer.FOREIGN, None, error=plan.error, reason=fenced_reason(_FOREIGN_WHY)
+    )
+    error = plan.error
+    assert isinstance(error, WriterFencedError)
+    assert str(error) == (
+        f"run r: not this log's to write (writer w-me (epoch 0)): {_FOREIGN_WHY}. Every row "
+        "stays in /wal/r.wal; review them with 'walchannel export /wal/r.wal', or take the "
+        f"run over with 'walchannel takeover /wal/r.wal' {_NEXT_STEPS}"
+    )
+    assert (error.run_id, error.path, error.writer_id, error.engine_high) == (
+        "r",
+        "/wal/r.wal",
+        "w-me",
+        1,
+    )
+    assert d.fenced_failure == fenced_reason(_FOREIGN_WHY)
+    # An engine holding nothing, or a log that may meet rows, verifies.
+    assert with_writer(me, unverified=1).on_answer(0).answer is Answer.VERIFY
+    answered = me._replace(answered=True)
+    assert with_writer(answered, unverified=1).on_answer(1).answer is Answer.VERIFY
+
+
+def test_fenced_keeps_its_reason_and_names_the_run_the_log_and_the_writer() -> None:
+    d = with_writer(Writer("w-me", 2, False, True), path="/wal/my run.wal")
+    error = d.fenced("because", engine_high=7)
+    assert d.fenced_failure == fenced_reason("because")
+    assert d.fenced_failure == f"{FAILED_FENCED} (because); every row is kept"
+    assert str(error) == (
+        "run r: not this log's to write (writer w-me (epoch 2)): because. Every row stays in "
+        "/wal/my run.wal; review them with 'walchannel export '/wal/my run.wal'', "
+        "or take the run over with 'walchannel takeover '/wal/my run.wal'' "
+        f"{_NEXT_STEPS}"
+    )
+    assert (error.run_id, error.path, error.writer_id, error.engine_high) == (
+        "r",
+        "/wal/my run.wal",
+        "w-me",
+        7,
+    )
+    assert d.fenced("again").engine_high is None
+
+
+def test_fenced_error_without_a_writer_or_a_path_says_this_writer_and_log() -> None:
+    error = fenced_error("r", "", None, "because")
+    assert str(error) == (
+        "run r: not this log's to write (this writer): because. Every row stays in the log; "
+        "review them with 'walchannel export LOG', or take the run over with "
+        f"'walchannel takeover LOG' {_NEXT_STEPS}"
+    )
+    assert (error.run_id, error.path, error.writer_id, error.engine_high) == ("r", "", None, None)
+    d = driver()  # no path given: the log is not named
+    made = d.fenced("because", engine_high=3)
+    assert made.path == "" and str(made) == str(error)
+    assert (made.writer_id, made.engine_high) == (None, 3)
+    named = fenced_error("r", "/wal/r.wal", Writer("w-1", 0, False, False), "x", engine_high=4)
+    assert (named.path, named.writer_id, named.engine_high) == ("/wal/r.wal", "w-1", 4)
+    assert "(writer w-1 (epoch 0))" in str(named) and "export /wal/r.wal'" in str(named)
+
+
+def test_a_log_refused_before_starts_failed_unless_marked_to_take_over() -> None:
+    why = "the engine refused it: writer fenced: superseded"
+    reason = fenced_reason(why)
+    me = Writer("w-me", 1, False, True)
+    d = with_writer(me, failed_reason=reason, path="/wal/r.wal")
+    assert d.state is S.FAILED
+    assert isinstance(d.failure, WriterFencedError)
+    before = f"it was refused before: {reason}"
+    assert str(d.failure) == (
+        f"run r: not this log's to write (writer w-me (epoch 1)): {before}. Every row stays "
+        "in /wal/r.wal; review them with 'walchannel export /wal/r.wal', or take the run "
+        f"over with 'walchannel takeover /wal/r.wal' {_NEXT_STEPS}"
+    )
+    assert d.fenced_failure == fenced_reason(before)
+    assert d.admit(Call.HANDSHAKE, 0.0) is d.failure
+    taking = with_writer(me._replace(take_over=True), failed_reason=reason)
+    assert (taking.state, taking.failure) == (S.IDLE, None)
+    other = with_writer(me, failed_reason=FAILED_UNDELIVERABLE)  # not a refusal
+    assert (other.state, other.failure) == (S.IDLE, None)
+
+
+@pytest.mark.parametrize(("path", "named"), [("/wal/r.wal", "/wal/r.wal"), (None, "the log")])
+def test_a_takeover_without_handshake_answers_starts_failed_naming_the_log(
+    path: str | None, named: str
+) -> None:
+    taking = Writer("w-new", 0, True, False)
+    d = with_writer(taking, path=path, engine_acks_handshake=False)
+    assert d.state is S.FAILED
+    error = d.failure
+    assert isinstance(error, WriterFencedError)
+    assert str(error) == (
+        f"run r: {named} is marked to take the run over (walchannel takeover), which needs "
+        "the engine's handshake answer to number its rows after the engine's: set "
+        "engine_acks_handshake=True (an engine that answers handshakes); without it the "
+        "engine would drop them as duplicates of the old writer's rows. Every row stays "
+        f"in {named}"
+    )
+    assert (error.run_id, error.path, error.writer_id, error.engine_high) == (
+        "r",
+        path or "",
+        "w-new",
+        None,
+    )
+    answering = with_writer(taking, path=path, engine_acks_handshake=True)
+    assert (answering.state, answering.failure) == (S.IDLE, None)
+
+
+def test_run_completed_by_another_fences_only_a_log_with_rows_left() -> None:
+    me = Writer("w-me", 0, False, True)
+    # No writer named (none said yet): this writer's rows left are undeliverable, not fenced.
+    assert with_writer(me, high=10, stored=7).on_run_completed() is Completion.UNDELIVERABLE
+    said = "run completed by writer w-other"
+    empty = with_writer(me, high=10, stored=10)
+    assert empty.on_end("FAILED_PRECONDITION", said).end is End.RUN_COMPLETED
+    assert empty.on_run_completed() is Completion.NOTHING
+    d = with_writer(me, high=10, stored=7, path="/wal/r.wal")
+    d.on_end("FAILED_PRECONDITION", said)
+    assert d.on_run_completed() is Completion.FENCED
+    error, reason = d.refused(Completion.FENCED)
+    why = (
+        "the engine says writer w-other completed the run, while 3 row(s) of this writer "
+        "were never applied"
+    )
+    assert reason == fenced_reason(why) == d.fenced_failure
+    assert isinstance(error, WriterFencedError)
+    assert str(error) == str(fenced_error("r", "/wal/r.wal", me, why))
+    assert (error.path, error.writer_id) == ("/wal/r.wal", "w-me")
+
+
+def test_a_refusal_of_this_writer_is_fenced_with_the_engines_words() -> None:
+    me = Writer("w-me", 0, False, True)
+    d = with_writer(me, path="/wal/r.wal")
+    details = "writer fenced: a newer copy of this log (epoch 1) writes the run"
+    assert d.on_end("FAILED_PRECONDITION", details).end is End.FENCED
+    assert d.on_run_completed() is Completion.FENCED
+    error, reason = d.refused(Completion.FENCED)
+    why = f"the engine refused it: {details}"
+    assert reason == fenced_reason(why) == d.fenced_failure
+    assert str(error) == str(fenced_error("r", "/wal/r.wal", me, why))
+
+
+@pytest.mark.parametrize(
+    ("stored", "completion", "reason"),
+    [(9, Completion.UNDELIVERABLE, FAILED_UNDELIVERABLE), (10, Completion.NOTHING, None)],
+)
+def test_run_completed_with_one_row_left_marks_it_undeliverable(
+    stored: int, completion: Completion, reason: str | None
+) -> None:
+    d = driver(high=10, stored=stored)
+    assert d.on_run_completed() is completion
+    error, said = d.refused(completion)
+    assert isinstance(error, RunCompletedError) and said == reason
+    assert str(error) == "run r: the engine says the run is completed"
+    assert d.fenced_failure is None
+
+
+def test_the_engines_completion_fails_the_run_with_its_own_words() -> None:
+    d = driver()
+    error = d.completed_by_engine()
+    assert isinstance(error, RunCompletedError)
+    assert str(error) == "run r: the engine says the run is completed"
+    assert d.failure is error and d.state is S.FAILED
+
+
+def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
+    d = driver(high=10, acked=3, stored=3)
+    error = PayloadError("done", "too big")
+    d.held = error  # no seq held back: nothing is due
+    assert d.held_due() is None and d.held is error
+    d.hold(5, error)
+    assert d.held_due() is None  # row 4 is not acked
+    d.on_ack(4, 0.0)
+    assert d.held_due() is error
+    assert d.held is None and d.held_due() is None
