@@ -12,10 +12,14 @@ import pytest
 from walchannel.errors import ChannelClosedError, RunCompletedError
 from walchannel.log_state import (
     COMPLETED_BY_ANOTHER,
+    FAILED_UNDELIVERABLE,
+    MAX_SEQ,
     AckPlan,
     LogState,
     completed_by_another,
     fenced_reason,
+    impossible_answer,
+    refused_at_open,
 )
 
 RUN = "run-7"
@@ -233,3 +237,30 @@ def test_the_writer_that_completed_the_run_is_read_back_from_the_fenced_reason(
 )
 def test_other_reasons_name_no_completing_writer(reason: str | None) -> None:
     assert completed_by_another(reason) is None
+
+
+# -- what the log says: refusals at open and impossible answers (mutation survivors) ----------
+
+
+def test_a_fenced_log_is_refused_at_open_until_it_is_marked_to_take_over() -> None:
+    fenced = fenced_reason("the engine refused it: writer fenced")
+    assert refused_at_open(fenced, False) is True
+    assert refused_at_open(fenced, True) is False
+    assert refused_at_open(None, False) is False
+    assert refused_at_open(FAILED_UNDELIVERABLE, False) is False
+
+
+def test_an_answer_past_sqlites_range_says_so_in_full_and_the_largest_seq_is_not() -> None:
+    too_big = MAX_SEQ + 1
+    assert impossible_answer(too_big, unverified_from=None, high_water=10) == (
+        "handshake answer Ack(9223372036854775808) is past 2**63 - 1, the largest seq "
+        "SQLite holds"
+    )
+    # MAX_SEQ itself is a seq SQLite holds: a verified log's answer of it is possible.
+    assert impossible_answer(MAX_SEQ, unverified_from=None, high_water=10) is None
+    # Rows 10 on moved up to MAX_SEQ itself leave no seq for the next row.
+    assert impossible_answer(MAX_SEQ - 1, unverified_from=10, high_water=10) == (
+        "handshake answer Ack(9223372036854775806) would move the unverified rows (seq 10 on) "
+        "by 9223372036854775797, up to seq 9223372036854775807: no seq would be left below "
+        "2**63 - 1, the largest seq SQLite holds"
+    )
