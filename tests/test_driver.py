@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import walchannel.driver as wd
 from walchannel.config import Backoff, GrpcChannelConfig
 from walchannel.driver import (
     ACK_STORE_AFTER_MS,
@@ -1161,3 +1162,270 @@ def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
     d.on_ack(4, 0.0)
     assert d.held_due() is error
     assert d.held is None and d.held_due() is None
+# -- what the driver says: exact texts, plans and boundaries (mutation survivors) -------------
+
+GRPC_SAYS_DOWN_TOO_LARGE = "CLIENT: Received message larger than max (900 vs. 500)"
+LOST = wd.LOST_STATUS_DETAILS
+TAIL = "raise it in the config; the rows wait in the log and the channel keeps retrying"
+
+
+def test_every_end_plan_carries_the_doubled_keepalive_whatever_the_end() -> None:
+    pings = 'GOAWAY "too_many_pings"'
+    d = driver(keepalive_ms=25_000)
+    assert d.on_end("FAILED_PRECONDITION", "owned by another writer w2", pings) == wd.EndPlan(
+        End.FENCED, True, None
+    )
+    assert d.on_end("FAILED_PRECONDITION", "writer fenced") == wd.EndPlan(End.FENCED, False, None)
+    assert d.on_end("FAILED_PRECONDITION", "run completed", pings) == wd.EndPlan(
+        End.RUN_COMPLETED, True, None
+    )
+    assert d.on_end("FAILED_PRECONDITION", "run completed") == wd.EndPlan(
+        End.RUN_COMPLETED, False, None
+    )
+    big = wd.DownTooLarge(900, 500)
+    assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(
+        End.DOWN_TOO_LARGE, True, None, big
+    )
+    assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE) == wd.EndPlan(
+        End.DOWN_TOO_LARGE, False, None, big
+    )
+    refused = "SERVER: Received message larger than max (900 vs. 500)"
+    assert d.on_end("RESOURCE_EXHAUSTED", refused, pings) == wd.EndPlan(
+        End.SIZE_REFUSAL, True, SizeRefusal(900, 500)
+    )
+    assert d.on_end("RESOURCE_EXHAUSTED", refused) == wd.EndPlan(
+        End.SIZE_REFUSAL, False, SizeRefusal(900, 500)
+    )
+    assert d.on_end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.RECONNECT, True, None)
+    d.fail(EngineBehindError("x"))
+    assert d.on_end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.ALREADY_OVER, True, None)
+    assert d.on_end("UNAVAILABLE", "x") == wd.EndPlan(End.ALREADY_OVER, False, None)
+
+
+def test_a_down_message_too_large_stays_the_cause_of_ends_grpc_lost_to_a_write() -> None:
+    d = driver()
+    assert d.down_too_large is None
+    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    assert d.down_too_large == wd.DownTooLarge(900, 500)
+    # The next stream's end lost its status to a write (grpc/grpc#36066): still too large.
+    plan = d.on_end("INTERNAL", LOST)
+    assert plan == wd.EndPlan(End.DOWN_TOO_LARGE, False, None, wd.DownTooLarge(900, 500))
+    assert d.down_too_large == wd.DownTooLarge(900, 500)
+    # A real status that says something else replaces it.
+    assert d.on_end("UNAVAILABLE", "Socket closed") == wd.EndPlan(End.RECONNECT, False, None)
+    assert d.down_too_large is None
+    # With nothing known before, a lost status is an ordinary reconnect.
+    assert d.on_end("INTERNAL", LOST) == wd.EndPlan(End.RECONNECT, False, None)
+    assert d.down_too_large is None
+
+
+def test_an_ack_of_a_written_row_or_a_stable_stream_forgets_the_down_message_too_large() -> None:
+    d = driver(high=10)
+    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    up(d, 1)
+    d.on_written(1)
+    d.on_ack(1, 0.0)
+    assert d.down_too_large is None
+    d.move(S.BACKOFF)
+    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    up(d, 2, 0.0)
+    d.next_delay_ms(STABLE_STREAM_MS, random.Random(0))
+    assert d.down_too_large is None
+
+
+def test_an_ack_moves_a_writer_standing_exactly_at_its_seq_and_no_writer_without_a_stream() -> None:
+    d = driver(high=10)
+    assert d.on_ack(4, 0.0) is AckKind.ADVANCE
+    assert d.write_pos == 0  # no stream: nothing to move
+    up(d, 5)
+    assert d.write_pos == 5
+    d.on_ack(5, 0.0)  # the row the writer stands at
+    assert d.write_pos == 6
+
+
+def test_acks_are_stored_at_the_256th_and_coalescing_restarts_after_a_store() -> None:
+    d = driver(high=10_000)
+    for seq in range(1, ACK_STORE_EVERY):
+        d.on_ack(seq, 0.0)
+    assert d.ack_to_store(0.0) is None  # 255: not yet
+    d.on_ack(ACK_STORE_EVERY, 0.0)
+    assert d.ack_to_store(0.0) == ACK_STORE_EVERY
+    log = log_of(d)
+    plan = log.state.ack(ACK_STORE_EVERY)
+    log.state = plan.state
+    d.on_stored(ACK_STORE_EVERY)  # exactly the received ack: nothing left to coalesce
+    assert d.ack_timer_ms(timer_armed=False) is None
+    start = ACK_STORE_EVERY + 1
+    for seq in range(start, start + ACK_STORE_EVERY - 1):
+        d.on_ack(seq, 0.0)
+    assert d.ack_to_store(0.0) is None  # counting from 0 again
+    d.on_ack(start + ACK_STORE_EVERY - 1, 0.0)
+    assert d.ack_to_store(0.0) == 2 * ACK_STORE_EVERY
+
+
+def test_an_ack_already_stored_is_not_stored_again_even_when_forced() -> None:
+    d = driver(acked=3, stored=3)
+    assert d.ack_to_store(0.0, force=True) is None
+
+
+def test_a_stream_up_forgets_the_last_end_said_whatever_it_was() -> None:
+    d = driver()
+    assert d.first_said("")
+    assert not d.first_said("")
+    up(d, 1)
+    assert d.first_said("")
+
+
+def test_a_gone_stream_leaves_the_writer_at_zero() -> None:
+    d = driver()
+    up(d, 1)
+    d.on_stream_gone()
+    assert d.write_pos == 0
+
+
+def test_the_driver_watchdog_uses_its_dead_stream_bound_and_the_heartbeats_given() -> None:
+    d = driver(dead_stream_ms=3_000, keepalive_ms=60_000)
+    look: dict[str, Any] = {
+        "last_down_ms": 0.0,
+        "write_since_ms": None,
+        "next_beat_ms": 1e18,
+        "pending_bytes": 0,
+    }
+    assert d.stream_verdict(3_000.0, heartbeats_since_down=0, **look) is None
+    found = d.stream_verdict(3_000.0, heartbeats_since_down=1, **look)
+    assert found == (Verdict.DEAD, 3_000.0, 0.0, False, 3_000.0)
+
+
+def test_stream_verdicts_give_every_field_exactly_at_their_bounds() -> None:
+    # One heartbeat since the last down message is enough.
+    assert verdict(3_000.0, heartbeats_since_down=1) == (Verdict.DEAD, 3_000.0, 0.0, False, 3_000.0)
+    # A heartbeat due exactly now, behind a write blocked since 500 ms, counts as sent.
+    found = verdict(3_000.0, write_since_ms=500.0, next_beat_ms=3_000.0)
+    assert found == (Verdict.DEAD, 3_000.0, 2_500.0, True, 3_000.0)
+    stall = 1_000.0 + KEEPALIVE_TIMEOUT_MS
+    found = verdict(stall + 200.0, write_since_ms=200.0, dead_stream_ms=None)
+    assert found == (Verdict.STALLED, stall + 200.0, stall, False, stall)
+
+
+def test_a_fresh_checkpoint_policy_has_nothing_due() -> None:
+    policy = CheckpointPolicy(now_ms=5.0)
+    assert policy.last_stored_ms == 0.0
+    assert policy.last_checkpoint_ms == 5.0
+    assert policy.due is False
+    assert policy.retry_ms == CHECKPOINT_IDLE_MS
+    # A first step held off by a reader retries after the idle wait.
+    assert policy.on_result(complete=False, shrank=False) == CHECKPOINT_IDLE_MS
+
+
+def test_a_checkpoint_done_resets_the_retry_and_the_due_flag() -> None:
+    policy = CheckpointPolicy(now_ms=0.0)
+    policy.on_rows_deleted(0.0, unacked=1)
+    policy.on_result(complete=False, shrank=False)
+    policy.on_result(complete=False, shrank=False)
+    assert policy.on_result(complete=True, shrank=False) is None
+    assert policy.due is False
+    assert policy.retry_ms == CHECKPOINT_IDLE_MS
+    assert policy.on_result(complete=False, shrank=False) == CHECKPOINT_IDLE_MS
+
+
+def test_an_empty_backlog_checkpoints_every_ten_seconds_since_the_last_checkpoint() -> None:
+    policy = CheckpointPolicy(now_ms=5_000.0)
+    assert not policy.on_rows_deleted(9_000.0, unacked=0)
+    assert not policy.on_rows_deleted(5_000.0 + CHECKPOINT_EVERY_MS - 1, unacked=0)
+    assert policy.on_rows_deleted(5_000.0 + CHECKPOINT_EVERY_MS, unacked=0)
+
+
+def test_exactly_one_millisecond_left_of_the_idle_wait_still_waits() -> None:
+    policy = CheckpointPolicy(now_ms=0.0)
+    policy.on_rows_deleted(1_000.0, unacked=3)
+    assert policy.on_timer(1_999.0) == 1.0
+
+
+def test_only_failed_precondition_with_details_is_an_engine_refusal() -> None:
+    assert wd.engine_refusal("FAILED_PRECONDITION", " Owned By Another Writer w2") == (
+        "owned by another writer"
+    )
+    assert wd.engine_refusal("FAILED_PRECONDITION", "writer fenced: epoch 3") == "writer fenced"
+    assert wd.engine_refusal("UNAVAILABLE", "owned by another writer") is None
+    assert wd.engine_refusal("FAILED_PRECONDITION", None) is None
+    assert wd.engine_refusal("FAILED_PRECONDITION", "") is None
+
+
+def test_describe_end_says_the_whole_text() -> None:
+    assert describe_end("UNAVAILABLE", "") == "UNAVAILABLE: "
+    assert describe_end("UNAVAILABLE", None) == "UNAVAILABLE: "
+    assert describe_end(None, None) == "None: "
+    assert describe_end("INTERNAL", LOST) == (
+        "INTERNAL: Internal error from Core (the stream ended during a write, and gRPC "
+        "reported this in place of the engine's status: grpc/grpc#36066; the next dial "
+        "learns it)"
+    )
+
+
+def test_only_grpc_aios_own_internal_text_is_a_lost_status() -> None:
+    assert wd.status_lost("INTERNAL", "Internal error from Core")
+    assert not wd.status_lost("INTERNAL", "internal error from core")
+    assert not wd.status_lost("INTERNAL", None)
+    assert not wd.status_lost("UNKNOWN", "Internal error from Core")
+
+
+def test_a_size_refusal_is_read_in_each_grpc_wording_and_only_over_the_limit() -> None:
+    exhausted = "RESOURCE_EXHAUSTED"
+    said = "SERVER: Received message larger than max (900 vs. 500)"
+    assert wd.parse_size_refusal(exhausted, said) == SizeRefusal(received=900, limit=500)
+    assert wd.parse_size_refusal(exhausted, "grpc: received message larger than max (9 vs 5)") == (
+        SizeRefusal(received=9, limit=5)
+    )
+    # grpc-java names the limit first.
+    java = "gRPC message exceeds maximum size 500: 900"
+    assert wd.parse_size_refusal(exhausted, java) == SizeRefusal(received=900, limit=500)
+    # Not over the limit, another code, no details, or the client's own limit: no refusal.
+    assert wd.parse_size_refusal(exhausted, "larger than max (500 vs. 500)") is None
+    assert wd.parse_size_refusal(exhausted, "received message larger than max (5 vs. 5)") is None
+    assert wd.parse_size_refusal(exhausted, "gRPC message exceeds maximum size 500: 500") is None
+    assert wd.parse_size_refusal("UNAVAILABLE", said) is None
+    assert wd.parse_size_refusal(exhausted, None) is None
+    assert wd.parse_size_refusal(exhausted, "") is None
+    assert wd.parse_size_refusal(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) is None
+
+
+def test_the_refused_row_is_the_first_strictly_over_the_limit() -> None:
+    refusal = SizeRefusal(received=900, limit=500)
+    # A row exactly at the limit was accepted: the one after it is proven.
+    assert wd.pick_refused_row([(3, 500), (4, 900)], refusal) == RefusalVerdict(4, 4, 900)
+    assert wd.pick_refused_row([(3, 100), (4, 800), (5, 900)], refusal) == RefusalVerdict(
+        None, 4, 800
+    )
+    assert wd.pick_refused_row([(3, 500)], refusal) == RefusalVerdict(None, None, None)
+
+
+def test_a_down_message_too_large_is_read_from_grpcs_client_side_text_only() -> None:
+    exhausted = "RESOURCE_EXHAUSTED"
+    assert wd.parse_receive_limit(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) == wd.DownTooLarge(
+        received=900, limit=500
+    )
+    assert wd.parse_receive_limit(exhausted, "CLIENT: Received message larger than max") == (
+        wd.DownTooLarge(received=None, limit=None)
+    )
+    assert wd.parse_receive_limit("UNAVAILABLE", GRPC_SAYS_DOWN_TOO_LARGE) is None
+    assert wd.parse_receive_limit(exhausted, None) is None
+    assert wd.parse_receive_limit(exhausted, "SERVER: received message larger than max") is None
+
+
+def test_the_down_message_too_large_text_names_the_size_the_limit_and_the_field() -> None:
+    assert wd.down_too_large_text(wd.DownTooLarge(900, 500), 4_194_304) == (
+        f"a 900-byte down message exceeded max_receive_message_bytes (500): {TAIL}"
+    )
+    assert wd.down_too_large_text(wd.DownTooLarge(None, None), 4_194_304) == (
+        f"a down message exceeded max_receive_message_bytes (4194304): {TAIL}"
+    )
+
+
+def test_the_down_message_too_large_text_is_read_back_from_a_last_error() -> None:
+    sized = wd.down_too_large_text(wd.DownTooLarge(900, 500), 4_194_304)
+    assert wd.receive_limit_in(f"RESOURCE_EXHAUSTED: {sized}") == wd.DownTooLarge(900, 500)
+    unsized = wd.down_too_large_text(wd.DownTooLarge(None, None), 4_194_304)
+    assert wd.receive_limit_in(unsized) == wd.DownTooLarge(None, 4_194_304)
+    assert wd.receive_limit_in("UNAVAILABLE: Socket closed") is None
+    assert wd.receive_limit_in("") is None
+    assert wd.receive_limit_in(None) is None
