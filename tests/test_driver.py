@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import random
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,6 +59,7 @@ from walchannel.log_state import (
 )
 
 S = ChannelState
+_FINALS = (ChannelState.FAILED, ChannelState.EXPIRED, ChannelState.CLOSED)
 
 
 def driver(
@@ -73,8 +76,15 @@ def driver(
     log = SimpleNamespace(state=LogState("r", high + 1, stored, unverified, done_seq, False))
     base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
     d = Driver(GrpcChannelConfig(**{**base, **config}), log, failed_mark=failed_mark, now_ms=0.0)
-    d.acked = max(acked, stored)
+    if acked > stored:  # an ack received, not stored yet
+        assert d.on_ack(acked, 0.0) is AckKind.ADVANCE
     return d
+
+
+def dials_failed(d: Driver, n: int) -> None:
+    """``n`` dials failed in a row: the backoff attempt is ``n`` higher."""
+    for _ in range(n):
+        d.next_delay_ms(0.0, random.Random(0))
 
 
 def log_of(d: Driver) -> SimpleNamespace:
@@ -131,6 +141,64 @@ def test_legal_transitions_and_final_states() -> None:
                 d.move(state)
 
 
+#: The arrows of SPEC's state diagram ("The channel", **States**).
+SPEC_ARROWS = {
+    (S.IDLE, S.CONNECTING),
+    (S.CONNECTING, S.STREAMING),
+    (S.CONNECTING, S.BACKOFF),
+    (S.STREAMING, S.BACKOFF),
+    (S.BACKOFF, S.CONNECTING),
+    *{(a, b) for a in (S.IDLE, S.CONNECTING, S.STREAMING, S.BACKOFF) for b in _FINALS},
+    (S.FAILED, S.CLOSED),
+    (S.EXPIRED, S.CLOSED),
+}
+
+
+def _path_to(state: ChannelState) -> list[ChannelState]:
+    """The moves from IDLE to ``state`` along SPEC's arrows (breadth first)."""
+    paths: dict[ChannelState, list[ChannelState]] = {S.IDLE: []}
+    frontier = [S.IDLE]
+    while frontier:
+        here = frontier.pop(0)
+        for a, b in sorted(SPEC_ARROWS, key=lambda e: (e[0].value, e[1].value)):
+            if a is here and b not in paths:
+                paths[b] = [*paths[here], b]
+                frontier.append(b)
+    return paths[state]
+
+
+@pytest.mark.parametrize("old", list(S), ids=lambda s: s.name)
+def test_the_transition_table_allows_exactly_specs_arrows(old: ChannelState) -> None:
+    for new in S:
+        d = driver()
+        for step in _path_to(old):
+            d.move(step)
+        assert d.state is old
+        if new is old:
+            assert not d.move(new)
+        elif (old, new) in SPEC_ARROWS:
+            assert d.move(new) and d.state is new
+        else:
+            with pytest.raises(StateError, match=f"{old.name} -> {new.name}"):
+                d.move(new)
+
+
+def test_a_failure_moves_through_the_table_and_a_final_state_stays() -> None:
+    d = driver()
+    behind = EngineBehindError("behind")
+    assert d.fail(behind) == FAILED_ENGINE_BEHIND
+    assert d.state is S.FAILED and d.failure is behind  # IDLE -> FAILED: a drawn arrow
+    e = driver()
+    assert e.expire() and e.state is S.EXPIRED
+    assert not e.expire()
+    e.fail(behind)
+    assert e.state is S.EXPIRED and e.failure is behind  # kept as the error to raise
+    c = driver()
+    up(c, 1)
+    error = c.completed_by_engine()
+    assert c.state is S.FAILED and c.failure is error
+
+
 def test_idle_cannot_stream_without_connecting() -> None:
     with pytest.raises(StateError):
         driver().move(S.STREAMING)
@@ -151,11 +219,11 @@ def test_admission_says_closed_then_done_then_expired_then_failed() -> None:
     assert d.fail(behind) == FAILED_ENGINE_BEHIND and d.state is S.FAILED
     for call in Call:
         assert d.admit(call, before) is behind
-    d.done_sent = True
+    d.on_done_sent()
     assert "already called" in str(d.admit(Call.DONE, before))
     assert "no new rows" in str(d.admit(Call.SEND, before))
     assert d.admit(Call.HANDSHAKE, before) is behind  # a handshake sends no row
-    d.closed = True
+    d.on_close()
     for call in Call:
         error = d.admit(call, after)
         assert isinstance(error, ChannelClosedError) and "closed" in str(error)
@@ -543,7 +611,7 @@ def test_the_attempt_resets_only_on_an_ack_of_a_row_written_on_the_stream() -> N
 def test_the_attempt_resets_after_a_stable_stream() -> None:
     backoff = Backoff(initial_ms=100, multiplier=2, max_ms=100_000, jitter_ms=0)
     d = driver(backoff=backoff)
-    d.attempt = 5
+    dials_failed(d, 5)
     up(d, 1, 0)
     assert d.next_delay_ms(STABLE_STREAM_MS - 1, random.Random(0)) == 3200
     d.move(S.BACKOFF)
@@ -553,10 +621,10 @@ def test_the_attempt_resets_after_a_stable_stream() -> None:
 
 def test_a_set_aside_row_or_a_held_done_resets_the_attempt() -> None:
     d = driver()
-    d.attempt = 4
+    dials_failed(d, 4)
     d.on_set_aside()
     assert d.attempt == 0
-    d.attempt = 4
+    dials_failed(d, 4)
     d.hold(3, PayloadError("done", "x"))
     assert d.attempt == 0
 
@@ -818,3 +886,67 @@ def test_stop_fires_once_and_decisions_are_kept_by_request_id() -> None:
     d.on_decision("r1", True, "ok")
     d.on_decision("r1", False, "changed")  # the latest wins
     assert d.decision("r1") == (False, "changed")
+
+
+# -- the driver owns its state -----------------------------------------------------------
+
+
+def test_the_drivers_fields_are_read_only_outside_it() -> None:
+    d = driver()
+    assert all(name.startswith("_") for name in vars(d)), sorted(vars(d))
+    fields = {n for n, v in vars(Driver).items() if isinstance(v, property)}
+    assert {"state", "acked", "closed", "done_sent", "last_error", "failure"} <= fields
+    for name in fields:
+        assert getattr(Driver, name).fset is None, name
+    with pytest.raises(AttributeError):
+        d.acked = 3  # type: ignore[misc]
+
+
+def _driver_written(path: Path) -> list[str]:
+    """``<…driver>.<field> = …`` (or ``+=``, ``setattr``) in ``path``, as ``file:line``."""
+
+    def is_driver(node: ast.expr) -> bool:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+        return name in ("driver", "_driver")
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+        ):
+            targets = [node.args[0]] if node.args and is_driver(node.args[0]) else []
+            found += [f"{path.name}:{node.lineno}"] * len(targets)
+            continue
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and is_driver(sub.value):
+                    found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_nothing_outside_driver_modules_writes_a_drivers_field() -> None:
+    root = Path(__file__).resolve().parent.parent
+    paths = [
+        p
+        for top in ("walchannel", "tools", "tests", "examples")
+        for p in (root / top).rglob("*.py")
+        if not (top == "walchannel" and p.name.startswith("driver"))
+    ]
+    written = [w for p in paths for w in _driver_written(p)]
+    assert not written, written
+
+
+def test_the_write_finder_finds_a_planted_write(tmp_path: Path) -> None:
+    planted = tmp_path / "channel.py"
+    planted.write_text(
+        "def f(self):\n    self._driver._acked = 3\n    driver.closed += 1\n"
+        "    setattr(self._driver, 'state', None)\n    self.driven = 1\n"
+    )
+    assert _driver_written(planted) == ["channel.py:2", "channel.py:3", "channel.py:4"]

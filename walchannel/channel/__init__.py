@@ -275,7 +275,6 @@ class GrpcEngineChannel:
             from walchannel.channel.replica import ReplicaGate
 
             self._replica = ReplicaGate(socket, log, self._note_error)
-        self._closing = False
         self._pings_warned = False
         self._limits_warned: set[tuple[str, int]] = set()
         # Texts of errors from outside walchannel already said at ERROR.
@@ -435,7 +434,6 @@ class GrpcEngineChannel:
         if self._driver.closed:
             return
         self._driver.on_close()
-        self._closing = True
         logger.warning(
             "run %s: the channel's event loop is gone (closed or stopped); the channel is "
             "closed and its log released, the unacked rows stay for a new channel",
@@ -1030,15 +1028,15 @@ class GrpcEngineChannel:
         driver = self._driver
         try:
             first = True
-            while not driver.final and not self._closing:
+            while not driver.final and not driver.closed:
                 if not first and self._config.http_addr is not None:
                     await self._rediscover()
-                    if self._closing or driver.final:
+                    if driver.closed or driver.final:
                         break
                 first = False
                 self._move(ChannelState.CONNECTING)
                 await self._stream_once(self._addr)
-                if self._closing or driver.final:
+                if driver.closed or driver.final:
                     break
                 self._move(ChannelState.BACKOFF)
                 delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)
@@ -1143,7 +1141,7 @@ class GrpcEngineChannel:
             self._rows.clear_readahead()
             await stream.teardown()
             self._stream = None
-            if not self._closing:
+            if not self._driver.closed:
                 self._record_end(stream)
 
     async def _open(self, stream: Stream) -> None:
@@ -1801,7 +1799,6 @@ class GrpcEngineChannel:
         """
         driver = self._driver
         driver.on_close()
-        self._closing = True
         self._cancel_timers()
         self._over.set()
         if self._stream is not None:
@@ -1843,7 +1840,6 @@ class GrpcEngineChannel:
     async def _close(self) -> None:
         driver = self._driver
         driver.on_close()
-        self._closing = True
         _killpoints.reached("in_close")
         self._cancel_timers()
         await self._stop_streaming()
