@@ -296,9 +296,9 @@ PLANTS: tuple[Plant, ...] = (
         ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),
     ),
     Plant(
-        "engine_forgot_call_back_dropped",
-        "channel/__init__.py",
-        "            driver.on_forgot(engine_high)\n",
+        "engine_forgot_answer_not_applied",
+        "driver.py",
+        "            self._acked = max(engine_high, self.stored)\n",
         "",
         ("gap", "stuck", *LOST),
     ),

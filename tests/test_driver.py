@@ -313,24 +313,34 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("answer", "kind", "replay_from"),
+    ("answer", "kind", "replay_from", "acked", "state", "errors"),
     [
-        (2, Answer.BEHIND, None),  # below the stored cursor (3)
-        (4, Answer.FORGOT, 5),  # below the received ack (5), not stored
-        (5, Answer.RESUME, 6),
-        (8, Answer.RESUME, 9),
-        (10, Answer.RESUME, 11),
-        (11, Answer.AHEAD, 6),  # above the high-water: replay from the cursor
+        (2, Answer.BEHIND, None, 5, S.FAILED, 0),  # below the stored cursor (3)
+        (4, Answer.FORGOT, 5, 4, S.CONNECTING, 0),  # below the received ack (5), not stored
+        (5, Answer.RESUME, 6, 5, S.CONNECTING, 0),
+        (8, Answer.RESUME, 9, 8, S.CONNECTING, 0),
+        (10, Answer.RESUME, 11, 10, S.CONNECTING, 0),
+        (11, Answer.AHEAD, 6, 5, S.CONNECTING, 1),  # above the high-water: replay from the cursor
     ],
 )
-def test_a_verified_logs_answer_maps_to_one_decision_and_moves_nothing_else(
-    answer: int, kind: Answer, replay_from: int | None
+def test_a_verified_logs_answer_is_applied_in_one_call(
+    answer: int, kind: Answer, replay_from: int | None, acked: int, state: S, errors: int
 ) -> None:
     d = driver(acked=5, stored=3)
-    plan = d.on_answer(answer)
+    d.move(S.CONNECTING)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (kind, replay_from)
-    # The answer's meaning changes no cursor: the caller carries it out.
-    assert (d.acked, d.stored, d.high_water, d.provisional) == (5, 3, 10, None)
+    # One call applies what the answer means to the driver; the log is the caller's.
+    assert (d.acked, d.stored, d.high_water, d.provisional) == (acked, 3, 10, None)
+    assert (d.state, d.protocol_errors) == (state, errors)
+    assert plan.acked_moved is (acked > 5)
+    if kind is Answer.BEHIND:
+        assert isinstance(d.failure, EngineBehindError)
+        assert plan.failed_reason == FAILED_ENGINE_BEHIND
+    if kind is Answer.AHEAD:
+        assert plan.problem == d.last_error == (
+            "protocol error: handshake answer Ack(11) is above the high-water 10; not applied"
+        )
 
 
 @pytest.mark.parametrize(
@@ -346,7 +356,7 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
     answer: int, unverified: int | None, words: str
 ) -> None:
     d = driver(acked=5, stored=3, unverified=unverified, failed_mark=True)
-    plan = d.on_answer(answer)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.IMPOSSIBLE, None)
     assert words in plan.problem and f"Ack({answer})" in plan.problem
     assert (d.acked, d.stored, d.high_water, d.provisional, d.failed_mark) == (
@@ -364,14 +374,14 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
 def test_the_largest_answer_that_leaves_a_seq_for_the_next_row_verifies() -> None:
     d = driver(unverified=1)  # rows 1-10, none verified
     answer = 2**63 - 12  # rows move to 2**63 - 11 .. 2**63 - 2
-    assert d.on_answer(answer).answer is Answer.VERIFY
+    assert d.on_answer(answer, 0.0).answer is Answer.VERIFY
     plan = log_of(d).state.verify(answer)
     assert plan.state.next_seq == 2**63 - 1
 
 
 def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_applied() -> None:
     d = driver(high=30, acked=2, stored=2)
-    assert d.on_answer(2).answer is Answer.RESUME
+    assert d.on_answer(2, 0.0).answer is Answer.RESUME
     up(d, 3)
     assert d.ack_bound == 2
     for seq in (3, 4, 5):
@@ -385,20 +395,21 @@ def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_appli
     # A replay rewinds the writer: rows written before still bound acks.
     d.on_stream_gone()
     d.move(S.BACKOFF)
-    assert d.on_answer(3).answer is Answer.FORGOT
+    assert d.on_answer(3, 0.0).answer is Answer.FORGOT and d.acked == 3
     up(d, 4)
-    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.STALE
+    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.ADVANCE
     # The answer bounds them too: an engine that holds rows of an earlier process.
     d.on_stream_gone()
     d.move(S.BACKOFF)
-    assert d.on_answer(20).answer is Answer.RESUME
-    assert d.on_ack(20, 0) is AckKind.ADVANCE  # the channel applies the answer as an ack
+    plan = d.on_answer(20, 0.0)
+    assert plan.answer is Answer.RESUME and plan.acked_moved and d.acked == 20  # applied as an ack
+    assert d.on_ack(20, 0) is AckKind.STALE
     assert d.on_ack(21, 0) is AckKind.NEVER_WRITTEN
 
 
 def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> None:
     d = driver(high=30, engine_acks_handshake=False)
-    assert d.on_answer(None).answer is Answer.NO_ANSWER
+    assert d.on_answer(None, 0.0).answer is Answer.NO_ANSWER
     up(d, 1)
     assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
     # Beyond the high-water, the bound then (SPEC "Acks"): the stream ends.
@@ -411,7 +422,7 @@ def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) 
     # SPEC "Dial": rows at or above unverified_from move to h+1, h+2, ...;
     # the writer starts right after h either way.
     d = driver(unverified=4)
-    plan = d.on_answer(answer)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.VERIFY, answer + 1)
     # What moves: the driver remembers which seqs it handed out are unverified
     # (4..10), so on_verified can make them provisional; acked does not move yet.
@@ -425,38 +436,43 @@ def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) 
 
 def test_behind_wins_over_verification_and_keeps_the_failed_mark() -> None:
     d = driver(stored=3, unverified=4, failed_mark=True)
-    plan = d.on_answer(2)
+    plan = d.on_answer(2, 0.0)
     assert plan.answer is Answer.BEHIND and not plan.clear_failed_mark and d.failed_mark
 
 
 @pytest.mark.parametrize("answer", [4, 5, 11])
 def test_a_healthy_answer_clears_an_old_failed_mark_once(answer: int) -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    assert d.on_answer(answer).clear_failed_mark and not d.failed_mark
-    assert not d.on_answer(answer).clear_failed_mark
-    assert not driver(acked=5, stored=3).on_answer(answer).clear_failed_mark
+    assert d.on_answer(answer, 0.0).clear_failed_mark and not d.failed_mark
+    assert not d.on_answer(answer, 0.0).clear_failed_mark
+    assert not driver(acked=5, stored=3).on_answer(answer, 0.0).clear_failed_mark
 
 
 def test_without_handshake_answers_the_writer_starts_at_the_cursor() -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    plan = d.on_answer(None)
+    plan = d.on_answer(None, 0.0)
     assert (plan.answer, plan.replay_from, plan.clear_failed_mark) == (Answer.NO_ANSWER, 6, False)
 
 
 def test_forgotten_acks_are_resent_without_moving_below_the_stored_cursor() -> None:
     d = driver(acked=8, stored=2)
-    d.on_forgot(5)
-    assert d.acked == 5
+    plan = d.on_answer(5, 0.0)
+    assert (plan.answer, plan.replay_from, d.acked) == (Answer.FORGOT, 6, 5)
+    assert plan.problem == "below acks it gave (8)"
     up(d, 6)
     assert d.next_to_write() == 6
-    d.on_forgot(1)  # never below what the log stores
-    assert d.acked == 2
+    e = driver(acked=8, stored=2)
+    assert e.on_answer(1, 0.0).answer is Answer.BEHIND  # below the stored cursor
+    f = driver(acked=8, stored=3)
+    assert f.on_answer(3, 0.0).answer is Answer.FORGOT
+    assert f.acked == 3  # never below what the log stores
+    assert f.ack_to_store(10_000.0) is None  # the forgotten acks are not stored any more
 
 
 def test_verification_shift_translates_provisional_seqs() -> None:
     # Rows 4..10 were logged before the first answer; the engine holds up to 20.
     d = driver(high=10, acked=3, stored=3, unverified=4, done_seq=10)
-    plan = d.on_answer(20)
+    plan = d.on_answer(20, 0.0)
     assert plan.answer is Answer.VERIFY and plan.replay_from == 21
     verify = log_of(d).state.verify(20)
     assert verify.shift_by == verification_shift(4, 20) == 17

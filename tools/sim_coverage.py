@@ -145,12 +145,6 @@ ALLOWED: dict[str, str] = {
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::self._protocol_error(": (
-        _PROTOCOL
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::return plan.replay_from": (
-        _PROTOCOL
-    ),
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_ack::self._protocol_error(": (_PROTOCOL),
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,

@@ -243,25 +243,28 @@ class StateSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AnswerPlan:
-    """The decision for a handshake answer.
+    """What the caller does after :meth:`Driver.on_answer` applied a handshake answer.
 
     Attributes:
-        answer: what it means.
+        answer: what it meant.
         replay_from: the first seq to write on the stream; None: the stream ends.
         clear_failed_mark: a healthy answer clears a ``failed_at`` left in
             the log by an earlier run (``inspect`` no longer says failed).
-        problem: with :attr:`Answer.IMPOSSIBLE`, why (for the protocol error).
-        error: for ``BEHIND`` and ``FOREIGN``, the error the run fails with.
-        reason: the ``failed_reason`` to store with it (None: the driver's own,
-            see :meth:`Driver.fail`).
+        problem: for the log line: with ``AHEAD`` and ``IMPOSSIBLE``, the
+            protocol error (counted, in ``last_error``); with ``FORGOT``,
+            which acks the engine forgot.
+        failed_reason: with ``BEHIND`` and ``FOREIGN`` (the run failed,
+            :attr:`Driver.failure`), the ``failed_reason`` to store.
+        acked_moved: with ``RESUME``, the answer moved the received ack:
+            the caller takes the ack path (store when due, wake waiters).
     """
 
     answer: Answer
     replay_from: int | None
     clear_failed_mark: bool = False
     problem: str = ""
-    error: WalchannelError | None = None
-    reason: str | None = None
+    failed_reason: str | None = None
+    acked_moved: bool = False
 
 
 class EndPlan(NamedTuple):
@@ -645,21 +648,34 @@ class Driver:
 
     # -- the handshake answer --------------------------------------------------------------
 
-    def on_answer(self, engine_high: int | None) -> AnswerPlan:
-        """Decide what the engine's handshake answer ``Ack(h)`` means. SPEC "Dial".
+    def on_answer(self, engine_high: int | None, now_ms: float) -> AnswerPlan:
+        """Apply the engine's handshake answer ``Ack(h)``; return the I/O it needs. SPEC "Dial".
+
+        One call applies every change of the driver's own state the answer
+        makes; the plan names only what the caller must do outside it (the
+        log, the stream, the waiters). By :attr:`AnswerPlan.answer`:
+
+        - ``RESUME``: ``h`` is applied as a received ack
+          (:attr:`AnswerPlan.acked_moved`: then the ack path, as after
+          :meth:`on_ack`).
+        - ``FORGOT``: ``h`` is below acks received but not stored: the cursor
+          steps back to ``max(h, stored)`` and those rows are written again.
+        - ``VERIFY``: the caller runs ``RunLog.verify(h)``, then
+          :meth:`on_verified` with its shift: the one second call, as the
+          log's rows move in between.
+        - ``BEHIND``, ``FOREIGN``: the run has failed (:attr:`failure`);
+          the caller stores :attr:`AnswerPlan.failed_reason` and ends.
+        - ``AHEAD``, ``IMPOSSIBLE``: a protocol error, counted and kept as
+          :attr:`last_error`, never applied (:attr:`AnswerPlan.problem`);
+          after ``IMPOSSIBLE`` (``h`` past SQLite's range, or a shift that
+          would carry a row past it,
+          :func:`~walchannel.log_state.impossible_answer`) the stream ends.
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake`` (no
                 answer is awaited).
-
-        Returns:
-            The plan. ``VERIFY``: the caller runs ``RunLog.verify(h)`` and then
-            :meth:`on_verified`; ``RESUME``: :meth:`on_ack`; ``FORGOT``:
-            :meth:`on_forgot`; ``BEHIND``: :meth:`fail`; ``AHEAD``:
-            :meth:`protocol_error`; ``IMPOSSIBLE`` (``h`` past SQLite's range,
-            or a verification shift that would carry a row past it,
-            :func:`~walchannel.log_state.impossible_answer`): nothing is
-            applied, :meth:`protocol_error` and the stream ends.
+            now_ms: the time of the answer (ms, monotonic): when a ``RESUME``
+                ack waits to be stored from.
         """
         if engine_high is None:
             self._ack_bound = _NO_BOUND
@@ -668,10 +684,12 @@ class Driver:
             engine_high, unverified_from=self.unverified_from, high_water=self.high_water
         )
         if problem is not None:
-            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=problem)
+            said = self.protocol_error(f"{problem}; not applied")
+            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=said)
         self._ack_bound = max(engine_high, self._max_started)
         if engine_high < self.stored:
-            return AnswerPlan(Answer.BEHIND, None, error=self._behind(engine_high))
+            reason = self.fail(self._behind(engine_high))
+            return AnswerPlan(Answer.BEHIND, None, failed_reason=reason)
         unverified = self.unverified_from
         writer = self._writer
         if unverified is not None and engine_high > 0 and writer and not writer.may_meet_rows:
@@ -682,7 +700,8 @@ class Driver:
                 "a second harness); joining them would apply findings twice",
                 engine_high=engine_high,
             )
-            return AnswerPlan(Answer.FOREIGN, None, error=error, reason=self._fenced_failure)
+            reason = self.fail(error, reason=self._fenced_failure)
+            return AnswerPlan(Answer.FOREIGN, None, failed_reason=reason)
         clear = self._failed_mark
         self._failed_mark = False
         if unverified is not None:
@@ -690,10 +709,21 @@ class Driver:
             self._verifying = (unverified, self.high_water + 1)
             return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)
         if engine_high > self.high_water:
-            return AnswerPlan(Answer.AHEAD, self._acked + 1, clear)
+            said = self.protocol_error(
+                f"handshake answer Ack({engine_high}) is above the high-water "
+                f"{self.high_water}; not applied"
+            )
+            return AnswerPlan(Answer.AHEAD, self._acked + 1, clear, problem=said)
         if engine_high < self._acked:
-            return AnswerPlan(Answer.FORGOT, engine_high + 1, clear)
-        return AnswerPlan(Answer.RESUME, engine_high + 1, clear)
+            forgot_from = self._acked
+            # Re-send what it forgot; what the log stores is gone from it.
+            self._acked = max(engine_high, self.stored)
+            self._clear_pending()
+            return AnswerPlan(
+                Answer.FORGOT, engine_high + 1, clear, problem=f"below acks it gave ({forgot_from})"
+            )
+        moved = self.on_ack(engine_high, now_ms) is AckKind.ADVANCE
+        return AnswerPlan(Answer.RESUME, engine_high + 1, clear, acked_moved=moved)
 
     def _behind(self, engine_high: int) -> EngineBehindError:
         return EngineBehindError(
@@ -728,11 +758,6 @@ class Driver:
         self._verifying = None
         if engine_high > self._acked:
             self._acked = engine_high
-        self._clear_pending()
-
-    def on_forgot(self, engine_high: int) -> None:
-        """The engine answered below acks it gave that are not stored yet: re-send them."""
-        self._acked = max(engine_high, self.stored)
         self._clear_pending()
 
     def translate(self, seq: int) -> int:

@@ -485,8 +485,13 @@ class GrpcEngineChannel:
                 future.exception()
 
     def _fail(self, error: WalchannelError, *, reason: str | None = None) -> None:
+        self._failed(self._driver.fail(error, reason=reason))
+
+    def _failed(self, reason: str | None) -> None:
+        """The driver failed the run (:attr:`Driver.failure`): say so, store it, wake the waits."""
+        error = self._driver.failure
+        assert error is not None
         logger.error("%s", error)
-        reason = self._driver.fail(error, reason=reason)
         self._record_error(raw_message(error), failed=reason)
         self._state_changed()
 
@@ -1215,7 +1220,11 @@ class GrpcEngineChannel:
         )
 
     def _take_answer(self, engine_high: int | None) -> int | None:
-        """Carry out the driver's decision on the handshake answer ``Ack(h)``. SPEC "Dial".
+        """Apply the handshake answer ``Ack(h)`` and do the I/O it needs. SPEC "Dial".
+
+        The driver applies the answer in one call (:meth:`Driver.on_answer
+        <walchannel.driver.Driver.on_answer>`); only a verification calls it
+        again, after the log moved its rows.
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake``.
@@ -1224,7 +1233,8 @@ class GrpcEngineChannel:
             The first seq to write on the stream, or None to end the stream.
         """
         driver = self._driver
-        plan = driver.on_answer(engine_high)
+        now = self._clock.monotonic_ms()
+        plan = driver.on_answer(engine_high, now)
         answer = plan.answer
         if engine_high is None:
             return plan.replay_from
@@ -1233,15 +1243,16 @@ class GrpcEngineChannel:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if answer is Answer.IMPOSSIBLE:
-            # Nothing applied; replay_from is None: the stream ends.
-            self._protocol_error(
-                f"{plan.problem}; not applied",
-                end=True,
-            )
+        if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
+            logger.error("run %s: %s", self._run_id, plan.problem)
+            if answer is Answer.IMPOSSIBLE and self._stream is not None:
+                # Nothing applied; the stream ends, and a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{plan.problem}; the stream is ended and dialed again")
+                )
             return plan.replay_from
-        if plan.error is not None:  # BEHIND, FOREIGN: the run cannot go on with this engine
-            self._fail(plan.error, reason=plan.reason)
+        if answer is Answer.BEHIND or answer is Answer.FOREIGN:
+            self._failed(plan.failed_reason)  # the run cannot go on with this engine
             return None
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
@@ -1266,23 +1277,17 @@ class GrpcEngineChannel:
             self._rows_deleted()  # the verifying ack deleted rows too
             self._after_ack()
             return plan.replay_from
-        if answer is Answer.AHEAD:
-            self._protocol_error(
-                f"handshake answer Ack({engine_high}) is above the high-water "
-                f"{driver.high_water}; not applied"
-            )
-            return plan.replay_from
         if answer is Answer.FORGOT:
             logger.warning(
-                "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
+                "run %s: the engine answered Ack(%d) %s; re-sending from %d",
                 self._run_id,
                 engine_high,
-                driver.acked,
-                engine_high + 1,
+                plan.problem,
+                plan.replay_from,
             )
-            driver.on_forgot(engine_high)
-            return plan.replay_from
-        self._on_ack(engine_high)
+        elif plan.acked_moved:
+            _killpoints.reached("after_ack_received")
+            self._after_ack(now)
         return plan.replay_from
 
     def _protocol_error(self, message: str, *, end: bool = False) -> None:
