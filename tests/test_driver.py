@@ -389,8 +389,13 @@ def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_appli
     d.on_written(3)
     # Row 5's write started: an engine may ack it before the write returns.
     assert d.on_ack(5, 0) is AckKind.ADVANCE and d.acked == 5
-    for lie in (6, 25, 30, 31, 2**63, 2**64 - 1):
+    for n, lie in enumerate((6, 25, 30, 31, 2**63, 2**64 - 1), start=1):
         assert d.on_ack(lie, 0) is AckKind.NEVER_WRITTEN, lie
+        assert d.protocol_errors == n  # counted in the same call
+    assert d.last_error == (
+        f"protocol error: Ack({2**64 - 1}) covers rows never written: beyond seq 5, the "
+        "highest this channel wrote or the engine answered the handshake with; not applied"
+    )
     assert d.acked == 5 and d.ack_bound == 5
     # A replay rewinds the writer: rows written before still bound acks.
     d.on_stream_gone()
@@ -414,7 +419,11 @@ def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> 
     assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
     # Beyond the high-water, the bound then (SPEC "Acks"): the stream ends.
     assert d.on_ack(31, 0) is AckKind.NEVER_WRITTEN
-    assert d.ack_bound == 30
+    assert d.ack_bound == 30 and d.protocol_errors == 1
+    assert d.last_error == (
+        "protocol error: Ack(31) covers rows never written: beyond seq 30, the log's "
+        "high-water (the engine answers no handshakes); not applied"
+    )
 
 
 @pytest.mark.parametrize("answer", [0, 3, 7, 10, 25])

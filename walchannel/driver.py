@@ -788,17 +788,15 @@ class Driver:
 
         Returns:
             ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
-            ``STALE`` when it did not; for a protocol error, never applied:
-            ``NEVER_WRITTEN`` beyond :attr:`ack_bound` (rows never written:
-            the stream ends; without handshake answers, beyond the
-            high-water), ``ABOVE_HIGH_WATER`` for a seq never logged within
-            it (after an answer above the high-water).
+            ``STALE`` when it did not; for a protocol error, counted and
+            kept as :attr:`last_error`, never applied: ``NEVER_WRITTEN``
+            beyond :attr:`ack_bound` (rows never written: the stream ends;
+            without handshake answers, beyond the high-water),
+            ``ABOVE_HIGH_WATER`` for a seq never logged within it (after an
+            answer above the high-water).
         """
-        if seq > self._ack_bound:
-            return AckKind.NEVER_WRITTEN
-        if seq > self._log.state.next_seq - 1:
-            # Without answers the high-water is the bound (SPEC "Acks").
-            return AckKind.ABOVE_HIGH_WATER if self._acks_handshake else AckKind.NEVER_WRITTEN
+        if seq > self._ack_bound or seq > self._log.state.next_seq - 1:
+            return self._impossible_ack(seq)
         if self._first_written is not None and seq >= self._first_written:
             self._attempt = 0
             self._down_too_large = None
@@ -811,6 +809,25 @@ class Driver:
         if self._pending_since_ms is None:
             self._pending_since_ms = now_ms
         return AckKind.ADVANCE
+
+    def _impossible_ack(self, seq: int) -> AckKind:
+        """``Ack(seq)`` covers rows never written or never logged: count it, apply nothing."""
+        high_water = self._log.state.next_seq - 1
+        if seq <= self._ack_bound and self._acks_handshake:
+            self.protocol_error(f"Ack({seq}) is above the high-water {high_water}; not applied")
+            return AckKind.ABOVE_HIGH_WATER
+        if self._acks_handshake:
+            bound = (
+                f"beyond seq {self._ack_bound}, the highest this channel wrote or the engine "
+                "answered the handshake with"
+            )
+        else:
+            # Without answers the high-water is the bound (SPEC "Acks").
+            bound = (
+                f"beyond seq {high_water}, the log's high-water (the engine answers no handshakes)"
+            )
+        self.protocol_error(f"Ack({seq}) covers rows never written: {bound}; not applied")
+        return AckKind.NEVER_WRITTEN
 
     def ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
         """Return the ack to store in the log now, or None to keep coalescing.

@@ -1290,20 +1290,6 @@ class GrpcEngineChannel:
             self._after_ack(now)
         return plan.replay_from
 
-    def _protocol_error(self, message: str, *, end: bool = False) -> None:
-        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks").
-
-        ``end``: an impossible answer; the stream ends, and its end (this
-        message) is recorded as the last error (``inspect``) and re-dialed
-        with backoff, as after any end: a fresh handshake re-syncs.
-        """
-        self._driver.protocol_error(message)
-        logger.error("run %s: protocol error: %s", self._run_id, message)
-        if end and self._stream is not None:
-            self._stream.finish(
-                StreamEnded(f"protocol error: {message}; the stream is ended and dialed again")
-            )
-
     # -- how a stream ended ----------------------------------------------------------------
 
     def _record_end(self, stream: Stream) -> None:
@@ -1614,21 +1600,13 @@ class GrpcEngineChannel:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
-        elif kind is AckKind.NEVER_WRITTEN:
-            bound = (
-                "the highest this channel wrote or the engine answered the handshake with"
-                if self._config.engine_acks_handshake
-                else "the log's high-water (the engine answers no handshakes)"
-            )
-            self._protocol_error(
-                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, "
-                f"{bound}; not applied",
-                end=True,
-            )
-        elif kind is AckKind.ABOVE_HIGH_WATER:
-            self._protocol_error(
-                f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
-            )
+        elif kind is not AckKind.STALE:  # a protocol error, counted, never applied
+            logger.error("run %s: %s", self._run_id, driver.last_error)
+            if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
+                # Rows never written: a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{driver.last_error}; the stream is ended and dialed again")
+                )
 
     def _after_ack(self, now: float | None = None) -> None:
         """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
