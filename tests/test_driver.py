@@ -491,6 +491,12 @@ def test_verification_shift_translates_provisional_seqs() -> None:
     assert d.unverified_from is None and d.done_seq == 27
     assert [d.translate(s) for s in (3, 4, 10, 11, 28)] == [3, 21, 27, 11, 28]
     assert [d.untranslate(s) for s in (3, 21, 27, 28)] == [3, 4, 10, 28]
+    # wait_acked's one query: seq 4 as handed out is row 21, not yet acked; 3 is.
+    assert d.is_acked(3) and not d.is_acked(4) and not d.is_acked(10)
+    up(d, 21)
+    d.on_writing(21)
+    assert d.on_ack(21, 0.0) is AckKind.ADVANCE
+    assert d.is_acked(4) and not d.is_acked(5)
 
 
 # -- the writer ---------------------------------------------------------------------------------

@@ -761,12 +761,24 @@ class Driver:
         self._clear_pending()
 
     def translate(self, seq: int) -> int:
-        """Map a seq handed out before a verification shift to where its row lives now."""
+        """Map a seq handed out before a verification shift to where its row lives now.
+
+        The one place seqs are renumbered for the channel: every waiter and
+        answer asks :meth:`is_acked` (or this), none shifts a seq itself.
+        """
         if self._provisional is not None:
             first, end, shift = self._provisional
             if first <= seq < end:
                 return seq + shift
         return seq
+
+    def is_acked(self, handed_out: int) -> bool:
+        """Tell whether the engine acked the row handed out as seq ``handed_out``.
+
+        ``wait_acked(t)`` answers this: ``t`` as returned by ``send_*``,
+        followed through any verification shift (SPEC "Dial").
+        """
+        return self._acked >= self.translate(handed_out)
 
     def untranslate(self, seq: int) -> int:
         """Map a row's seq back to the seq handed out for it (:meth:`translate` undone)."""

@@ -858,9 +858,7 @@ class GrpcEngineChannel:
         driver = self._driver
         target = driver.high_water if seq is None else seq
         return await self._wait_for(
-            lambda: driver.acked >= driver.translate(target),
-            timeout_ms,
-            lambda: driver.translate(target),
+            lambda: driver.is_acked(target), timeout_ms, lambda: driver.translate(target)
         )
 
     async def _wait_for(
