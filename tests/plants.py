@@ -254,9 +254,9 @@ PLANTS: tuple[Plant, ...] = (
     # -- what the channel tells the harness (its answers, checked as they are given) ---
     Plant(
         "wait_acked_compares_the_untranslated_target",
-        "channel/__init__.py",
-        "            lambda: driver.acked >= driver.translate(target),\n",
-        "            lambda: driver.acked >= target,\n",
+        "driver.py",
+        "        return self._acked >= self.translate(handed_out)\n",
+        "        return self._acked >= handed_out\n",
         ("wait_acked", *LOST),
     ),
     Plant(
@@ -296,9 +296,9 @@ PLANTS: tuple[Plant, ...] = (
         ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),
     ),
     Plant(
-        "engine_forgot_call_back_dropped",
-        "channel/__init__.py",
-        "            driver.on_forgot(engine_high)\n",
+        "engine_forgot_answer_not_applied",
+        "driver.py",
+        "            self._acked = max(engine_high, self.stored)\n",
         "",
         ("gap", "stuck", *LOST),
     ),

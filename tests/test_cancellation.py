@@ -15,6 +15,8 @@ really waits for the stream's end and no ack comes.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,10 +27,13 @@ import pytest_asyncio
 from conftest import eventually, new_run
 from walchannel import ChannelClosedError, ChannelState, GrpcEngineChannel, RunLog
 from walchannel.config import GrpcChannelConfig
+from walchannel.errors import WalchannelError
+from walchannel.log_state import FAILED_INTERNAL
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.testing.proxy import FaultProxy
 
+ROOT = Path(__file__).resolve().parent.parent
 # Far longer than any bound the tests allow: a close that waits for it is caught.
 SLOW_MS = 60_000
 # What "promptly" means here: the rule is ~100 ms; the CPUs may be busy.
@@ -215,3 +220,98 @@ async def test_asyncio_timeout_works_around_handshake_wait_acked_and_request_app
     finally:
         await ch.close()
     assert local_engine.accepted(config.run_id) == [1, 2]
+
+
+# -- the connection loop ended from outside ---------------------------------------------
+
+
+def _runner_of(ch: GrpcEngineChannel) -> asyncio.Task[object]:
+    """The channel's connection loop, as a harness sweeping ``asyncio.all_tasks()`` sees it."""
+    name = f"walchannel-{ch.config.run_id}"
+    (task,) = [t for t in asyncio.all_tasks() if t.get_name() == name]
+    return task
+
+
+@pytest.mark.asyncio
+async def test_a_connection_loop_cancelled_from_outside_fails_the_run_and_wakes_every_waiter(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    config = frozen_config(local_engine, proxy, tmp_path)
+    ch = GrpcEngineChannel(config)
+    high = await streaming_then_frozen(ch, proxy)
+    acked = asyncio.create_task(ch.wait_acked())  # no timeout: only the run's end wakes it
+    approval = asyncio.create_task(ch.request_approval("deploy", {}, request_id="r1"))
+    await asyncio.sleep(0.2)
+    assert not acked.done() and not approval.done()
+    assert ch.log.high_water == high + 1  # the approval's request is a row too
+    runner = _runner_of(ch)
+    runner.cancel()  # e.g. a shutdown handler cancelling every task but its own
+    t0 = time.monotonic()
+    assert await asyncio.wait_for(acked, PROMPT_S) is False
+    with pytest.raises(WalchannelError, match="connection loop was cancelled from outside") as exc:
+        await asyncio.wait_for(approval, PROMPT_S)
+    assert time.monotonic() - t0 < PROMPT_S
+    assert ch.state is ChannelState.FAILED
+    with pytest.raises(WalchannelError) as sent:
+        ch.send_finding({"n": 5})
+    assert sent.value is exc.value  # the error send_* raise in FAILED
+    meta = ch.log.meta()
+    assert meta.failed_reason is not None
+    assert meta.failed_reason.startswith(f"{FAILED_INTERNAL}: the connection loop was cancelled")
+    await ch.close()
+    assert_log_released_and_whole(config, high + 1)
+
+
+# A harness that returns from main() without close(): asyncio.run cancels the
+# tasks left, the connection loop among them.
+FORGETS_CLOSE = """
+import asyncio, os, sys
+from walchannel import GrpcChannelConfig, GrpcEngineChannel
+
+async def main():
+    grpc_addr, run_id, wal_dir = sys.argv[1:4]
+    ch = GrpcEngineChannel(GrpcChannelConfig(
+        grpc_addr=grpc_addr, allowed_hosts=["127.0.0.1"], run_id=run_id,
+        correlation_id="c-" + run_id, run_token=os.environ["RUN_TOKEN"], wal_dir=wal_dir,
+    ))
+    await ch.handshake("1", "forgets-close", "1")
+    for n in range(3):
+        ch.send_finding({"n": n})
+    assert await ch.wait_acked(timeout_ms=30_000)
+    ch.send_finding({"n": 3}, progress={"step": 5})
+    print("returning without close()", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_harness_that_never_closes_leaves_its_log_marked_and_whole(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    wal_dir = tmp_path / "wal"
+    env = {**os.environ, "RUN_TOKEN": token, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        FORGETS_CLOSE,
+        local_engine.grpc_addr,
+        run_id,
+        str(wal_dir),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert b"returning without close()" in out
+    assert b"connection loop was cancelled from outside" in err  # said at ERROR
+    assert token.encode() not in out + err
+    with RunLog.open(wal_dir, run_id, correlation_id="c-" + run_id) as log:
+        assert log.meta().failed_reason == (
+            f"{FAILED_INTERNAL}: the connection loop was cancelled from outside walchannel "
+            "(a task.cancel(), or the event loop finishing with the channel never closed)"
+        )
+        assert log.next_seq == 5 and log.progress == {"step": 5}
+        assert [r.seq for r in log.unacked()] == list(range(log.last_acked_seq + 1, 5))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import random
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,6 +67,7 @@ from walchannel.log_state import (
 )
 
 S = ChannelState
+_FINALS = (ChannelState.FAILED, ChannelState.EXPIRED, ChannelState.CLOSED)
 
 
 def driver(
@@ -81,8 +84,15 @@ def driver(
     log = SimpleNamespace(state=LogState("r", high + 1, stored, unverified, done_seq, False))
     base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
     d = Driver(GrpcChannelConfig(**{**base, **config}), log, failed_mark=failed_mark, now_ms=0.0)
-    d.acked = max(acked, stored)
+    if acked > stored:  # an ack received, not stored yet
+        assert d.on_ack(acked, 0.0) is AckKind.ADVANCE
     return d
+
+
+def dials_failed(d: Driver, n: int) -> None:
+    """``n`` dials failed in a row: the backoff attempt is ``n`` higher."""
+    for _ in range(n):
+        d.next_delay_ms(0.0, random.Random(0))
 
 
 def log_of(d: Driver) -> SimpleNamespace:
@@ -139,6 +149,64 @@ def test_legal_transitions_and_final_states() -> None:
                 d.move(state)
 
 
+#: The arrows of SPEC's state diagram ("The channel", **States**).
+SPEC_ARROWS = {
+    (S.IDLE, S.CONNECTING),
+    (S.CONNECTING, S.STREAMING),
+    (S.CONNECTING, S.BACKOFF),
+    (S.STREAMING, S.BACKOFF),
+    (S.BACKOFF, S.CONNECTING),
+    *{(a, b) for a in (S.IDLE, S.CONNECTING, S.STREAMING, S.BACKOFF) for b in _FINALS},
+    (S.FAILED, S.CLOSED),
+    (S.EXPIRED, S.CLOSED),
+}
+
+
+def _path_to(state: ChannelState) -> list[ChannelState]:
+    """The moves from IDLE to ``state`` along SPEC's arrows (breadth first)."""
+    paths: dict[ChannelState, list[ChannelState]] = {S.IDLE: []}
+    frontier = [S.IDLE]
+    while frontier:
+        here = frontier.pop(0)
+        for a, b in sorted(SPEC_ARROWS, key=lambda e: (e[0].value, e[1].value)):
+            if a is here and b not in paths:
+                paths[b] = [*paths[here], b]
+                frontier.append(b)
+    return paths[state]
+
+
+@pytest.mark.parametrize("old", list(S), ids=lambda s: s.name)
+def test_the_transition_table_allows_exactly_specs_arrows(old: ChannelState) -> None:
+    for new in S:
+        d = driver()
+        for step in _path_to(old):
+            d.move(step)
+        assert d.state is old
+        if new is old:
+            assert not d.move(new)
+        elif (old, new) in SPEC_ARROWS:
+            assert d.move(new) and d.state is new
+        else:
+            with pytest.raises(StateError, match=f"{old.name} -> {new.name}"):
+                d.move(new)
+
+
+def test_a_failure_moves_through_the_table_and_a_final_state_stays() -> None:
+    d = driver()
+    behind = EngineBehindError("behind")
+    assert d.fail(behind) == FAILED_ENGINE_BEHIND
+    assert d.state is S.FAILED and d.failure is behind  # IDLE -> FAILED: a drawn arrow
+    e = driver()
+    assert e.expire() and e.state is S.EXPIRED
+    assert not e.expire()
+    e.fail(behind)
+    assert e.state is S.EXPIRED and e.failure is behind  # kept as the error to raise
+    c = driver()
+    up(c, 1)
+    error = c.completed_by_engine()
+    assert c.state is S.FAILED and c.failure is error
+
+
 def test_idle_cannot_stream_without_connecting() -> None:
     with pytest.raises(StateError):
         driver().move(S.STREAMING)
@@ -159,11 +227,11 @@ def test_admission_says_closed_then_done_then_expired_then_failed() -> None:
     assert d.fail(behind) == FAILED_ENGINE_BEHIND and d.state is S.FAILED
     for call in Call:
         assert d.admit(call, before) is behind
-    d.done_sent = True
+    d.on_done_sent()
     assert "already called" in str(d.admit(Call.DONE, before))
     assert "no new rows" in str(d.admit(Call.SEND, before))
     assert d.admit(Call.HANDSHAKE, before) is behind  # a handshake sends no row
-    d.closed = True
+    d.on_close()
     for call in Call:
         error = d.admit(call, after)
         assert isinstance(error, ChannelClosedError) and "closed" in str(error)
@@ -253,24 +321,34 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("answer", "kind", "replay_from"),
+    ("answer", "kind", "replay_from", "acked", "state", "errors"),
     [
-        (2, Answer.BEHIND, None),  # below the stored cursor (3)
-        (4, Answer.FORGOT, 5),  # below the received ack (5), not stored
-        (5, Answer.RESUME, 6),
-        (8, Answer.RESUME, 9),
-        (10, Answer.RESUME, 11),
-        (11, Answer.AHEAD, 6),  # above the high-water: replay from the cursor
+        (2, Answer.BEHIND, None, 5, S.FAILED, 0),  # below the stored cursor (3)
+        (4, Answer.FORGOT, 5, 4, S.CONNECTING, 0),  # below the received ack (5), not stored
+        (5, Answer.RESUME, 6, 5, S.CONNECTING, 0),
+        (8, Answer.RESUME, 9, 8, S.CONNECTING, 0),
+        (10, Answer.RESUME, 11, 10, S.CONNECTING, 0),
+        (11, Answer.AHEAD, 6, 5, S.CONNECTING, 1),  # above the high-water: replay from the cursor
     ],
 )
-def test_a_verified_logs_answer_maps_to_one_decision_and_moves_nothing_else(
-    answer: int, kind: Answer, replay_from: int | None
+def test_a_verified_logs_answer_is_applied_in_one_call(
+    answer: int, kind: Answer, replay_from: int | None, acked: int, state: S, errors: int
 ) -> None:
     d = driver(acked=5, stored=3)
-    plan = d.on_answer(answer)
+    d.move(S.CONNECTING)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (kind, replay_from)
-    # The answer's meaning changes no cursor: the caller carries it out.
-    assert (d.acked, d.stored, d.high_water, d.provisional) == (5, 3, 10, None)
+    # One call applies what the answer means to the driver; the log is the caller's.
+    assert (d.acked, d.stored, d.high_water, d.provisional) == (acked, 3, 10, None)
+    assert (d.state, d.protocol_errors) == (state, errors)
+    assert plan.acked_moved is (acked > 5)
+    if kind is Answer.BEHIND:
+        assert isinstance(d.failure, EngineBehindError)
+        assert plan.failed_reason == FAILED_ENGINE_BEHIND
+    if kind is Answer.AHEAD:
+        assert plan.problem == d.last_error == (
+            "protocol error: handshake answer Ack(11) is above the high-water 10; not applied"
+        )
 
 
 @pytest.mark.parametrize(
@@ -286,7 +364,7 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
     answer: int, unverified: int | None, words: str
 ) -> None:
     d = driver(acked=5, stored=3, unverified=unverified, failed_mark=True)
-    plan = d.on_answer(answer)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.IMPOSSIBLE, None)
     assert words in plan.problem and f"Ack({answer})" in plan.problem
     assert (d.acked, d.stored, d.high_water, d.provisional, d.failed_mark) == (
@@ -304,14 +382,14 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
 def test_the_largest_answer_that_leaves_a_seq_for_the_next_row_verifies() -> None:
     d = driver(unverified=1)  # rows 1-10, none verified
     answer = 2**63 - 12  # rows move to 2**63 - 11 .. 2**63 - 2
-    assert d.on_answer(answer).answer is Answer.VERIFY
+    assert d.on_answer(answer, 0.0).answer is Answer.VERIFY
     plan = log_of(d).state.verify(answer)
     assert plan.state.next_seq == 2**63 - 1
 
 
 def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_applied() -> None:
     d = driver(high=30, acked=2, stored=2)
-    assert d.on_answer(2).answer is Answer.RESUME
+    assert d.on_answer(2, 0.0).answer is Answer.RESUME
     up(d, 3)
     assert d.ack_bound == 2
     for seq in (3, 4, 5):
@@ -319,31 +397,41 @@ def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_appli
     d.on_written(3)
     # Row 5's write started: an engine may ack it before the write returns.
     assert d.on_ack(5, 0) is AckKind.ADVANCE and d.acked == 5
-    for lie in (6, 25, 30, 31, 2**63, 2**64 - 1):
+    for n, lie in enumerate((6, 25, 30, 31, 2**63, 2**64 - 1), start=1):
         assert d.on_ack(lie, 0) is AckKind.NEVER_WRITTEN, lie
+        assert d.protocol_errors == n  # counted in the same call
+    assert d.last_error == (
+        f"protocol error: Ack({2**64 - 1}) covers rows never written: beyond seq 5, the "
+        "highest this channel wrote or the engine answered the handshake with; not applied"
+    )
     assert d.acked == 5 and d.ack_bound == 5
     # A replay rewinds the writer: rows written before still bound acks.
     d.on_stream_gone()
     d.move(S.BACKOFF)
-    assert d.on_answer(3).answer is Answer.FORGOT
+    assert d.on_answer(3, 0.0).answer is Answer.FORGOT and d.acked == 3
     up(d, 4)
-    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.STALE
+    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.ADVANCE
     # The answer bounds them too: an engine that holds rows of an earlier process.
     d.on_stream_gone()
     d.move(S.BACKOFF)
-    assert d.on_answer(20).answer is Answer.RESUME
-    assert d.on_ack(20, 0) is AckKind.ADVANCE  # the channel applies the answer as an ack
+    plan = d.on_answer(20, 0.0)
+    assert plan.answer is Answer.RESUME and plan.acked_moved and d.acked == 20  # applied as an ack
+    assert d.on_ack(20, 0) is AckKind.STALE
     assert d.on_ack(21, 0) is AckKind.NEVER_WRITTEN
 
 
 def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> None:
     d = driver(high=30, engine_acks_handshake=False)
-    assert d.on_answer(None).answer is Answer.NO_ANSWER
+    assert d.on_answer(None, 0.0).answer is Answer.NO_ANSWER
     up(d, 1)
     assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
     # Beyond the high-water, the bound then (SPEC "Acks"): the stream ends.
     assert d.on_ack(31, 0) is AckKind.NEVER_WRITTEN
-    assert d.ack_bound == 30
+    assert d.ack_bound == 30 and d.protocol_errors == 1
+    assert d.last_error == (
+        "protocol error: Ack(31) covers rows never written: beyond seq 30, the log's "
+        "high-water (the engine answers no handshakes); not applied"
+    )
 
 
 @pytest.mark.parametrize("answer", [0, 3, 7, 10, 25])
@@ -351,7 +439,7 @@ def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) 
     # SPEC "Dial": rows at or above unverified_from move to h+1, h+2, ...;
     # the writer starts right after h either way.
     d = driver(unverified=4)
-    plan = d.on_answer(answer)
+    plan = d.on_answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.VERIFY, answer + 1)
     # What moves: the driver remembers which seqs it handed out are unverified
     # (4..10), so on_verified can make them provisional; acked does not move yet.
@@ -365,38 +453,43 @@ def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) 
 
 def test_behind_wins_over_verification_and_keeps_the_failed_mark() -> None:
     d = driver(stored=3, unverified=4, failed_mark=True)
-    plan = d.on_answer(2)
+    plan = d.on_answer(2, 0.0)
     assert plan.answer is Answer.BEHIND and not plan.clear_failed_mark and d.failed_mark
 
 
 @pytest.mark.parametrize("answer", [4, 5, 11])
 def test_a_healthy_answer_clears_an_old_failed_mark_once(answer: int) -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    assert d.on_answer(answer).clear_failed_mark and not d.failed_mark
-    assert not d.on_answer(answer).clear_failed_mark
-    assert not driver(acked=5, stored=3).on_answer(answer).clear_failed_mark
+    assert d.on_answer(answer, 0.0).clear_failed_mark and not d.failed_mark
+    assert not d.on_answer(answer, 0.0).clear_failed_mark
+    assert not driver(acked=5, stored=3).on_answer(answer, 0.0).clear_failed_mark
 
 
 def test_without_handshake_answers_the_writer_starts_at_the_cursor() -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    plan = d.on_answer(None)
+    plan = d.on_answer(None, 0.0)
     assert (plan.answer, plan.replay_from, plan.clear_failed_mark) == (Answer.NO_ANSWER, 6, False)
 
 
 def test_forgotten_acks_are_resent_without_moving_below_the_stored_cursor() -> None:
     d = driver(acked=8, stored=2)
-    d.on_forgot(5)
-    assert d.acked == 5
+    plan = d.on_answer(5, 0.0)
+    assert (plan.answer, plan.replay_from, d.acked) == (Answer.FORGOT, 6, 5)
+    assert plan.problem == "below acks it gave (8)"
     up(d, 6)
     assert d.next_to_write() == 6
-    d.on_forgot(1)  # never below what the log stores
-    assert d.acked == 2
+    e = driver(acked=8, stored=2)
+    assert e.on_answer(1, 0.0).answer is Answer.BEHIND  # below the stored cursor
+    f = driver(acked=8, stored=3)
+    assert f.on_answer(3, 0.0).answer is Answer.FORGOT
+    assert f.acked == 3  # never below what the log stores
+    assert f.ack_to_store(10_000.0) is None  # the forgotten acks are not stored any more
 
 
 def test_verification_shift_translates_provisional_seqs() -> None:
     # Rows 4..10 were logged before the first answer; the engine holds up to 20.
     d = driver(high=10, acked=3, stored=3, unverified=4, done_seq=10)
-    plan = d.on_answer(20)
+    plan = d.on_answer(20, 0.0)
     assert plan.answer is Answer.VERIFY and plan.replay_from == 21
     verify = log_of(d).state.verify(20)
     assert verify.shift_by == verification_shift(4, 20) == 17
@@ -406,6 +499,12 @@ def test_verification_shift_translates_provisional_seqs() -> None:
     assert d.unverified_from is None and d.done_seq == 27
     assert [d.translate(s) for s in (3, 4, 10, 11, 28)] == [3, 21, 27, 11, 28]
     assert [d.untranslate(s) for s in (3, 21, 27, 28)] == [3, 4, 10, 28]
+    # wait_acked's one query: seq 4 as handed out is row 21, not yet acked; 3 is.
+    assert d.is_acked(3) and not d.is_acked(4) and not d.is_acked(10)
+    up(d, 21)
+    d.on_writing(21)
+    assert d.on_ack(21, 0.0) is AckKind.ADVANCE
+    assert d.is_acked(4) and not d.is_acked(5)
 
 
 # -- the writer ---------------------------------------------------------------------------------
@@ -551,7 +650,7 @@ def test_the_attempt_resets_only_on_an_ack_of_a_row_written_on_the_stream() -> N
 def test_the_attempt_resets_after_a_stable_stream() -> None:
     backoff = Backoff(initial_ms=100, multiplier=2, max_ms=100_000, jitter_ms=0)
     d = driver(backoff=backoff)
-    d.attempt = 5
+    dials_failed(d, 5)
     up(d, 1, 0)
     assert d.next_delay_ms(STABLE_STREAM_MS - 1, random.Random(0)) == 3200
     d.move(S.BACKOFF)
@@ -561,10 +660,10 @@ def test_the_attempt_resets_after_a_stable_stream() -> None:
 
 def test_a_set_aside_row_or_a_held_done_resets_the_attempt() -> None:
     d = driver()
-    d.attempt = 4
+    dials_failed(d, 4)
     d.on_set_aside()
     assert d.attempt == 0
-    d.attempt = 4
+    dials_failed(d, 4)
     d.hold(3, PayloadError("done", "x"))
     assert d.attempt == 0
 
@@ -890,7 +989,7 @@ def test_the_first_unstored_ack_counts_one_toward_the_store_every_batch() -> Non
 
 def test_an_answer_of_zero_bounds_acks_by_what_was_written_since_none_was() -> None:
     d = driver()
-    assert d.on_answer(0) == AnswerPlan(Answer.RESUME, 1)
+    assert d.on_answer(0, 0.0) == AnswerPlan(Answer.RESUME, 1)  # acked 0: nothing moved
     assert d.ack_bound == 0
     assert d.on_ack(1, 0.0) is AckKind.NEVER_WRITTEN  # row 1 never went out on the stream
     d.on_writing(1)
@@ -943,15 +1042,10 @@ def test_close_done_and_errors_are_recorded_as_said() -> None:
 
 def test_an_engine_behind_the_cursor_is_named_with_both_seqs() -> None:
     d = driver(acked=5, stored=3)
-    plan = d.on_answer(2)
-    assert (plan.answer, plan.replay_from, plan.clear_failed_mark, plan.reason) == (
-        Answer.BEHIND,
-        None,
-        False,
-        None,
-    )
-    assert isinstance(plan.error, EngineBehindError)
-    assert str(plan.error) == (
+    plan = d.on_answer(2, 0.0)
+    assert plan == AnswerPlan(Answer.BEHIND, None, failed_reason=FAILED_ENGINE_BEHIND)
+    assert isinstance(d.failure, EngineBehindError) and d.state is S.FAILED
+    assert str(d.failure) == (
         "run r: engine behind: its high-water 2 is below the stored cursor 3; it lost "
         "rows this log already deleted, which cannot be re-sent"
     )
@@ -959,14 +1053,14 @@ def test_an_engine_behind_the_cursor_is_named_with_both_seqs() -> None:
 
 def test_a_verifying_answer_clears_the_old_failed_mark_in_its_plan() -> None:
     d = driver(unverified=4, failed_mark=True)
-    assert d.on_answer(5) == AnswerPlan(Answer.VERIFY, 6, True)
+    assert d.on_answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, True)
     assert d.failed_mark is False
-    assert d.on_answer(5) == AnswerPlan(Answer.VERIFY, 6, False)  # cleared once
+    assert d.on_answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, False)  # cleared once
 
 
 def test_a_verification_is_followed_once_and_an_equal_answer_keeps_the_ack() -> None:
     d = driver(acked=5, stored=5, unverified=4)
-    assert d.on_answer(7).answer is Answer.VERIFY
+    assert d.on_answer(7, 0.0).answer is Answer.VERIFY
     d.on_verified(7, 4)
     assert d.provisional == (4, 11, 4) and d.acked == 7
     d.on_verified(9, 2)  # no VERIFY plan before it: no range handed out to move
@@ -987,11 +1081,9 @@ _FOREIGN_WHY = (
 def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None:
     me = Writer("w-me", 0, False, False)
     d = with_writer(me, unverified=1, path="/wal/r.wal")
-    plan = d.on_answer(1)  # the engine holds seq 1 already: not this log's
-    assert plan == AnswerPlan(
-        Answer.FOREIGN, None, error=plan.error, reason=fenced_reason(_FOREIGN_WHY)
-    )
-    error = plan.error
+    plan = d.on_answer(1, 0.0)  # the engine holds seq 1 already: not this log's
+    assert plan == AnswerPlan(Answer.FOREIGN, None, failed_reason=fenced_reason(_FOREIGN_WHY))
+    error = d.failure
     assert isinstance(error, WriterFencedError)
     assert str(error) == (
         f"run r: not this log's to write (writer w-me (epoch 0)): {_FOREIGN_WHY}. Every row "
@@ -1006,9 +1098,9 @@ def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None
     )
     assert d.fenced_failure == fenced_reason(_FOREIGN_WHY)
     # An engine holding nothing, or a log that may meet rows, verifies.
-    assert with_writer(me, unverified=1).on_answer(0).answer is Answer.VERIFY
+    assert with_writer(me, unverified=1).on_answer(0, 0.0).answer is Answer.VERIFY
     answered = me._replace(answered=True)
-    assert with_writer(answered, unverified=1).on_answer(1).answer is Answer.VERIFY
+    assert with_writer(answered, unverified=1).on_answer(1, 0.0).answer is Answer.VERIFY
 
 
 def test_fenced_keeps_its_reason_and_names_the_run_the_log_and_the_writer() -> None:
@@ -1155,8 +1247,7 @@ def test_the_engines_completion_fails_the_run_with_its_own_words() -> None:
 def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
     d = driver(high=10, acked=3, stored=3)
     error = PayloadError("done", "too big")
-    d.held = error  # no seq held back: nothing is due
-    assert d.held_due() is None and d.held is error
+    assert d.held_due() is None  # nothing held back
     d.hold(5, error)
     assert d.held_due() is None  # row 4 is not acked
     d.on_ack(4, 0.0)
@@ -1429,3 +1520,65 @@ def test_the_down_message_too_large_text_is_read_back_from_a_last_error() -> Non
     assert wd.receive_limit_in("UNAVAILABLE: Socket closed") is None
     assert wd.receive_limit_in("") is None
     assert wd.receive_limit_in(None) is None
+# -- the driver owns its state -----------------------------------------------------------
+
+
+def test_the_drivers_fields_are_read_only_outside_it() -> None:
+    d = driver()
+    assert all(name.startswith("_") for name in vars(d)), sorted(vars(d))
+    fields = {n for n, v in vars(Driver).items() if isinstance(v, property)}
+    assert {"state", "acked", "closed", "done_sent", "last_error", "failure"} <= fields
+    for name in fields:
+        assert getattr(Driver, name).fset is None, name
+    with pytest.raises(AttributeError):
+        d.acked = 3  # type: ignore[misc]
+
+
+def _driver_written(path: Path) -> list[str]:
+    """``<…driver>.<field> = …`` (or ``+=``, ``setattr``) in ``path``, as ``file:line``."""
+
+    def is_driver(node: ast.expr) -> bool:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+        return name in ("driver", "_driver")
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+        ):
+            targets = [node.args[0]] if node.args and is_driver(node.args[0]) else []
+            found += [f"{path.name}:{node.lineno}"] * len(targets)
+            continue
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and is_driver(sub.value):
+                    found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_nothing_outside_driver_modules_writes_a_drivers_field() -> None:
+    root = Path(__file__).resolve().parent.parent
+    paths = [
+        p
+        for top in ("walchannel", "tools", "tests", "examples")
+        for p in (root / top).rglob("*.py")
+        if not (top == "walchannel" and p.name.startswith("driver"))
+    ]
+    written = [w for p in paths for w in _driver_written(p)]
+    assert not written, written
+
+
+def test_the_write_finder_finds_a_planted_write(tmp_path: Path) -> None:
+    planted = tmp_path / "channel.py"
+    planted.write_text(
+        "def f(self):\n    self._driver._acked = 3\n    driver.closed += 1\n"
+        "    setattr(self._driver, 'state', None)\n    self.driven = 1\n"
+    )
+    assert _driver_written(planted) == ["channel.py:2", "channel.py:3", "channel.py:4"]

@@ -257,7 +257,7 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
         "send_done_takes_a_logged_done_for_a_delivered_one": "send_done",
         "progress_not_taken_from_the_disk": "progress()",
         "refused_row_read_one_late": "RowRefusedError's seq and kind",
-        "engine_forgot_call_back_dropped": "the engine-forgot path",
+        "engine_forgot_answer_not_applied": "the engine-forgot path",
         "first_ack_taken_for_an_answer_without_answers": "the stream's reader",
     }
     by_name = {p.name: p for p in PLANTS}

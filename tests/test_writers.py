@@ -724,12 +724,14 @@ def _driver(
 def test_the_first_answer_joins_rows_only_with_evidence(
     writer: LogWriter, high: int, answer: Answer
 ) -> None:
-    plan = _driver(writer=writer).on_answer(high)
+    d = _driver(writer=writer)
+    plan = d.on_answer(high, 0.0)
     assert plan.answer is answer
     if answer is Answer.FOREIGN:
-        assert plan.replay_from is None and isinstance(plan.error, WriterFencedError)
-        assert plan.error.engine_high == high and plan.error.path == "/w/r.wal.sqlite3"
-        assert plan.reason is not None and plan.reason.startswith(FAILED_FENCED)
+        assert plan.replay_from is None and isinstance(d.failure, WriterFencedError)
+        assert d.failure.engine_high == high and d.failure.path == "/w/r.wal.sqlite3"
+        assert d.state is ChannelState.FAILED
+        assert plan.failed_reason is not None and plan.failed_reason.startswith(FAILED_FENCED)
 
 
 @pytest.mark.parametrize(

@@ -51,11 +51,6 @@ _READ_FAILS = (
     "SQLite on the simulated disk never fails a read; tests/test_channel.py and "
     "tests/test_catalogue.py corrupt real files"
 )
-_PROTOCOL = (
-    "an answer above the high-water of a verified log, below 2**63, and an ack within it: a "
-    'protocol error whose stream goes on (SPEC "Acks"); the simulated engine lies only '
-    "impossibly; tests/test_channel.py drives a rogue engine that answers above the high-water"
-)
 _BUG = "only a bug in walchannel reaches it (the planted bugs of tests/plants.py do)"
 _TRANSPORT_CLOSE = (
     "closing the production transport (its discovery client) failing: the simulated "
@@ -145,13 +140,6 @@ ALLOWED: dict[str, str] = {
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::self._protocol_error(": (
-        _PROTOCOL
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::return plan.replay_from": (
-        _PROTOCOL
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_ack::self._protocol_error(": (_PROTOCOL),
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::logger.error(": (

@@ -140,7 +140,7 @@ class ChannelState(enum.Enum):
 
 _S = ChannelState
 _LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
-    _S.IDLE: frozenset({_S.CONNECTING, _S.EXPIRED, _S.CLOSED}),
+    _S.IDLE: frozenset({_S.CONNECTING, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
     _S.CONNECTING: frozenset({_S.STREAMING, _S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
     _S.STREAMING: frozenset({_S.BACKOFF, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
     _S.BACKOFF: frozenset({_S.CONNECTING, _S.FAILED, _S.EXPIRED, _S.CLOSED}),
@@ -243,25 +243,28 @@ class StateSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AnswerPlan:
-    """The decision for a handshake answer.
+    """What the caller does after :meth:`Driver.on_answer` applied a handshake answer.
 
     Attributes:
-        answer: what it means.
+        answer: what it meant.
         replay_from: the first seq to write on the stream; None: the stream ends.
         clear_failed_mark: a healthy answer clears a ``failed_at`` left in
             the log by an earlier run (``inspect`` no longer says failed).
-        problem: with :attr:`Answer.IMPOSSIBLE`, why (for the protocol error).
-        error: for ``BEHIND`` and ``FOREIGN``, the error the run fails with.
-        reason: the ``failed_reason`` to store with it (None: the driver's own,
-            see :meth:`Driver.fail`).
+        problem: for the log line: with ``AHEAD`` and ``IMPOSSIBLE``, the
+            protocol error (counted, in ``last_error``); with ``FORGOT``,
+            which acks the engine forgot.
+        failed_reason: with ``BEHIND`` and ``FOREIGN`` (the run failed,
+            :attr:`Driver.failure`), the ``failed_reason`` to store.
+        acked_moved: with ``RESUME``, the answer moved the received ack:
+            the caller takes the ack path (store when due, wake waiters).
     """
 
     answer: Answer
     replay_from: int | None
     clear_failed_mark: bool = False
     problem: str = ""
-    error: WalchannelError | None = None
-    reason: str | None = None
+    failed_reason: str | None = None
+    acked_moved: bool = False
 
 
 class EndPlan(NamedTuple):
@@ -302,33 +305,10 @@ class Driver:
             marked to take over starts ``FAILED`` with ``WriterFencedError``.
         path: the log file, for the errors that name it.
 
-    Attributes:
-        state: the :class:`ChannelState`.
-        acked: the highest seq received in an ack; at least the stored cursor.
-        write_pos: the next seq to write on the live stream (0: no stream).
-        provisional: ``(first, end, shift)``: seqs in ``[first, end)`` handed
-            out before a verification shift now live at ``seq + shift``.
-        hold_at: a ``Done`` the engine refused for its size: nothing from
-            this seq on is written; :attr:`held` is raised once the rows
-            before it are acked.
-        held: the error the channel stops with then.
-        closed: ``close()`` was called (or the channel's event loop is gone).
-        done_sent: ``send_done()`` was called: no new rows.
-        failure: the error that ended the run (``FAILED`` or a completed
-            run); sends raise it.
-        attempt: the backoff attempt of the next dial.
-        keepalive_ms: the keepalive of the next dial (doubled after
-            GOAWAY ``too_many_pings``).
-        sent, replayed, reconnects, protocol_errors: ``stats()`` counters.
-        last_error: the last connection or engine error (no token).
-        last_end_code: the gRPC status name of the last stream end.
-        down_too_large: the last stream end with a known status was a down
-            message over ``max_receive_message_bytes`` (None: it was not,
-            or a stream since had a row acked or lived
-            :data:`STABLE_STREAM_MS`).
-        stopped: the engine sent ``Stop`` (callbacks fired).
-        checkpoints: when to give the log's disk back.
-        fenced_failure: the ``failed_reason`` of the last :meth:`fenced` error.
+    Its fields (``state``, ``acked``, the counters, …) are read-only
+    properties: only the driver's own inputs change them, and ``state``
+    only through the transition table (SPEC "The channel", the state
+    diagram), as h11's ``Connection`` changes state only through its machine.
     """
 
     def __init__(
@@ -343,41 +323,41 @@ class Driver:
         path: str = "",
     ) -> None:
         self._log = log
-        self.run_id = config.run_id
+        self._run_id = config.run_id
         self._writer = writer
         self._path = path
         # What the engine said when it ended the run for this writer.
         self._engine_refused: str | None = None
         self._completed_by: str | None = None
-        self.fenced_failure: str | None = None
+        self._fenced_failure: str | None = None
         self._backoff = config.backoff
         self._dead_stream_ms = config.dead_stream_ms
         self._min_send_rate = float(config.min_send_rate_bytes_per_s)
         self._acks_handshake = config.engine_acks_handshake
         deadline = config.hard_deadline
         self._deadline_s = None if deadline is None else deadline.timestamp()
-        self.state = ChannelState.IDLE
-        self.closed = False
-        self.done_sent = False
-        self.failure: WalchannelError | None = None
-        self.failed_mark = failed_mark
+        self._state = ChannelState.IDLE
+        self._closed = False
+        self._done_sent = False
+        self._failure: WalchannelError | None = None
+        self._failed_mark = failed_mark
         # The cursor.
-        self.acked = log.state.last_acked
-        self.write_pos = 0
+        self._acked = log.state.last_acked
+        self._write_pos = 0
         self._pending = 0
         self._pending_since_ms: float | None = None
-        self.provisional: tuple[int, int, int] | None = None
+        self._provisional: tuple[int, int, int] | None = None
         self._verifying: tuple[int, int] | None = None
-        self.hold_at: int | None = None
-        self.held: WalchannelError | None = None
+        self._hold_at: int | None = None
+        self._held: WalchannelError | None = None
         # The reconnect policy.
-        self.attempt = 0
+        self._attempt = 0
         self._first_written: int | None = None
         self._up_since_ms: float | None = None
-        self.keepalive_ms = config.keepalive_ms
+        self._keepalive_ms = config.keepalive_ms
         # Counters.
-        self.sent = 0
-        self.replayed = 0
+        self._sent = 0
+        self._replayed = 0
         self._max_written = 0
         # The highest seq whose write ever started on a stream of this channel,
         # and what an ack may cover: the higher of it and the stream's answer
@@ -385,35 +365,160 @@ class Driver:
         self._max_started = 0
         self._ack_bound = _NO_BOUND
         self._streams_up = 0
-        self.reconnects = 0
-        self.protocol_errors = 0
-        self.last_error: str | None = None
-        self.last_end_code: str | None = None
-        self.down_too_large: DownTooLarge | None = None
+        self._reconnects = 0
+        self._protocol_errors = 0
+        self._last_error: str | None = None
+        self._last_end_code: str | None = None
+        self._down_too_large: DownTooLarge | None = None
         self._repeated_end: str | None = None
         # Down messages: Stop fires once, decisions are kept by request id.
-        self.stopped = False
+        self._stopped = False
         self._decided: dict[str, tuple[bool, str]] = {}
-        self.checkpoints = CheckpointPolicy(now_ms)
+        self._checkpoints = CheckpointPolicy(now_ms)
         if refused_at_open(failed_reason, writer is not None and writer.take_over):
             # Refused before, and not marked to take over: no dial, no send.
-            self.failure = self.fenced(f"it was refused before: {failed_reason}")
-            self.state = ChannelState.FAILED
+            self._failure = self.fenced(f"it was refused before: {failed_reason}")
+            self.move(ChannelState.FAILED)
         elif writer is not None and writer.take_over and not self._acks_handshake:
             # A takeover numbers this log's rows after the engine's h. Without
             # the answer they would start at the log's own seqs, which the
             # engine holds from the old writer: dropped as duplicates, lost.
-            self.failure = WriterFencedError(
-                f"run {self.run_id}: {self._path or 'the log'} is marked to take the run over "
+            self._failure = WriterFencedError(
+                f"run {self._run_id}: {self._path or 'the log'} is marked to take the run over "
                 "(walchannel takeover), which needs the engine's handshake answer to number "
                 "its rows after the engine's: set engine_acks_handshake=True (an engine that "
                 "answers handshakes); without it the engine would drop them as duplicates of "
                 f"the old writer's rows. Every row stays in {self._path or 'the log'}",
-                run_id=self.run_id,
+                run_id=self._run_id,
                 path=self._path,
                 writer_id=writer.id,
             )
-            self.state = ChannelState.FAILED
+            self.move(ChannelState.FAILED)
+
+    # -- its own fields: read-only outside the driver ----------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        """The run (for the errors that name it)."""
+        return self._run_id
+
+    @property
+    def state(self) -> ChannelState:
+        """The :class:`ChannelState`; it changes only through the transition table."""
+        return self._state
+
+    @property
+    def acked(self) -> int:
+        """The highest seq received in an ack; at least the stored cursor."""
+        return self._acked
+
+    @property
+    def write_pos(self) -> int:
+        """The next seq to write on the live stream (0: no stream)."""
+        return self._write_pos
+
+    @property
+    def provisional(self) -> tuple[int, int, int] | None:
+        """``(first, end, shift)``: seqs in ``[first, end)`` handed out before a
+        verification shift now live at ``seq + shift``."""
+        return self._provisional
+
+    @property
+    def hold_at(self) -> int | None:
+        """A ``Done`` the engine refused for its size: nothing from this seq on is
+        written; :attr:`held` is raised once the rows before it are acked."""
+        return self._hold_at
+
+    @property
+    def held(self) -> WalchannelError | None:
+        """The error the channel stops with once the rows before :attr:`hold_at` are acked."""
+        return self._held
+
+    @property
+    def closed(self) -> bool:
+        """``close()`` was called (or the channel's event loop is gone)."""
+        return self._closed
+
+    @property
+    def done_sent(self) -> bool:
+        """``send_done()`` was called: no new rows."""
+        return self._done_sent
+
+    @property
+    def failure(self) -> WalchannelError | None:
+        """The error that ended the run (``FAILED`` or a completed run); sends raise it."""
+        return self._failure
+
+    @property
+    def attempt(self) -> int:
+        """The backoff attempt of the next dial."""
+        return self._attempt
+
+    @property
+    def keepalive_ms(self) -> int:
+        """The keepalive of the next dial (ms; doubled after GOAWAY ``too_many_pings``)."""
+        return self._keepalive_ms
+
+    @property
+    def sent(self) -> int:
+        """Rows written for the first time on this channel's streams (``stats()``)."""
+        return self._sent
+
+    @property
+    def replayed(self) -> int:
+        """Rows written again on this channel's streams (``stats()``)."""
+        return self._replayed
+
+    @property
+    def reconnects(self) -> int:
+        """Streams after the first that came up (``stats()``)."""
+        return self._reconnects
+
+    @property
+    def protocol_errors(self) -> int:
+        """Impossible answers of the engine, counted, never applied (``stats()``)."""
+        return self._protocol_errors
+
+    @property
+    def last_error(self) -> str | None:
+        """The last connection or engine error (no token)."""
+        return self._last_error
+
+    @property
+    def last_end_code(self) -> str | None:
+        """The gRPC status name of the last stream end."""
+        return self._last_end_code
+
+    @property
+    def down_too_large(self) -> DownTooLarge | None:
+        """The last stream end with a known status was a down message over
+        ``max_receive_message_bytes`` (None: it was not, or a stream since had a
+        row acked or lived :data:`STABLE_STREAM_MS`)."""
+        return self._down_too_large
+
+    @property
+    def failed_mark(self) -> bool:
+        """The log's ``failed_at`` from an earlier run is still to be cleared.
+
+        Not a copy of the log's meta but a duty: the first healthy handshake
+        answer hands it to the channel (``AnswerPlan.clear_failed_mark``) once.
+        """
+        return self._failed_mark
+
+    @property
+    def stopped(self) -> bool:
+        """The engine sent ``Stop`` (callbacks fired)."""
+        return self._stopped
+
+    @property
+    def checkpoints(self) -> CheckpointPolicy:
+        """When to give the log's disk back."""
+        return self._checkpoints
+
+    @property
+    def fenced_failure(self) -> str | None:
+        """The ``failed_reason`` of the last :meth:`fenced` error."""
+        return self._fenced_failure
 
     # -- the log's facts (read, never kept) ------------------------------------------------
 
@@ -446,14 +551,14 @@ class Driver:
     def unacked(self) -> int:
         """Rows not covered by a received ack (0 once the run is completed)."""
         state = self._log.state
-        return 0 if state.completed else state.next_seq - 1 - self.acked
+        return 0 if state.completed else state.next_seq - 1 - self._acked
 
     # -- state -----------------------------------------------------------------------------
 
     @property
     def final(self) -> bool:
         """True in ``EXPIRED``, ``FAILED`` and ``CLOSED``: the connection loop is over."""
-        return self.state in _FINAL
+        return self._state in _FINAL
 
     def move(self, new: ChannelState) -> bool:
         """Move to ``new``; return True when the state changed (staying put is allowed).
@@ -461,12 +566,12 @@ class Driver:
         Raises:
             StateError: the move is not legal (e.g. out of ``CLOSED``).
         """
-        old = self.state
+        old = self._state
         if new is old:
             return False
         if new not in _LEGAL[old]:
             raise StateError(f"illegal channel state change {old.name} -> {new.name}")
-        self.state = new
+        self._state = new
         return True
 
     def deadline_in_s(self, now_wall_s: float) -> float | None:
@@ -488,26 +593,25 @@ class Driver:
             call: what is asked.
             now_wall_s: the wall clock (unix seconds), for ``hard_deadline``.
         """
-        if self.closed:
-            return ChannelClosedError(f"run {self.run_id}: the channel is closed")
-        if self.done_sent and call is not Call.HANDSHAKE:
+        if self._closed:
+            return ChannelClosedError(f"run {self._run_id}: the channel is closed")
+        if self._done_sent and call is not Call.HANDSHAKE:
             if call is Call.DONE:
-                return ChannelClosedError(f"run {self.run_id}: send_done() was already called")
-            return ChannelClosedError(f"run {self.run_id}: send_done() was called; no new rows")
+                return ChannelClosedError(f"run {self._run_id}: send_done() was already called")
+            return ChannelClosedError(f"run {self._run_id}: send_done() was called; no new rows")
         if call is Call.DONE and self.completed:
             return None  # the run's Done is acked and stored: nothing can fail it now
         # EXPIRED is final: a wall clock stepped back before the deadline does not reopen it.
         deadline_s = self._deadline_s
-        if (deadline_s is not None and now_wall_s >= deadline_s) or self.state is _EXPIRED:
-            return RunExpiredError(f"run {self.run_id}: past its hard_deadline")
-        return self.failure
+        if (deadline_s is not None and now_wall_s >= deadline_s) or self._state is _EXPIRED:
+            return RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        return self._failure
 
     def expire(self) -> bool:
         """``hard_deadline`` passed: move to ``EXPIRED``; False when already over."""
         if self.final:
             return False
-        self.state = ChannelState.EXPIRED
-        return True
+        return self.move(ChannelState.EXPIRED)
 
     def fail(self, error: WalchannelError, *, reason: str | None = None) -> str | None:
         """The run fails with ``error`` (sends raise it); return the ``failed_reason`` to store.
@@ -517,60 +621,75 @@ class Driver:
         refused ``Done``, a damaged file, a broken invariant), the engine
         behind for an :class:`~walchannel.errors.EngineBehindError`, else None.
         """
-        self.failure = error
+        self._failure = error
         if not self.final:
-            self.state = ChannelState.FAILED
+            self.move(ChannelState.FAILED)
         if reason is None and isinstance(error, EngineBehindError):
             return FAILED_ENGINE_BEHIND
         return reason
 
     def on_close(self) -> None:
         """``close()`` began (or the loop is gone): no send is admitted from now on."""
-        self.closed = True
+        self._closed = True
 
     def on_done_sent(self) -> None:
         """``send_done`` logged the run's ``Done`` (or found it delivered): later sends close."""
-        self.done_sent = True
+        self._done_sent = True
 
     def note_error(self, text: str) -> None:
         """Keep ``text`` (no token: the caller redacts it) as ``last_error`` (``stats()``)."""
-        self.last_error = text
+        self._last_error = text
 
     def protocol_error(self, message: str) -> str:
         """The engine broke the protocol: count it; return the ``last_error`` text (SPEC "Acks")."""
-        self.protocol_errors += 1
-        self.last_error = f"protocol error: {message}"
-        return self.last_error
+        self._protocol_errors += 1
+        self._last_error = f"protocol error: {message}"
+        return self._last_error
 
     # -- the handshake answer --------------------------------------------------------------
 
-    def on_answer(self, engine_high: int | None) -> AnswerPlan:
-        """Decide what the engine's handshake answer ``Ack(h)`` means. SPEC "Dial".
+    def on_answer(self, engine_high: int | None, now_ms: float) -> AnswerPlan:
+        """Apply the engine's handshake answer ``Ack(h)``; return the I/O it needs. SPEC "Dial".
+
+        One call applies every change of the driver's own state the answer
+        makes; the plan names only what the caller must do outside it (the
+        log, the stream, the waiters). By :attr:`AnswerPlan.answer`:
+
+        - ``RESUME``: ``h`` is applied as a received ack
+          (:attr:`AnswerPlan.acked_moved`: then the ack path, as after
+          :meth:`on_ack`).
+        - ``FORGOT``: ``h`` is below acks received but not stored: the cursor
+          steps back to ``max(h, stored)`` and those rows are written again.
+        - ``VERIFY``: the caller runs ``RunLog.verify(h)``, then
+          :meth:`on_verified` with its shift: the one second call, as the
+          log's rows move in between.
+        - ``BEHIND``, ``FOREIGN``: the run has failed (:attr:`failure`);
+          the caller stores :attr:`AnswerPlan.failed_reason` and ends.
+        - ``AHEAD``, ``IMPOSSIBLE``: a protocol error, counted and kept as
+          :attr:`last_error`, never applied (:attr:`AnswerPlan.problem`);
+          after ``IMPOSSIBLE`` (``h`` past SQLite's range, or a shift that
+          would carry a row past it,
+          :func:`~walchannel.log_state.impossible_answer`) the stream ends.
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake`` (no
                 answer is awaited).
-
-        Returns:
-            The plan. ``VERIFY``: the caller runs ``RunLog.verify(h)`` and then
-            :meth:`on_verified`; ``RESUME``: :meth:`on_ack`; ``FORGOT``:
-            :meth:`on_forgot`; ``BEHIND``: :meth:`fail`; ``AHEAD``:
-            :meth:`protocol_error`; ``IMPOSSIBLE`` (``h`` past SQLite's range,
-            or a verification shift that would carry a row past it,
-            :func:`~walchannel.log_state.impossible_answer`): nothing is
-            applied, :meth:`protocol_error` and the stream ends.
+            now_ms: the time of the answer (ms, monotonic): when a ``RESUME``
+                ack waits to be stored from.
         """
         if engine_high is None:
             self._ack_bound = _NO_BOUND
-            return AnswerPlan(Answer.NO_ANSWER, self.acked + 1)
+            return AnswerPlan(Answer.NO_ANSWER, self._acked + 1)
         problem = impossible_answer(
             engine_high, unverified_from=self.unverified_from, high_water=self.high_water
         )
         if problem is not None:
-            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=problem)
+            said = self.protocol_error(f"{problem}; not applied")
+            return AnswerPlan(Answer.IMPOSSIBLE, None, problem=said)
         self._ack_bound = max(engine_high, self._max_started)
         if engine_high < self.stored:
-            return AnswerPlan(Answer.BEHIND, None, error=self._behind(engine_high))
+            reason = self.fail(self._behind(engine_high))
+            return AnswerPlan(Answer.BEHIND, None, failed_reason=reason)
         unverified = self.unverified_from
         writer = self._writer
         if unverified is not None and engine_high > 0 and writer and not writer.may_meet_rows:
@@ -581,22 +700,34 @@ class Driver:
                 "a second harness); joining them would apply findings twice",
                 engine_high=engine_high,
             )
-            return AnswerPlan(Answer.FOREIGN, None, error=error, reason=self.fenced_failure)
-        clear = self.failed_mark
-        self.failed_mark = False
+            reason = self.fail(error, reason=self._fenced_failure)
+            return AnswerPlan(Answer.FOREIGN, None, failed_reason=reason)
+        clear = self._failed_mark
+        self._failed_mark = False
         if unverified is not None:
             # After the log's verification the high-water is at least h.
             self._verifying = (unverified, self.high_water + 1)
             return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)
         if engine_high > self.high_water:
-            return AnswerPlan(Answer.AHEAD, self.acked + 1, clear)
-        if engine_high < self.acked:
-            return AnswerPlan(Answer.FORGOT, engine_high + 1, clear)
-        return AnswerPlan(Answer.RESUME, engine_high + 1, clear)
+            said = self.protocol_error(
+                f"handshake answer Ack({engine_high}) is above the high-water "
+                f"{self.high_water}; not applied"
+            )
+            return AnswerPlan(Answer.AHEAD, self._acked + 1, clear, problem=said)
+        if engine_high < self._acked:
+            forgot_from = self._acked
+            # Re-send what it forgot; what the log stores is gone from it.
+            self._acked = max(engine_high, self.stored)
+            self._clear_pending()
+            return AnswerPlan(
+                Answer.FORGOT, engine_high + 1, clear, problem=f"below acks it gave ({forgot_from})"
+            )
+        moved = self.on_ack(engine_high, now_ms) is AckKind.ADVANCE
+        return AnswerPlan(Answer.RESUME, engine_high + 1, clear, acked_moved=moved)
 
     def _behind(self, engine_high: int) -> EngineBehindError:
         return EngineBehindError(
-            f"run {self.run_id}: engine behind: its high-water {engine_high} is below "
+            f"run {self._run_id}: engine behind: its high-water {engine_high} is below "
             f"the stored cursor {self.stored}; it lost rows this log already "
             "deleted, which cannot be re-sent"
         )
@@ -612,8 +743,8 @@ class Driver:
             why: the cause (the engine's words, or the log's own evidence).
             engine_high: the engine's high-water, when the evidence is the log's.
         """
-        self.fenced_failure = fenced_reason(why)
-        return fenced_error(self.run_id, self._path, self._writer, why, engine_high=engine_high)
+        self._fenced_failure = fenced_reason(why)
+        return fenced_error(self._run_id, self._path, self._writer, why, engine_high=engine_high)
 
     def on_verified(self, engine_high: int, shift: int) -> None:
         """The log applied the verification rule for ``h`` with ``shift``; follow it.
@@ -623,29 +754,36 @@ class Driver:
         """
         if shift and self._verifying is not None:
             first, end = self._verifying
-            self.provisional = (first, end, shift)
+            self._provisional = (first, end, shift)
         self._verifying = None
-        if engine_high > self.acked:
-            self.acked = engine_high
-        self._clear_pending()
-
-    def on_forgot(self, engine_high: int) -> None:
-        """The engine answered below acks it gave that are not stored yet: re-send them."""
-        self.acked = max(engine_high, self.stored)
+        if engine_high > self._acked:
+            self._acked = engine_high
         self._clear_pending()
 
     def translate(self, seq: int) -> int:
-        """Map a seq handed out before a verification shift to where its row lives now."""
-        if self.provisional is not None:
-            first, end, shift = self.provisional
+        """Map a seq handed out before a verification shift to where its row lives now.
+
+        The one place seqs are renumbered for the channel: every waiter and
+        answer asks :meth:`is_acked` (or this), none shifts a seq itself.
+        """
+        if self._provisional is not None:
+            first, end, shift = self._provisional
             if first <= seq < end:
                 return seq + shift
         return seq
 
+    def is_acked(self, handed_out: int) -> bool:
+        """Tell whether the engine acked the row handed out as seq ``handed_out``.
+
+        ``wait_acked(t)`` answers this: ``t`` as returned by ``send_*``,
+        followed through any verification shift (SPEC "Dial").
+        """
+        return self._acked >= self.translate(handed_out)
+
     def untranslate(self, seq: int) -> int:
         """Map a row's seq back to the seq handed out for it (:meth:`translate` undone)."""
-        if self.provisional is not None:
-            first, end, shift = self.provisional
+        if self._provisional is not None:
+            first, end, shift = self._provisional
             if first + shift <= seq < end + shift:
                 return seq - shift
         return seq
@@ -662,29 +800,46 @@ class Driver:
 
         Returns:
             ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
-            ``STALE`` when it did not; for a protocol error, never applied:
-            ``NEVER_WRITTEN`` beyond :attr:`ack_bound` (rows never written:
-            the stream ends; without handshake answers, beyond the
-            high-water), ``ABOVE_HIGH_WATER`` for a seq never logged within
-            it (after an answer above the high-water).
+            ``STALE`` when it did not; for a protocol error, counted and
+            kept as :attr:`last_error`, never applied: ``NEVER_WRITTEN``
+            beyond :attr:`ack_bound` (rows never written: the stream ends;
+            without handshake answers, beyond the high-water),
+            ``ABOVE_HIGH_WATER`` for a seq never logged within it (after an
+            answer above the high-water).
         """
-        if seq > self._ack_bound:
-            return AckKind.NEVER_WRITTEN
-        if seq > self._log.state.next_seq - 1:
-            # Without answers the high-water is the bound (SPEC "Acks").
-            return AckKind.ABOVE_HIGH_WATER if self._acks_handshake else AckKind.NEVER_WRITTEN
+        if seq > self._ack_bound or seq > self._log.state.next_seq - 1:
+            return self._impossible_ack(seq)
         if self._first_written is not None and seq >= self._first_written:
-            self.attempt = 0
-            self.down_too_large = None
-        if seq <= self.acked:
+            self._attempt = 0
+            self._down_too_large = None
+        if seq <= self._acked:
             return AckKind.STALE
-        self.acked = seq
-        if self.write_pos and self.write_pos <= seq:
-            self.write_pos = seq + 1
+        self._acked = seq
+        if self._write_pos and self._write_pos <= seq:
+            self._write_pos = seq + 1
         self._pending += 1
         if self._pending_since_ms is None:
             self._pending_since_ms = now_ms
         return AckKind.ADVANCE
+
+    def _impossible_ack(self, seq: int) -> AckKind:
+        """``Ack(seq)`` covers rows never written or never logged: count it, apply nothing."""
+        high_water = self._log.state.next_seq - 1
+        if seq <= self._ack_bound and self._acks_handshake:
+            self.protocol_error(f"Ack({seq}) is above the high-water {high_water}; not applied")
+            return AckKind.ABOVE_HIGH_WATER
+        if self._acks_handshake:
+            bound = (
+                f"beyond seq {self._ack_bound}, the highest this channel wrote or the engine "
+                "answered the handshake with"
+            )
+        else:
+            # Without answers the high-water is the bound (SPEC "Acks").
+            bound = (
+                f"beyond seq {high_water}, the log's high-water (the engine answers no handshakes)"
+            )
+        self.protocol_error(f"Ack({seq}) covers rows never written: {bound}; not applied")
+        return AckKind.NEVER_WRITTEN
 
     def ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
         """Return the ack to store in the log now, or None to keep coalescing.
@@ -695,7 +850,7 @@ class Driver:
         SPEC "The log".
         """
         state = self._log.state
-        acked = self.acked
+        acked = self._acked
         if acked <= state.last_acked:
             return None
         if (
@@ -722,7 +877,7 @@ class Driver:
 
     def on_stored(self, seq: int) -> None:
         """The log stored ``Ack(seq)`` (its state holds it): stop coalescing what it covers."""
-        if max(self.stored, seq) >= self.acked:
+        if max(self.stored, seq) >= self._acked:
             self._clear_pending()
 
     def _clear_pending(self) -> None:
@@ -739,18 +894,18 @@ class Driver:
         backoff attempt resets once the stream lives :data:`STABLE_STREAM_MS`
         or an ack covers a row written on it. Moves to ``STREAMING``.
         """
-        self.write_pos = max(replay_from, self.acked + 1)
+        self._write_pos = max(replay_from, self._acked + 1)
         self._up_since_ms = now_ms
         self._first_written = None
         self._repeated_end = None
         self._streams_up += 1
         if self._streams_up > 1:
-            self.reconnects += 1
+            self._reconnects += 1
         self.move(ChannelState.STREAMING)
 
     def on_stream_gone(self) -> None:
         """The stream is gone: nothing is being written."""
-        self.write_pos = 0
+        self._write_pos = 0
 
     def next_to_write(self) -> int | None:
         """Return the next seq to write on the live stream, or None when caught up.
@@ -758,9 +913,9 @@ class Driver:
         Nothing at or above :attr:`hold_at` is written.
         """
         end = self._log.state.next_seq - 1
-        if self.hold_at is not None and self.hold_at <= end:
-            end = self.hold_at - 1
-        pos = self.write_pos
+        if self._hold_at is not None and self._hold_at <= end:
+            end = self._hold_at - 1
+        pos = self._write_pos
         return pos if pos and pos <= end else None
 
     def on_writing(self, seq: int) -> None:
@@ -795,21 +950,21 @@ class Driver:
         after ``seq`` (a replay to an engine that already had them), which
         the log may have deleted already.
         """
-        acked = self.acked
-        self.write_pos = seq + 1 if seq >= acked else acked + 1
+        acked = self._acked
+        self._write_pos = seq + 1 if seq >= acked else acked + 1
         if self._first_written is None:
             self._first_written = seq
-        self.sent += 1
+        self._sent += 1
         if seq <= self._max_written:
-            self.replayed += 1
+            self._replayed += 1
         else:
             self._max_written = seq
 
     def rewind(self) -> int:
         """Rewind the writer to the received ack; return how many rows it will re-send."""
-        if self.write_pos:
-            self.write_pos = self.acked + 1
-        return self.high_water - self.acked
+        if self._write_pos:
+            self._write_pos = self._acked + 1
+        return self.high_water - self._acked
 
     # -- ends of stream and reconnecting ---------------------------------------------------
 
@@ -831,10 +986,10 @@ class Driver:
             details: the status details.
             debug: gRPC's debug string (where some GOAWAY reasons show).
         """
-        self.last_end_code = code
+        self._last_end_code = code
         doubled = _is_too_many_pings(f"{details} {debug}")
         if doubled:
-            self.keepalive_ms = min(self.keepalive_ms * 2, MAX_KEEPALIVE_MS)
+            self._keepalive_ms = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
         refused = engine_refusal(code, details)
         if refused is not None:
             self._engine_refused = details
@@ -847,8 +1002,8 @@ class Driver:
             return EndPlan(End.ALREADY_OVER, doubled, None)
         too_large = parse_receive_limit(code, details)
         if too_large is None and status_lost(code, details):
-            too_large = self.down_too_large
-        self.down_too_large = too_large
+            too_large = self._down_too_large
+        self._down_too_large = too_large
         if too_large is not None:
             return EndPlan(End.DOWN_TOO_LARGE, doubled, None, too_large)
         refusal = parse_size_refusal(code, details)
@@ -905,8 +1060,8 @@ class Driver:
                 )
             else:
                 said = f"the engine refused it: {said}"
-            return self.fenced(said), self.fenced_failure
-        error = RunCompletedError(f"run {self.run_id}: the engine says the run is completed")
+            return self.fenced(said), self._fenced_failure
+        error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
         return error, FAILED_UNDELIVERABLE if completion is Completion.UNDELIVERABLE else None
 
     def completed_by_engine(self) -> RunCompletedError:
@@ -914,10 +1069,10 @@ class Driver:
 
         Returns the error later calls raise (the run is completed).
         """
-        error = RunCompletedError(f"run {self.run_id}: the engine says the run is completed")
-        self.failure = error
+        error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
+        self._failure = error
         if not self.final:
-            self.state = ChannelState.FAILED
+            self.move(ChannelState.FAILED)
         return error
 
     def next_delay_ms(self, now_ms: float, rng: random.Random) -> float:
@@ -930,17 +1085,17 @@ class Driver:
         "Reconnect".
         """
         if self._up_since_ms is not None and now_ms - self._up_since_ms >= STABLE_STREAM_MS:
-            self.attempt = 0
-            self.down_too_large = None
-        delay = self._backoff.delay_ms(self.attempt, rng)
-        self.attempt += 1
+            self._attempt = 0
+            self._down_too_large = None
+        delay = self._backoff.delay_ms(self._attempt, rng)
+        self._attempt += 1
         self._up_since_ms = None
         self._first_written = None
         return delay
 
     def watchdog_period_ms(self) -> float:
         """How often the watchdog looks at a live stream (ms)."""
-        return watchdog_period_ms(self._dead_stream_ms, self.keepalive_ms)
+        return watchdog_period_ms(self._dead_stream_ms, self._keepalive_ms)
 
     def stream_verdict(
         self,
@@ -961,7 +1116,7 @@ class Driver:
             next_beat_ms=next_beat_ms,
             pending_bytes=pending_bytes,
             dead_stream_ms=self._dead_stream_ms,
-            keepalive_ms=self.keepalive_ms,
+            keepalive_ms=self._keepalive_ms,
             min_send_rate=self._min_send_rate,
         )
 
@@ -969,7 +1124,7 @@ class Driver:
 
     def on_set_aside(self) -> None:
         """A refused row was set aside: the engine is healthy, dial again soon."""
-        self.attempt = 0
+        self._attempt = 0
 
     def hold(self, seq: int, error: WalchannelError) -> None:
         """The engine refused the ``Done`` at ``seq``: write nothing from it on.
@@ -978,15 +1133,15 @@ class Driver:
         (:meth:`held_due`): the engine drops what it read ahead, so those rows
         are delivered first (docs/design.md, ``Done`` is never set aside).
         """
-        self.hold_at = seq
-        self.held = error
-        self.attempt = 0
+        self._hold_at = seq
+        self._held = error
+        self._attempt = 0
 
     def held_due(self) -> WalchannelError | None:
         """The held error, once every row before the refused ``Done`` is acked (taken once)."""
-        if self.held is None or self.hold_at is None or self.acked < self.hold_at - 1:
+        if self._held is None or self._hold_at is None or self._acked < self._hold_at - 1:
             return None
-        error, self.held = self.held, None
+        error, self._held = self._held, None
         return error
 
     # -- down messages ---------------------------------------------------------------------
@@ -996,8 +1151,8 @@ class Driver:
 
         SPEC "Down messages": the engine re-sends it after every handshake.
         """
-        first = not self.stopped
-        self.stopped = True
+        first = not self._stopped
+        self._stopped = True
         return first
 
     def on_decision(self, request_id: str, approved: bool, reason: str) -> None:

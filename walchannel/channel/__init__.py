@@ -275,7 +275,6 @@ class GrpcEngineChannel:
             from walchannel.channel.replica import ReplicaGate
 
             self._replica = ReplicaGate(socket, log, self._note_error)
-        self._closing = False
         self._pings_warned = False
         self._limits_warned: set[tuple[str, int]] = set()
         # Texts of errors from outside walchannel already said at ERROR.
@@ -435,7 +434,6 @@ class GrpcEngineChannel:
         if self._driver.closed:
             return
         self._driver.on_close()
-        self._closing = True
         logger.warning(
             "run %s: the channel's event loop is gone (closed or stopped); the channel is "
             "closed and its log released, the unacked rows stay for a new channel",
@@ -487,8 +485,13 @@ class GrpcEngineChannel:
                 future.exception()
 
     def _fail(self, error: WalchannelError, *, reason: str | None = None) -> None:
+        self._failed(self._driver.fail(error, reason=reason))
+
+    def _failed(self, reason: str | None) -> None:
+        """The driver failed the run (:attr:`Driver.failure`): say so, store it, wake the waits."""
+        error = self._driver.failure
+        assert error is not None
         logger.error("%s", error)
-        reason = self._driver.fail(error, reason=reason)
         self._record_error(raw_message(error), failed=reason)
         self._state_changed()
 
@@ -855,9 +858,7 @@ class GrpcEngineChannel:
         driver = self._driver
         target = driver.high_water if seq is None else seq
         return await self._wait_for(
-            lambda: driver.acked >= driver.translate(target),
-            timeout_ms,
-            lambda: driver.translate(target),
+            lambda: driver.is_acked(target), timeout_ms, lambda: driver.translate(target)
         )
 
     async def _wait_for(
@@ -1030,15 +1031,15 @@ class GrpcEngineChannel:
         driver = self._driver
         try:
             first = True
-            while not driver.final and not self._closing:
+            while not driver.final and not driver.closed:
                 if not first and self._config.http_addr is not None:
                     await self._rediscover()
-                    if self._closing or driver.final:
+                    if driver.closed or driver.final:
                         break
                 first = False
                 self._move(ChannelState.CONNECTING)
                 await self._stream_once(self._addr)
-                if self._closing or driver.final:
+                if driver.closed or driver.final:
                     break
                 self._move(ChannelState.BACKOFF)
                 delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)
@@ -1143,7 +1144,7 @@ class GrpcEngineChannel:
             self._rows.clear_readahead()
             await stream.teardown()
             self._stream = None
-            if not self._closing:
+            if not self._driver.closed:
                 self._record_end(stream)
 
     async def _open(self, stream: Stream) -> None:
@@ -1217,7 +1218,11 @@ class GrpcEngineChannel:
         )
 
     def _take_answer(self, engine_high: int | None) -> int | None:
-        """Carry out the driver's decision on the handshake answer ``Ack(h)``. SPEC "Dial".
+        """Apply the handshake answer ``Ack(h)`` and do the I/O it needs. SPEC "Dial".
+
+        The driver applies the answer in one call (:meth:`Driver.on_answer
+        <walchannel.driver.Driver.on_answer>`); only a verification calls it
+        again, after the log moved its rows.
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake``.
@@ -1226,7 +1231,8 @@ class GrpcEngineChannel:
             The first seq to write on the stream, or None to end the stream.
         """
         driver = self._driver
-        plan = driver.on_answer(engine_high)
+        now = self._clock.monotonic_ms()
+        plan = driver.on_answer(engine_high, now)
         answer = plan.answer
         if engine_high is None:
             return plan.replay_from
@@ -1235,15 +1241,16 @@ class GrpcEngineChannel:
                 self._log.update_meta(failed_at=None, failed_reason=None)
             except WalchannelError as exc:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if answer is Answer.IMPOSSIBLE:
-            # Nothing applied; replay_from is None: the stream ends.
-            self._protocol_error(
-                f"{plan.problem}; not applied",
-                end=True,
-            )
+        if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
+            logger.error("run %s: %s", self._run_id, plan.problem)
+            if answer is Answer.IMPOSSIBLE and self._stream is not None:
+                # Nothing applied; the stream ends, and a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{plan.problem}; the stream is ended and dialed again")
+                )
             return plan.replay_from
-        if plan.error is not None:  # BEHIND, FOREIGN: the run cannot go on with this engine
-            self._fail(plan.error, reason=plan.reason)
+        if answer is Answer.BEHIND or answer is Answer.FOREIGN:
+            self._failed(plan.failed_reason)  # the run cannot go on with this engine
             return None
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
@@ -1268,38 +1275,18 @@ class GrpcEngineChannel:
             self._rows_deleted()  # the verifying ack deleted rows too
             self._after_ack()
             return plan.replay_from
-        if answer is Answer.AHEAD:
-            self._protocol_error(
-                f"handshake answer Ack({engine_high}) is above the high-water "
-                f"{driver.high_water}; not applied"
-            )
-            return plan.replay_from
         if answer is Answer.FORGOT:
             logger.warning(
-                "run %s: the engine answered Ack(%d) below acks it gave (%d); re-sending from %d",
+                "run %s: the engine answered Ack(%d) %s; re-sending from %d",
                 self._run_id,
                 engine_high,
-                driver.acked,
-                engine_high + 1,
+                plan.problem,
+                plan.replay_from,
             )
-            driver.on_forgot(engine_high)
-            return plan.replay_from
-        self._on_ack(engine_high)
+        elif plan.acked_moved:
+            _killpoints.reached("after_ack_received")
+            self._after_ack(now)
         return plan.replay_from
-
-    def _protocol_error(self, message: str, *, end: bool = False) -> None:
-        """The engine broke the protocol: counted, logged, never applied (SPEC "Acks").
-
-        ``end``: an impossible answer; the stream ends, and its end (this
-        message) is recorded as the last error (``inspect``) and re-dialed
-        with backoff, as after any end: a fresh handshake re-syncs.
-        """
-        self._driver.protocol_error(message)
-        logger.error("run %s: protocol error: %s", self._run_id, message)
-        if end and self._stream is not None:
-            self._stream.finish(
-                StreamEnded(f"protocol error: {message}; the stream is ended and dialed again")
-            )
 
     # -- how a stream ended ----------------------------------------------------------------
 
@@ -1611,21 +1598,13 @@ class GrpcEngineChannel:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
-        elif kind is AckKind.NEVER_WRITTEN:
-            bound = (
-                "the highest this channel wrote or the engine answered the handshake with"
-                if self._config.engine_acks_handshake
-                else "the log's high-water (the engine answers no handshakes)"
-            )
-            self._protocol_error(
-                f"Ack({seq}) covers rows never written: beyond seq {driver.ack_bound}, "
-                f"{bound}; not applied",
-                end=True,
-            )
-        elif kind is AckKind.ABOVE_HIGH_WATER:
-            self._protocol_error(
-                f"Ack({seq}) is above the high-water {driver.high_water}; not applied"
-            )
+        elif kind is not AckKind.STALE:  # a protocol error, counted, never applied
+            logger.error("run %s: %s", self._run_id, driver.last_error)
+            if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
+                # Rows never written: a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{driver.last_error}; the stream is ended and dialed again")
+                )
 
     def _after_ack(self, now: float | None = None) -> None:
         """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
@@ -1801,7 +1780,6 @@ class GrpcEngineChannel:
         """
         driver = self._driver
         driver.on_close()
-        self._closing = True
         self._cancel_timers()
         self._over.set()
         if self._stream is not None:
@@ -1843,7 +1821,6 @@ class GrpcEngineChannel:
     async def _close(self) -> None:
         driver = self._driver
         driver.on_close()
-        self._closing = True
         _killpoints.reached("in_close")
         self._cancel_timers()
         await self._stop_streaming()
