@@ -1582,3 +1582,26 @@ def test_the_write_finder_finds_a_planted_write(tmp_path: Path) -> None:
         "    setattr(self._driver, 'state', None)\n    self.driven = 1\n"
     )
     assert _driver_written(planted) == ["channel.py:2", "channel.py:3", "channel.py:4"]
+
+
+# -- the answer's own inputs (mutation survivors of issue 36's one-call answer) ----------------
+
+
+def test_an_answer_applied_as_an_ack_waits_to_be_stored_from_the_answers_time() -> None:
+    d = driver(high=10, acked=3, stored=3)
+    plan = d.on_answer(8, 5_000.0)
+    assert plan.acked_moved and d.acked == 8
+    assert d.ack_to_store(5_000.0 + ACK_STORE_AFTER_MS - 1) is None
+    assert d.ack_to_store(5_000.0 + ACK_STORE_AFTER_MS) == 8
+    assert d.ack_timer_ms(timer_armed=False) is not None
+
+
+def test_an_ack_at_an_answer_above_the_high_water_is_above_it_not_never_written() -> None:
+    d = driver(high=10)
+    d.move(S.CONNECTING)
+    assert d.on_answer(11, 0.0).answer is Answer.AHEAD  # the bound is 11 now
+    up(d, 1)
+    assert d.on_ack(11, 0.0) is AckKind.ABOVE_HIGH_WATER  # at the bound: logged never
+    assert d.last_error == "protocol error: Ack(11) is above the high-water 10; not applied"
+    assert d.on_ack(12, 0.0) is AckKind.NEVER_WRITTEN  # past it
+    assert d.protocol_errors == 3 and d.acked == 0
