@@ -328,7 +328,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "owned_by_another_writer_not_recognised",
         "end_status.py",
-        '            rf"\\A\\s*({re.escape(OWNED_BY_ANOTHER_WRITER)}|{re.escape(WRITER_FENCED)})", re.I\n',
+        '            rf"\\A\\s*({re.escape(OWNED_BY_ANOTHER_WRITER)}|'
+        '{re.escape(WRITER_FENCED)})", re.I\n',
         '            rf"\\A\\s*({re.escape(WRITER_FENCED)})", re.I\n',
         ("stuck", "never applied", "applied 0 times"),
     ),
