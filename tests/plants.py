@@ -147,7 +147,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "run_completed_reconnects",
         "driver.py",
-        '        if code == "FAILED_PRECONDITION" and _RUN_COMPLETED in details.lower():\n',
+        "        if meaning is Meaning.RUN_COMPLETED:\n",
         "        if False:\n",
         ("stuck", "tight loop", "lacks Done"),
     ),
@@ -327,9 +327,10 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "owned_by_another_writer_not_recognised",
-        "driver.py",
-        "    for prefix in (OWNED_BY_ANOTHER_WRITER, WRITER_FENCED):\n",
-        "    for prefix in (WRITER_FENCED,):\n",
+        "end_status.py",
+        '            rf"\\A\\s*({re.escape(OWNED_BY_ANOTHER_WRITER)}|'
+        '{re.escape(WRITER_FENCED)})", re.I\n',
+        '            rf"\\A\\s*({re.escape(WRITER_FENCED)})", re.I\n',
         ("stuck", "never applied", "applied 0 times"),
     ),
     Plant(

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import walchannel.driver as wd
+import walchannel.end_status as es
 from walchannel.config import Backoff, GrpcChannelConfig
 from walchannel.driver import (
     ACK_STORE_AFTER_MS,
@@ -34,16 +35,15 @@ from walchannel.driver import (
     Driver,
     End,
     RefusalVerdict,
-    SizeRefusal,
     StateError,
     Verdict,
-    describe_end,
     fenced_error,
     stall_bound_ms,
     stream_verdict,
     unproven_refusal,
     watchdog_period_ms,
 )
+from walchannel.end_status import SizeRefusal, describe_end
 from walchannel.errors import (
     ChannelClosedError,
     EngineBehindError,
@@ -1256,7 +1256,7 @@ def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
 # -- what the driver says: exact texts, plans and boundaries (mutation survivors) -------------
 
 GRPC_SAYS_DOWN_TOO_LARGE = "CLIENT: Received message larger than max (900 vs. 500)"
-LOST = wd.LOST_STATUS_DETAILS
+LOST = es.LOST_STATUS_DETAILS
 TAIL = "raise it in the config; the rows wait in the log and the channel keeps retrying"
 
 
@@ -1273,7 +1273,7 @@ def test_every_end_plan_carries_the_doubled_keepalive_whatever_the_end() -> None
     assert d.on_end("FAILED_PRECONDITION", "run completed") == wd.EndPlan(
         End.RUN_COMPLETED, False, None
     )
-    big = wd.DownTooLarge(900, 500)
+    big = es.DownTooLarge(900, 500)
     assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(
         End.DOWN_TOO_LARGE, True, None, big
     )
@@ -1297,11 +1297,11 @@ def test_a_down_message_too_large_stays_the_cause_of_ends_grpc_lost_to_a_write()
     d = driver()
     assert d.down_too_large is None
     d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
-    assert d.down_too_large == wd.DownTooLarge(900, 500)
+    assert d.down_too_large == es.DownTooLarge(900, 500)
     # The next stream's end lost its status to a write (grpc/grpc#36066): still too large.
     plan = d.on_end("INTERNAL", LOST)
-    assert plan == wd.EndPlan(End.DOWN_TOO_LARGE, False, None, wd.DownTooLarge(900, 500))
-    assert d.down_too_large == wd.DownTooLarge(900, 500)
+    assert plan == wd.EndPlan(End.DOWN_TOO_LARGE, False, None, es.DownTooLarge(900, 500), True)
+    assert d.down_too_large == es.DownTooLarge(900, 500)
     # A real status that says something else replaces it.
     assert d.on_end("UNAVAILABLE", "Socket closed") == wd.EndPlan(End.RECONNECT, False, None)
     assert d.down_too_large is None
@@ -1433,13 +1433,13 @@ def test_exactly_one_millisecond_left_of_the_idle_wait_still_waits() -> None:
 
 
 def test_only_failed_precondition_with_details_is_an_engine_refusal() -> None:
-    assert wd.engine_refusal("FAILED_PRECONDITION", " Owned By Another Writer w2") == (
+    assert es.engine_refusal("FAILED_PRECONDITION", " Owned By Another Writer w2") == (
         "owned by another writer"
     )
-    assert wd.engine_refusal("FAILED_PRECONDITION", "writer fenced: epoch 3") == "writer fenced"
-    assert wd.engine_refusal("UNAVAILABLE", "owned by another writer") is None
-    assert wd.engine_refusal("FAILED_PRECONDITION", None) is None
-    assert wd.engine_refusal("FAILED_PRECONDITION", "") is None
+    assert es.engine_refusal("FAILED_PRECONDITION", "writer fenced: epoch 3") == "writer fenced"
+    assert es.engine_refusal("UNAVAILABLE", "owned by another writer") is None
+    assert es.engine_refusal("FAILED_PRECONDITION", None) is None
+    assert es.engine_refusal("FAILED_PRECONDITION", "") is None
 
 
 def test_describe_end_says_the_whole_text() -> None:
@@ -1454,30 +1454,30 @@ def test_describe_end_says_the_whole_text() -> None:
 
 
 def test_only_grpc_aios_own_internal_text_is_a_lost_status() -> None:
-    assert wd.status_lost("INTERNAL", "Internal error from Core")
-    assert not wd.status_lost("INTERNAL", "internal error from core")
-    assert not wd.status_lost("INTERNAL", None)
-    assert not wd.status_lost("UNKNOWN", "Internal error from Core")
+    assert es.status_lost("INTERNAL", "Internal error from Core")
+    assert not es.status_lost("INTERNAL", "internal error from core")
+    assert not es.status_lost("INTERNAL", None)
+    assert not es.status_lost("UNKNOWN", "Internal error from Core")
 
 
 def test_a_size_refusal_is_read_in_each_grpc_wording_and_only_over_the_limit() -> None:
     exhausted = "RESOURCE_EXHAUSTED"
     said = "SERVER: Received message larger than max (900 vs. 500)"
-    assert wd.parse_size_refusal(exhausted, said) == SizeRefusal(received=900, limit=500)
-    assert wd.parse_size_refusal(exhausted, "grpc: received message larger than max (9 vs 5)") == (
+    assert es.parse_size_refusal(exhausted, said) == SizeRefusal(received=900, limit=500)
+    assert es.parse_size_refusal(exhausted, "grpc: received message larger than max (9 vs 5)") == (
         SizeRefusal(received=9, limit=5)
     )
     # grpc-java names the limit first.
     java = "gRPC message exceeds maximum size 500: 900"
-    assert wd.parse_size_refusal(exhausted, java) == SizeRefusal(received=900, limit=500)
+    assert es.parse_size_refusal(exhausted, java) == SizeRefusal(received=900, limit=500)
     # Not over the limit, another code, no details, or the client's own limit: no refusal.
-    assert wd.parse_size_refusal(exhausted, "larger than max (500 vs. 500)") is None
-    assert wd.parse_size_refusal(exhausted, "received message larger than max (5 vs. 5)") is None
-    assert wd.parse_size_refusal(exhausted, "gRPC message exceeds maximum size 500: 500") is None
-    assert wd.parse_size_refusal("UNAVAILABLE", said) is None
-    assert wd.parse_size_refusal(exhausted, None) is None
-    assert wd.parse_size_refusal(exhausted, "") is None
-    assert wd.parse_size_refusal(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) is None
+    assert es.parse_size_refusal(exhausted, "larger than max (500 vs. 500)") is None
+    assert es.parse_size_refusal(exhausted, "received message larger than max (5 vs. 5)") is None
+    assert es.parse_size_refusal(exhausted, "gRPC message exceeds maximum size 500: 500") is None
+    assert es.parse_size_refusal("UNAVAILABLE", said) is None
+    assert es.parse_size_refusal(exhausted, None) is None
+    assert es.parse_size_refusal(exhausted, "") is None
+    assert es.parse_size_refusal(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) is None
 
 
 def test_the_refused_row_is_the_first_strictly_over_the_limit() -> None:
@@ -1492,31 +1492,31 @@ def test_the_refused_row_is_the_first_strictly_over_the_limit() -> None:
 
 def test_a_down_message_too_large_is_read_from_grpcs_client_side_text_only() -> None:
     exhausted = "RESOURCE_EXHAUSTED"
-    assert wd.parse_receive_limit(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) == wd.DownTooLarge(
+    assert es.parse_receive_limit(exhausted, GRPC_SAYS_DOWN_TOO_LARGE) == es.DownTooLarge(
         received=900, limit=500
     )
-    assert wd.parse_receive_limit(exhausted, "CLIENT: Received message larger than max") == (
-        wd.DownTooLarge(received=None, limit=None)
+    assert es.parse_receive_limit(exhausted, "CLIENT: Received message larger than max") == (
+        es.DownTooLarge(received=None, limit=None)
     )
-    assert wd.parse_receive_limit("UNAVAILABLE", GRPC_SAYS_DOWN_TOO_LARGE) is None
-    assert wd.parse_receive_limit(exhausted, None) is None
-    assert wd.parse_receive_limit(exhausted, "SERVER: received message larger than max") is None
+    assert es.parse_receive_limit("UNAVAILABLE", GRPC_SAYS_DOWN_TOO_LARGE) is None
+    assert es.parse_receive_limit(exhausted, None) is None
+    assert es.parse_receive_limit(exhausted, "SERVER: received message larger than max") is None
 
 
 def test_the_down_message_too_large_text_names_the_size_the_limit_and_the_field() -> None:
-    assert wd.down_too_large_text(wd.DownTooLarge(900, 500), 4_194_304) == (
+    assert wd.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304) == (
         f"a 900-byte down message exceeded max_receive_message_bytes (500): {TAIL}"
     )
-    assert wd.down_too_large_text(wd.DownTooLarge(None, None), 4_194_304) == (
+    assert wd.down_too_large_text(es.DownTooLarge(None, None), 4_194_304) == (
         f"a down message exceeded max_receive_message_bytes (4194304): {TAIL}"
     )
 
 
 def test_the_down_message_too_large_text_is_read_back_from_a_last_error() -> None:
-    sized = wd.down_too_large_text(wd.DownTooLarge(900, 500), 4_194_304)
-    assert wd.receive_limit_in(f"RESOURCE_EXHAUSTED: {sized}") == wd.DownTooLarge(900, 500)
-    unsized = wd.down_too_large_text(wd.DownTooLarge(None, None), 4_194_304)
-    assert wd.receive_limit_in(unsized) == wd.DownTooLarge(None, 4_194_304)
+    sized = wd.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304)
+    assert wd.receive_limit_in(f"RESOURCE_EXHAUSTED: {sized}") == es.DownTooLarge(900, 500)
+    unsized = wd.down_too_large_text(es.DownTooLarge(None, None), 4_194_304)
+    assert wd.receive_limit_in(unsized) == es.DownTooLarge(None, 4_194_304)
     assert wd.receive_limit_in("UNAVAILABLE: Socket closed") is None
     assert wd.receive_limit_in("") is None
     assert wd.receive_limit_in(None) is None

@@ -33,6 +33,7 @@ ORDER = [
     "walchannel.lock",
     "walchannel.clock",
     "walchannel.log_state",
+    "walchannel.end_status",
     "walchannel.log_format",
     "walchannel.log",
     "walchannel.log_reader",
@@ -93,6 +94,7 @@ NO_NETWORK = {
     "walchannel.lock",
     "walchannel.clock",
     "walchannel.log_state",
+    "walchannel.end_status",
     "walchannel.driver",
     "walchannel.log_format",
     "walchannel.log",
@@ -113,7 +115,7 @@ NO_NETWORK = {
     "walchannel.replication",
 }
 # The run's decisions: values in, decisions out; no I/O, no clock.
-NO_IO = {"walchannel.driver", "walchannel.log_state"}
+NO_IO = {"walchannel.driver", "walchannel.end_status", "walchannel.log_state"}
 
 
 def rank(module: str) -> int:
@@ -397,6 +399,7 @@ def test_the_decisions_do_no_io() -> None:
                         "errors",
                         "formatting",  # pure: how text is shown (errors' str escapes)
                         "log_state",
+                        "end_status",  # pure: what a status's details say
                         "driver",
                     }, (
                         name,

@@ -36,7 +36,8 @@ from helpers.rogue import RogueEngine, RogueStream
 from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.cli import main
-from walchannel.driver import DownTooLarge, Driver, End, describe_end, parse_receive_limit
+from walchannel.driver import Driver, End
+from walchannel.end_status import DownTooLarge, describe_end, parse_receive_limit
 from walchannel.log import RunLog
 from walchannel.log_state import LogState
 from walchannel.testing.engine import LocalEngine

@@ -39,11 +39,10 @@ from walchannel.driver import (
     AckKind,
     Driver,
     RefusalVerdict,
-    SizeRefusal,
-    parse_size_refusal,
     pick_refused_row,
     refusal_sets_aside,
 )
+from walchannel.end_status import SizeRefusal, parse_size_refusal
 from walchannel.inspection import inspect_log
 from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.log_reader import LogReader

@@ -35,9 +35,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
+from walchannel.end_status import (
+    DownTooLarge,
+    Meaning,
+    SizeRefusal,
+    is_too_many_pings,
+    parse_receive_limit,
+    parse_size_refusal,
+    read_end,
+    run_completed_by,
+)
 from walchannel.errors import (
-    OWNED_BY_ANOTHER_WRITER,
-    WRITER_FENCED,
     ChannelClosedError,
     EngineBehindError,
     RunCompletedError,
@@ -77,25 +85,18 @@ __all__ = [
     "ChannelState",
     "CheckpointPolicy",
     "Completion",
-    "DownTooLarge",
     "Driver",
     "End",
     "EndPlan",
     "RefusalVerdict",
-    "SizeRefusal",
     "StateError",
     "StateSource",
     "Verdict",
-    "describe_end",
     "down_too_large_text",
-    "engine_refusal",
     "fenced_error",
-    "parse_receive_limit",
     "receive_limit_in",
-    "parse_size_refusal",
     "pick_refused_row",
     "refusal_sets_aside",
-    "status_lost",
     "stall_bound_ms",
     "stream_verdict",
     "unproven_refusal",
@@ -277,12 +278,15 @@ class EndPlan(NamedTuple):
         refusal: with :attr:`End.SIZE_REFUSAL`, what the engine said.
         too_large: with :attr:`End.DOWN_TOO_LARGE`, what gRPC said of the
             down message.
+        cause_kept: with :attr:`End.DOWN_TOO_LARGE`, gRPC lost this end's
+            status (grpc/grpc#36066): ``too_large`` is the last end's cause.
     """
 
     end: End
     keepalive_doubled: bool
     refusal: SizeRefusal | None
     too_large: DownTooLarge | None = None
+    cause_kept: bool = False
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -975,7 +979,7 @@ class Driver:
         cuts that way; UNAUTHENTICATED too: a replacement engine may not know
         the run yet) except FAILED_PRECONDITION "run completed"; a size
         refusal is handled apart; a down message over the channel's own
-        receive limit (:func:`parse_receive_limit`) is named apart, and stays
+        receive limit (:func:`~walchannel.end_status.parse_receive_limit`) is named apart, and stays
         the named cause of later ends whose status gRPC lost to a write
         (grpc/grpc#36066) until a stream proves healthy; a GOAWAY
         ``too_many_pings`` doubles :attr:`keepalive_ms` (capped at
@@ -987,25 +991,26 @@ class Driver:
             debug: gRPC's debug string (where some GOAWAY reasons show).
         """
         self._last_end_code = code
-        doubled = _is_too_many_pings(f"{details} {debug}")
+        doubled = is_too_many_pings(f"{details} {debug}")
         if doubled:
             self._keepalive_ms = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)
-        refused = engine_refusal(code, details)
-        if refused is not None:
+        read = read_end(code, details)  # the one reading of the details (end_status.PATTERNS)
+        meaning = read.meaning
+        if meaning is Meaning.WRITER_REFUSED:
             self._engine_refused = details
             return EndPlan(End.FENCED, doubled, None)
-        if code == "FAILED_PRECONDITION" and _RUN_COMPLETED in details.lower():
-            found = _COMPLETED_BY.search(details)
-            self._completed_by = found.group(1) if found is not None else None
+        if meaning is Meaning.RUN_COMPLETED:
+            _, self._completed_by = run_completed_by(code, details)
             return EndPlan(End.RUN_COMPLETED, doubled, None)
         if self.final:
             return EndPlan(End.ALREADY_OVER, doubled, None)
         too_large = parse_receive_limit(code, details)
-        if too_large is None and status_lost(code, details):
+        kept = too_large is None and meaning is Meaning.STATUS_LOST
+        if kept:
             too_large = self._down_too_large
         self._down_too_large = too_large
         if too_large is not None:
-            return EndPlan(End.DOWN_TOO_LARGE, doubled, None, too_large)
+            return EndPlan(End.DOWN_TOO_LARGE, doubled, None, too_large, kept)
         refusal = parse_size_refusal(code, details)
         if refusal is not None:
             return EndPlan(End.SIZE_REFUSAL, doubled, refusal)
@@ -1333,11 +1338,6 @@ def stream_verdict(
 
 # -- how a stream ended --------------------------------------------------------------------
 
-_RUN_COMPLETED: Final = "run completed"
-# "run completed by writer <id>": the engine names the writer whose Done it applied.
-_COMPLETED_BY: Final = re.compile(r"run completed by writer ([0-9A-Za-z_.:-]+)", re.I)
-
-
 def fenced_error(
     run_id: str, path: str, writer: Writer | None, why: str, *, engine_high: int | None = None
 ) -> WriterFencedError:
@@ -1367,117 +1367,7 @@ def fenced_error(
     )
 
 
-def engine_refusal(code: str | None, details: str | None) -> str | None:
-    """Read a stream's end as the engine refusing this writer; the prefix said, or None.
-
-    Only FAILED_PRECONDITION whose details begin with
-    :data:`OWNED_BY_ANOTHER_WRITER` or :data:`WRITER_FENCED` (any case)
-    counts. SPEC "Engine duties".
-
-    Args:
-        code: the gRPC status name.
-        details: the status details.
-    """
-    if code != "FAILED_PRECONDITION" or not details:
-        return None
-    text = details.strip().lower()
-    for prefix in (OWNED_BY_ANOTHER_WRITER, WRITER_FENCED):
-        if text.startswith(prefix):
-            return prefix
-    return None
-
-
-# What grpc.aio reports, in place of the engine's status, when a write was in
-# flight as the stream ended (grpc/grpc#36066; grpcio 1.85 still does).
-LOST_STATUS_DETAILS: Final = "Internal error from Core"
-
-
-def describe_end(code: str | None, details: str | None) -> str:
-    """The text of a stream's end for logs and ``last_error``: ``"CODE: details"``.
-
-    grpc.aio can replace the engine's status with ``INTERNAL: Internal error
-    from Core`` when a write races the end of the call (grpc/grpc#36066): the
-    text says so, so an operator does not chase an engine bug. The channel
-    reconnects either way and the next dial learns the engine's real answer.
-    """
-    text = f"{code}: {details or ''}"
-    if status_lost(code, details):
-        text += (
-            " (the stream ended during a write, and gRPC reported this in place"
-            " of the engine's status: grpc/grpc#36066; the next dial learns it)"
-        )
-    return text
-
-
-def status_lost(code: str | None, details: str | None) -> bool:
-    """Tell whether a stream's end is grpc.aio's stand-in for a status it lost (grpc/grpc#36066).
-
-    Args:
-        code: the gRPC status name.
-        details: the status details.
-    """
-    return code == "INTERNAL" and (details or "") == LOST_STATUS_DETAILS
-
-
-def _is_too_many_pings(text: str) -> bool:
-    lowered = text.lower()
-    return "too_many_pings" in lowered or "too many pings" in lowered
-
-
 # -- a row the engine refuses for its size -------------------------------------------------
-
-# gRPC C-core (Python, C++, ...; "SERVER: " or "CLIENT: " in front since about
-# 1.60), grpc-go ("grpc: received message larger than max (N vs. M)") and
-# grpc-node: "... larger than max (N vs. M)". grpc-java: "gRPC message exceeds
-# maximum size M: N".
-_LARGER_THAN_MAX = re.compile(r"received message larger than max \((\d+) vs\.? (\d+)\)", re.I)
-_EXCEEDS_MAX = re.compile(r"message exceeds maximum size (\d+): (\d+)", re.I)
-# The client's own receive limit (a down message too large for us) reads the
-# same but for this marker: it says nothing about our rows.
-_CLIENT_SIDE = "client:"
-
-
-@dataclass(frozen=True, slots=True)
-class SizeRefusal:
-    """The engine ended a stream because a message was over its receive limit.
-
-    Attributes:
-        received: the size of the message it refused (bytes).
-        limit: its receive limit (bytes), below ``received``.
-    """
-
-    received: int
-    limit: int
-
-
-def parse_size_refusal(code: str | None, details: str | None) -> SizeRefusal | None:
-    """Read a stream's end as the engine refusing an up-message for its size, or None.
-
-    Only RESOURCE_EXHAUSTED whose details give both sizes, the received one
-    over the limit, and that is not the client's own receive limit
-    (``CLIENT:``, a down message too large for us) counts.
-
-    Args:
-        code: the gRPC status name (``"RESOURCE_EXHAUSTED"``).
-        details: the status details.
-    """
-    if code != "RESOURCE_EXHAUSTED" or not details:
-        return None
-    text = details.lower()
-    if _CLIENT_SIDE in text:
-        return None
-    found = _LARGER_THAN_MAX.search(text)
-    if found is not None:
-        received, limit = int(found.group(1)), int(found.group(2))
-    else:
-        found = _EXCEEDS_MAX.search(text)
-        if found is None:
-            return None
-        limit, received = int(found.group(1)), int(found.group(2))
-    if received <= limit:
-        return None
-    return SizeRefusal(received, limit)
-
 
 @dataclass(frozen=True, slots=True)
 class RefusalVerdict:
@@ -1558,49 +1448,6 @@ def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake
 
 
 # -- a down message over the channel's receive limit ---------------------------------------
-
-# grpcio's own text (C-core, "CLIENT: " in front since about 1.60; grpcio
-# >= 1.85.1 is required): "Received message larger than max (N vs. M)".
-_CLIENT_TOO_LARGE = re.compile(
-    r"client: received message larger than max(?: \((\d+) vs\.? (\d+)\))?"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class DownTooLarge:
-    """A down message was over the channel's receive limit (``max_receive_message_bytes``).
-
-    Attributes:
-        received: its size (bytes), None when gRPC did not say.
-        limit: the limit in force (bytes), None when gRPC did not say.
-    """
-
-    received: int | None
-    limit: int | None
-
-
-def parse_receive_limit(code: str | None, details: str | None) -> DownTooLarge | None:
-    """Read a stream's end as a down message over the channel's own receive limit, or None.
-
-    The status code first: only RESOURCE_EXHAUSTED, whose details are gRPC's
-    client-side "CLIENT: Received message larger than max (N vs. M)" (the
-    sizes optional). The engine's limit refusing an up-message reads the
-    same with ``SERVER:`` (or nothing) in front: :func:`parse_size_refusal`.
-    SPEC "Down messages".
-
-    Args:
-        code: the gRPC status name (``"RESOURCE_EXHAUSTED"``).
-        details: the status details.
-    """
-    if code != "RESOURCE_EXHAUSTED" or not details:
-        return None
-    found = _CLIENT_TOO_LARGE.search(details.lower())
-    if found is None:
-        return None
-    if found.group(1) is None:
-        return DownTooLarge(None, None)
-    return DownTooLarge(int(found.group(1)), int(found.group(2)))
-
 
 def down_too_large_text(found: DownTooLarge, configured: int) -> str:
     """Say that a down message was over the receive limit, naming the field to raise.

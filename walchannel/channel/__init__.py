@@ -54,17 +54,14 @@ from walchannel.driver import (
     Call,
     ChannelState,
     Completion,
-    DownTooLarge,
     Driver,
     End,
-    SizeRefusal,
-    describe_end,
     down_too_large_text,
-    parse_receive_limit,
     pick_refused_row,
     refusal_sets_aside,
     unproven_refusal,
 )
+from walchannel.end_status import DownTooLarge, SizeRefusal, describe_end
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -1319,7 +1316,7 @@ class GrpcEngineChannel:
         if plan.end is End.ALREADY_OVER:
             return
         if plan.too_large is not None:
-            self._on_down_too_large(stream, plan.too_large, code, details, text)
+            self._on_down_too_large(stream, plan.too_large, text, kept=plan.cause_kept)
             return
         # The same end again (an engine down, a token refused) while redialing:
         # said once at WARNING, then at INFO until a stream comes up.
@@ -1333,7 +1330,7 @@ class GrpcEngineChannel:
         self._record_error(f"{stream.addr}{stream.route}: {text}")
 
     def _on_down_too_large(
-        self, stream: Stream, found: DownTooLarge, code: str | None, details: str, text: str
+        self, stream: Stream, found: DownTooLarge, text: str, *, kept: bool
     ) -> None:
         """A down message was over ``max_receive_message_bytes``: name the field; retry.
 
@@ -1348,7 +1345,7 @@ class GrpcEngineChannel:
         where = f"{stream.addr}{stream.route}"
         first = why not in self._said
         self._said.add(why)
-        if parse_receive_limit(code, details) is None:
+        if kept:
             # gRPC lost this stream's status: the last one it gave stands.
             logger.info(
                 "run %s: stream to %s ended: %s; taken as the same cause as before: %s",
