@@ -127,3 +127,23 @@ def test_the_install_time_quoted_is_the_measured_one() -> None:
     text = (ROOT / "README.md").read_text()
     assert "about half a minute of `pip install`" not in text
     assert re.search(r"\d+ s of `pip install`", text), "the README quotes the measured install time"
+
+
+def test_the_line_table_of_design_md_holds() -> None:
+    # docs/design.md "Line counts": every module, each count within a tenth (20 lines at least).
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("### Line counts\n", 1)[1].split("\n## ", 1)[0]
+    stated = dict(re.findall(r"^\| `([\w/]+\.py)` \| (\d+) \|$", section, re.M))
+    modules = {
+        p.relative_to(ROOT / "walchannel").as_posix(): len(p.read_text().splitlines())
+        for p in (ROOT / "walchannel").rglob("*.py")
+        if "_proto" not in p.parts
+    }
+    assert set(stated) == set(modules), sorted(set(stated) ^ set(modules))
+    for name, lines in modules.items():
+        said = int(stated[name])
+        assert abs(lines - said) <= max(20, said // 10), (
+            f"docs/design.md says {name} has {said} lines; it has {lines}: update the table"
+        )
+    total = int(re.search(r"^\| \*\*all\*\* \| (\d+) \|$", section, re.M).group(1))  # type: ignore[union-attr]
+    assert abs(sum(modules.values()) - total) <= total // 10
