@@ -15,14 +15,17 @@ from hypothesis import strategies as st
 
 import walchannel.driver as wd
 import walchannel.end_status as es
+import walchannel.refusals as rf
+from walchannel.checkpoints import (
+    CHECKPOINT_EVERY_MS,
+    CHECKPOINT_IDLE_MS,
+    CHECKPOINT_RETRY_MAX_MS,
+    CheckpointPolicy,
+)
 from walchannel.config import Backoff, GrpcChannelConfig
 from walchannel.driver import (
     ACK_STORE_AFTER_MS,
     ACK_STORE_EVERY,
-    CHECKPOINT_EVERY_MS,
-    CHECKPOINT_IDLE_MS,
-    CHECKPOINT_RETRY_MAX_MS,
-    KEEPALIVE_TIMEOUT_MS,
     MAX_KEEPALIVE_MS,
     STABLE_STREAM_MS,
     AckKind,
@@ -30,18 +33,10 @@ from walchannel.driver import (
     AnswerPlan,
     Call,
     ChannelState,
-    CheckpointPolicy,
     Completion,
     Driver,
     End,
-    RefusalVerdict,
     StateError,
-    Verdict,
-    fenced_error,
-    stall_bound_ms,
-    stream_verdict,
-    unproven_refusal,
-    watchdog_period_ms,
 )
 from walchannel.end_status import SizeRefusal, describe_end
 from walchannel.errors import (
@@ -64,6 +59,14 @@ from walchannel.log_state import (
     next_seq_after,
     unverified_at_open,
     verification_shift,
+)
+from walchannel.refusals import RefusalVerdict, fenced_error, unproven_refusal
+from walchannel.watchdog import (
+    KEEPALIVE_TIMEOUT_MS,
+    Verdict,
+    stall_bound_ms,
+    stream_verdict,
+    watchdog_period_ms,
 )
 
 S = ChannelState
@@ -1483,11 +1486,11 @@ def test_a_size_refusal_is_read_in_each_grpc_wording_and_only_over_the_limit() -
 def test_the_refused_row_is_the_first_strictly_over_the_limit() -> None:
     refusal = SizeRefusal(received=900, limit=500)
     # A row exactly at the limit was accepted: the one after it is proven.
-    assert wd.pick_refused_row([(3, 500), (4, 900)], refusal) == RefusalVerdict(4, 4, 900)
-    assert wd.pick_refused_row([(3, 100), (4, 800), (5, 900)], refusal) == RefusalVerdict(
+    assert rf.pick_refused_row([(3, 500), (4, 900)], refusal) == RefusalVerdict(4, 4, 900)
+    assert rf.pick_refused_row([(3, 100), (4, 800), (5, 900)], refusal) == RefusalVerdict(
         None, 4, 800
     )
-    assert wd.pick_refused_row([(3, 500)], refusal) == RefusalVerdict(None, None, None)
+    assert rf.pick_refused_row([(3, 500)], refusal) == RefusalVerdict(None, None, None)
 
 
 def test_a_down_message_too_large_is_read_from_grpcs_client_side_text_only() -> None:
@@ -1504,22 +1507,22 @@ def test_a_down_message_too_large_is_read_from_grpcs_client_side_text_only() -> 
 
 
 def test_the_down_message_too_large_text_names_the_size_the_limit_and_the_field() -> None:
-    assert wd.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304) == (
+    assert rf.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304) == (
         f"a 900-byte down message exceeded max_receive_message_bytes (500): {TAIL}"
     )
-    assert wd.down_too_large_text(es.DownTooLarge(None, None), 4_194_304) == (
+    assert rf.down_too_large_text(es.DownTooLarge(None, None), 4_194_304) == (
         f"a down message exceeded max_receive_message_bytes (4194304): {TAIL}"
     )
 
 
 def test_the_down_message_too_large_text_is_read_back_from_a_last_error() -> None:
-    sized = wd.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304)
-    assert wd.receive_limit_in(f"RESOURCE_EXHAUSTED: {sized}") == es.DownTooLarge(900, 500)
-    unsized = wd.down_too_large_text(es.DownTooLarge(None, None), 4_194_304)
-    assert wd.receive_limit_in(unsized) == es.DownTooLarge(None, 4_194_304)
-    assert wd.receive_limit_in("UNAVAILABLE: Socket closed") is None
-    assert wd.receive_limit_in("") is None
-    assert wd.receive_limit_in(None) is None
+    sized = rf.down_too_large_text(es.DownTooLarge(900, 500), 4_194_304)
+    assert rf.receive_limit_in(f"RESOURCE_EXHAUSTED: {sized}") == es.DownTooLarge(900, 500)
+    unsized = rf.down_too_large_text(es.DownTooLarge(None, None), 4_194_304)
+    assert rf.receive_limit_in(unsized) == es.DownTooLarge(None, 4_194_304)
+    assert rf.receive_limit_in("UNAVAILABLE: Socket closed") is None
+    assert rf.receive_limit_in("") is None
+    assert rf.receive_limit_in(None) is None
 # -- the driver owns its state -----------------------------------------------------------
 
 

@@ -34,6 +34,9 @@ ORDER = [
     "walchannel.clock",
     "walchannel.log_state",
     "walchannel.end_status",
+    "walchannel.checkpoints",
+    "walchannel.watchdog",
+    "walchannel.refusals",
     "walchannel.log_format",
     "walchannel.log",
     "walchannel.log_reader",
@@ -95,6 +98,9 @@ NO_NETWORK = {
     "walchannel.clock",
     "walchannel.log_state",
     "walchannel.end_status",
+    "walchannel.checkpoints",
+    "walchannel.watchdog",
+    "walchannel.refusals",
     "walchannel.driver",
     "walchannel.log_format",
     "walchannel.log",
@@ -115,7 +121,14 @@ NO_NETWORK = {
     "walchannel.replication",
 }
 # The run's decisions: values in, decisions out; no I/O, no clock.
-NO_IO = {"walchannel.driver", "walchannel.end_status", "walchannel.log_state"}
+NO_IO = {
+    "walchannel.driver",
+    "walchannel.end_status",
+    "walchannel.checkpoints",
+    "walchannel.watchdog",
+    "walchannel.refusals",
+    "walchannel.log_state",
+}
 
 
 def rank(module: str) -> int:
@@ -400,6 +413,9 @@ def test_the_decisions_do_no_io() -> None:
                         "formatting",  # pure: how text is shown (errors' str escapes)
                         "log_state",
                         "end_status",  # pure: what a status's details say
+                        "checkpoints",
+                        "watchdog",
+                        "refusals",
                         "driver",
                     }, (
                         name,

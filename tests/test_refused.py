@@ -35,18 +35,13 @@ from walchannel import (
     wire,
 )
 from walchannel.config import GrpcChannelConfig
-from walchannel.driver import (
-    AckKind,
-    Driver,
-    RefusalVerdict,
-    pick_refused_row,
-    refusal_sets_aside,
-)
+from walchannel.driver import AckKind, Driver
 from walchannel.end_status import SizeRefusal, parse_size_refusal
 from walchannel.inspection import inspect_log
 from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.log_reader import LogReader
 from walchannel.log_state import LogState
+from walchannel.refusals import RefusalVerdict, pick_refused_row, refusal_sets_aside
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -4,7 +4,7 @@
 ``make mutation`` runs ``python tools/mutation.py run`` and then ``report``
 (docs/reliability.md, "Mutation score"). mutmut 3 (the ``mutation`` extra of
 pyproject.toml, which ``make mutation`` pip-installs into ``.venv``; this
-script installs nothing) mutates ``walchannel/driver.py`` and
+script installs nothing) mutates the driver, the pure modules beside it and
 ``walchannel/log_state.py`` (``[tool.mutmut] only_mutate``) and, for each
 mutant, runs the tests of ``[tool.mutmut]`` that execute the mutated function:
 the fast tests of the driver and the log and a short simulator sweep

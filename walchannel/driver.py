@@ -29,12 +29,10 @@ table of inputs and decisions.
 from __future__ import annotations
 
 import enum
-import re
-import shlex
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
+from walchannel.checkpoints import CheckpointPolicy
 from walchannel.end_status import (
     DownTooLarge,
     Meaning,
@@ -63,6 +61,8 @@ from walchannel.log_state import (
     impossible_answer,
     refused_at_open,
 )
+from walchannel.refusals import fenced_error
+from walchannel.watchdog import Verdict, stream_verdict, watchdog_period_ms
 
 if TYPE_CHECKING:
     import random
@@ -72,10 +72,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ACK_STORE_AFTER_MS",
     "ACK_STORE_EVERY",
-    "CHECKPOINT_EVERY_MS",
-    "CHECKPOINT_IDLE_MS",
-    "CHECKPOINT_RETRY_MAX_MS",
-    "KEEPALIVE_TIMEOUT_MS",
     "MAX_KEEPALIVE_MS",
     "STABLE_STREAM_MS",
     "AckKind",
@@ -83,24 +79,12 @@ __all__ = [
     "AnswerPlan",
     "Call",
     "ChannelState",
-    "CheckpointPolicy",
     "Completion",
     "Driver",
     "End",
     "EndPlan",
-    "RefusalVerdict",
     "StateError",
     "StateSource",
-    "Verdict",
-    "down_too_large_text",
-    "fenced_error",
-    "receive_limit_in",
-    "pick_refused_row",
-    "refusal_sets_aside",
-    "stall_bound_ms",
-    "stream_verdict",
-    "unproven_refusal",
-    "watchdog_period_ms",
 ]
 
 #: Store a received ack after this many acks ...
@@ -109,19 +93,8 @@ ACK_STORE_EVERY: Final = 256
 ACK_STORE_AFTER_MS: Final = 100.0
 #: A stream up this long resets the backoff attempt counter (ms).
 STABLE_STREAM_MS: Final = 30_000.0
-#: gRPC keepalive ping timeout (ms), as in the design note; also the slack
-#: a blocked write gets beyond ``keepalive_ms`` (and the pending bytes' time
-#: at ``min_send_rate_bytes_per_s``) before it counts as stalled.
-KEEPALIVE_TIMEOUT_MS: Final = 10_000
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS: Final = 300_000
-#: Quiet time after the last stored ack after which the log is checkpointed
-#: and its freed pages given back (ms).
-CHECKPOINT_IDLE_MS: Final = 1_000
-#: While acks keep being stored, an empty backlog is checkpointed at most this often (ms).
-CHECKPOINT_EVERY_MS: Final = 10_000
-#: Retry delays of a checkpoint a reader held off: doubling up to this (ms).
-CHECKPOINT_RETRY_MAX_MS: Final = 30_000
 
 
 # -- states --------------------------------------------------------------------------------
@@ -220,14 +193,6 @@ class Completion(enum.Enum):
     # The run is another writer's (refused, or completed by another with rows
     # here): FAILED with WriterFencedError, every row kept.
     FENCED = "fenced"
-
-
-class Verdict(enum.Enum):
-    """Why the watchdog ends a live stream."""
-
-    # Each bound also waits the time the pending bytes need at the minimum rate.
-    DEAD = "dead"  # dead_stream_ms of silence while heartbeats went out
-    STALLED = "stalled"  # a write blocked past keepalive + 10 s, silent as long
 
 
 # -- what the driver reads: the log's state ------------------------------------------------
@@ -1169,323 +1134,3 @@ class Driver:
         return self._decided.get(request_id)
 
 
-# -- checkpoints ---------------------------------------------------------------------------
-
-
-class CheckpointPolicy:
-    """When to checkpoint the log and give its freed pages back (docs/design.md).
-
-    Rows deleted by a stored ack leave free pages. Once acks stop for
-    :data:`CHECKPOINT_IDLE_MS` the log is checkpointed, whatever is still
-    unacked; while acks keep coming and the backlog is empty, at most every
-    :data:`CHECKPOINT_EVERY_MS`. A big reclaim goes one chunk per turn of the
-    event loop; a checkpoint a reader held off is retried, the delay
-    doubling up to :data:`CHECKPOINT_RETRY_MAX_MS`; new acks bring it forward.
-
-    :meth:`on_timer` and :meth:`on_result` return in how many ms to
-    checkpoint (0: now), or None for nothing.
-
-    Args:
-        now_ms: the time of creation (ms).
-    """
-
-    def __init__(self, now_ms: float) -> None:
-        self.last_stored_ms = 0.0
-        self.last_checkpoint_ms = now_ms
-        self.due = False
-        self.retry_ms = float(CHECKPOINT_IDLE_MS)
-
-    def on_rows_deleted(self, now_ms: float, *, unacked: int) -> bool:
-        """An ack was stored (rows deleted): True to checkpoint now, False to arm the idle timer.
-
-        The idle timer fires :data:`CHECKPOINT_IDLE_MS` later (:meth:`on_timer`).
-
-        Args:
-            now_ms: the time (ms).
-            unacked: rows not covered by the received ack.
-        """
-        self.last_stored_ms = now_ms
-        self.due = True
-        self.retry_ms = float(CHECKPOINT_IDLE_MS)
-        return unacked == 0 and now_ms - self.last_checkpoint_ms >= CHECKPOINT_EVERY_MS
-
-    def on_timer(self, now_ms: float) -> float | None:
-        """The timer fired: checkpoint now (0), wait longer (acks still coming), or nothing."""
-        if not self.due:
-            return None
-        remaining = CHECKPOINT_IDLE_MS - (now_ms - self.last_stored_ms)
-        # Less than a millisecond left is a float's rounding of "due now": a
-        # timer armed for it could fire at the same clock reading, forever.
-        return remaining if remaining >= 1.0 else 0.0
-
-    def on_checkpoint(self, now_ms: float) -> None:
-        """A checkpoint step starts now."""
-        self.last_checkpoint_ms = now_ms
-
-    def on_result(self, *, complete: bool, shrank: bool) -> float | None:
-        """A checkpoint step ended: None when done, else the delay before the next step.
-
-        Args:
-            complete: no free page is left (the log gave everything back).
-            shrank: the file got smaller (a step of a big reclaim): go on at once.
-        """
-        if complete:
-            self.due = False
-            self.retry_ms = float(CHECKPOINT_IDLE_MS)
-            return None
-        if shrank:
-            return 0.0
-        # A reader (inspect) held it off, or it failed: try again, less often.
-        delay = self.retry_ms
-        self.retry_ms = min(2 * self.retry_ms, float(CHECKPOINT_RETRY_MAX_MS))
-        return delay
-
-
-# -- the watchdog --------------------------------------------------------------------------
-
-
-def watchdog_period_ms(dead_stream_ms: float | None, keepalive_ms: float) -> float:
-    """How often the watchdog looks (ms): a quarter of the shortest bound, at least 50 ms."""
-    stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
-    return max(50.0, min(dead_stream_ms or stall_ms, keepalive_ms) / 4)
-
-
-def stall_bound_ms(keepalive_ms: float, pending_bytes: int, min_send_rate: float) -> float:
-    """How long a write may be blocked, and the stream silent, before it is stalled (ms).
-
-    ``keepalive_ms + 10 s + pending_bytes / min_send_rate``: gRPC's
-    keepalive and ping timeout, plus the time the bytes the engine must
-    receive before it can answer need at the slowest rate the operator
-    states (``min_send_rate_bytes_per_s``). grpc.aio reports no progress
-    inside a write, so a large row on a slow link looks blocked and silent
-    for as long as it takes to cross (grpc/grpc#22963, #15871). SPEC
-    "Reconnect".
-
-    Args:
-        keepalive_ms: the current keepalive (ms).
-        pending_bytes: the bytes ahead of the engine's next answer (see
-            :func:`stream_verdict`).
-        min_send_rate: the slowest rate a live link moves (bytes/s, > 0).
-
-    Returns:
-        The bound (ms).
-    """
-    return keepalive_ms + KEEPALIVE_TIMEOUT_MS + pending_bytes * 1000.0 / min_send_rate
-
-
-def stream_verdict(
-    now_ms: float,
-    *,
-    last_down_ms: float,
-    heartbeats_since_down: int,
-    write_since_ms: float | None,
-    next_beat_ms: float,
-    pending_bytes: int,
-    dead_stream_ms: float | None,
-    keepalive_ms: float,
-    min_send_rate: float,
-) -> tuple[Verdict, float, float, bool, float] | None:
-    """Decide whether a live stream is dead; None while it looks alive.
-
-    Both rules wait, beyond their own bound, the time ``pending_bytes``
-    need at ``min_send_rate``: the engine cannot answer before those bytes
-    have crossed, and a slow link is not a dead one (SPEC "Reconnect").
-
-    ``dead_stream_ms`` (SPEC "Reconnect"): no down message for that long
-    (plus the pending bytes' time) while heartbeats go out. A heartbeat that
-    falls due while the writer is blocked in a write (flow control: a
-    frozen engine, or a proxy that stopped reading) counts as going out: it
-    is only stuck behind that write.
-
-    Stalled write (always on, docs/design.md): a write blocked for
-    :func:`stall_bound_ms` with no down message for as long. gRPC keepalive
-    cannot catch it: its ping queues behind the blocked bytes.
-
-    Args:
-        now_ms: the time (ms).
-        last_down_ms: when the last down message arrived (ms; the dial's
-            time before the first).
-        heartbeats_since_down: heartbeats written since then.
-        write_since_ms: when the write in progress started, None when the
-            writer is not in a write.
-        next_beat_ms: when the next heartbeat is due (ms).
-        pending_bytes: the bytes the engine must receive before it can
-            answer: the larger of the oldest row written on this stream that
-            no ack covers and the write in progress (bytes; 0: none).
-        dead_stream_ms: the config's bound (None: off).
-        keepalive_ms: the current keepalive (ms).
-        min_send_rate: ``min_send_rate_bytes_per_s`` (bytes/s, > 0).
-
-    Returns:
-        None, or ``(verdict, silent ms, blocked ms, a heartbeat is overdue
-        behind a blocked write, the bound that was passed in ms)``.
-    """
-    silent = now_ms - last_down_ms
-    blocked = 0.0 if write_since_ms is None else now_ms - write_since_ms
-    beat_overdue = write_since_ms is not None and now_ms >= next_beat_ms
-    crossing = pending_bytes * 1000.0 / min_send_rate
-    if (
-        dead_stream_ms is not None
-        and silent >= dead_stream_ms + crossing
-        and (heartbeats_since_down > 0 or beat_overdue)
-    ):
-        return Verdict.DEAD, silent, blocked, beat_overdue, dead_stream_ms + crossing
-    stall_ms = stall_bound_ms(keepalive_ms, pending_bytes, min_send_rate)
-    if blocked >= stall_ms and silent >= stall_ms:
-        return Verdict.STALLED, silent, blocked, beat_overdue, stall_ms
-    return None
-
-
-# -- how a stream ended --------------------------------------------------------------------
-
-def fenced_error(
-    run_id: str, path: str, writer: Writer | None, why: str, *, engine_high: int | None = None
-) -> WriterFencedError:
-    """The :class:`~walchannel.errors.WriterFencedError` of a log that may not write its run.
-
-    The one text, for the channel and ``walchannel flush``: who, why, where
-    the rows stay, and the two next steps (review them; take the run over).
-
-    Args:
-        run_id: the run.
-        path: the log file ("" when unknown).
-        writer: the log's writer identity (None: unknown).
-        why: the cause.
-        engine_high: the engine's high-water, when the evidence is the log's own.
-    """
-    who = f"writer {writer.id} (epoch {writer.epoch})" if writer is not None else "this writer"
-    log = shlex.quote(path) if path else "LOG"
-    return WriterFencedError(
-        f"run {run_id}: not this log's to write ({who}): {why}. Every row stays in "
-        f"{path or 'the log'}; review them with 'walchannel export {log}', or take "
-        f"the run over with 'walchannel takeover {log}' and start again (what the other "
-        "writer delivered then comes again, unless the harness resumes from its own record)",
-        run_id=run_id,
-        path=path,
-        writer_id=writer.id if writer is not None else None,
-        engine_high=engine_high,
-    )
-
-
-# -- a row the engine refuses for its size -------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class RefusalVerdict:
-    """Which in-flight row a :class:`SizeRefusal` proves refused.
-
-    Attributes:
-        seq: the row to set aside, or None when no row is proven.
-        suspect: the first in-flight row over the limit (the one the engine
-            met first), or None when no in-flight row is over it.
-        suspect_size: its encoded size (bytes), or None.
-    """
-
-    seq: int | None
-    suspect: int | None = None
-    suspect_size: int | None = None
-
-
-def pick_refused_row(in_flight: Iterable[tuple[int, int]], refusal: SizeRefusal) -> RefusalVerdict:
-    """Decide which row the engine refused, so that no acceptable row is ever set aside.
-
-    The engine reads a stream's messages in order and refuses the first one
-    over its limit; every row written before it on the stream was no larger
-    than the limit. So the refused row is the first in-flight row (written
-    on the stream, not acked), in seq order, whose encoded size is over
-    ``refusal.limit`` — and it counts as proven only when its size is
-    exactly ``refusal.received``. Anything else (no row over the limit, or
-    a size that differs: a proxy's limit, compression) proves nothing.
-
-    Args:
-        in_flight: ``(seq, encoded UpMessage size in bytes)`` of the rows
-            above the received ack up to the highest seq written on the
-            stream, in seq order; read lazily, up to the first row over the
-            limit.
-        refusal: what the engine said.
-    """
-    for seq, size in in_flight:
-        if size > refusal.limit:
-            if size == refusal.received:
-                return RefusalVerdict(seq, seq, size)
-            return RefusalVerdict(None, seq, size)
-    return RefusalVerdict(None)
-
-
-def refusal_sets_aside(kind: str) -> bool:
-    """Tell whether a refused row of ``kind`` is set aside (True) or stops the channel.
-
-    Every kind is set aside into the quarantine, with a ``walchannel.row_lost``
-    event at its seq so later rows flow — except ``done``: it is the last
-    row, nothing waits behind it, and replacing it would leave the run
-    never completing; the channel stops with a clear error instead and the
-    row stays in the log (docs/design.md).
-    """
-    return kind != "done"
-
-
-def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake_size: int) -> str:
-    """Say why a size refusal proves no row refused, so nothing is set aside.
-
-    For the ERROR line and ``last_error`` when :func:`pick_refused_row`
-    found no proven row (``verdict.seq`` is None): the refused size is the
-    handshake's, no row written on the stream is over the limit, or the
-    first one over it has another size.
-
-    Args:
-        verdict: what ``pick_refused_row`` decided.
-        refusal: what the engine said (sizes in bytes).
-        handshake_size: the encoded handshake's size (bytes).
-    """
-    if verdict.suspect is None and handshake_size == refusal.received:
-        return "it is the handshake: shorten connector_version, harness_name or harness_version"
-    if verdict.suspect is None:
-        return f"no row written on the stream is over the engine's limit of {refusal.limit} bytes"
-    return (
-        f"the first row over the limit, seq {verdict.suspect} "
-        f"({verdict.suspect_size} bytes), is not the refused "
-        f"{refusal.received}-byte message"
-    )
-
-
-# -- a down message over the channel's receive limit ---------------------------------------
-
-def down_too_large_text(found: DownTooLarge, configured: int) -> str:
-    """Say that a down message was over the receive limit, naming the field to raise.
-
-    For the ERROR line and ``last_error`` (SPEC "Down messages").
-
-    Args:
-        found: what gRPC said (:func:`parse_receive_limit`).
-        configured: the config's ``max_receive_message_bytes`` (bytes), said
-            when gRPC gave no limit.
-    """
-    limit = configured if found.limit is None else found.limit
-    what = "a down message" if found.received is None else f"a {found.received}-byte down message"
-    return (
-        f"{what} exceeded max_receive_message_bytes ({limit}): raise it in the config; "
-        "the rows wait in the log and the channel keeps retrying"
-    )
-
-
-_SAID_TOO_LARGE = re.compile(
-    r"(?:a (\d+)-byte|a) down message exceeded max_receive_message_bytes \((\d+)\)"
-)
-
-
-def receive_limit_in(text: str | None) -> DownTooLarge | None:
-    """Read :func:`down_too_large_text`'s words back from a ``last_error``, or None.
-
-    For the tools that read a stored or reported error (``flush``'s failure,
-    ``inspect``'s next step): they name their own way to raise the limit.
-
-    Args:
-        text: a ``last_error`` (None: none).
-
-    Returns:
-        The message's size (None if it was not said) and the limit in force.
-    """
-    found = _SAID_TOO_LARGE.search(text or "")
-    if found is None:
-        return None
-    size = found.group(1)
-    return DownTooLarge(int(size) if size else None, int(found.group(2)))

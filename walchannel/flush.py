@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Final
 from walchannel import files
 from walchannel.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
 from walchannel.cli_logs import err
-from walchannel.driver import fenced_error
 from walchannel.errors import (
     InsecureDiscoveryWarning,
     WalCorruptError,
@@ -64,6 +63,7 @@ from walchannel.inspection import FLUSH_TOKEN_ENV
 from walchannel.log_format import MetaDamagedError
 from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
 from walchannel.log_state import refused_at_open
+from walchannel.refusals import fenced_error
 
 if TYPE_CHECKING:
     import httpx
@@ -313,7 +313,7 @@ async def _flush(
     from walchannel.channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
     from walchannel.discovery import discovery_client
-    from walchannel.driver import ChannelState, receive_limit_in
+    from walchannel.driver import ChannelState
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -321,6 +321,7 @@ async def _flush(
         WalWriteError,
     )
     from walchannel.log import RunLog
+    from walchannel.refusals import receive_limit_in
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.timeout

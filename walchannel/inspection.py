@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from walchannel import files
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
-from walchannel.driver import receive_limit_in
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
@@ -43,6 +42,7 @@ from walchannel.log_state import (
     completed_by_another,
     next_seq_after,
 )
+from walchannel.refusals import receive_limit_in
 
 __all__ = [
     "ALERT_STATES",

@@ -185,7 +185,7 @@ class RowSource:
     def in_flight_sizes(self, after: int, top: int) -> Iterator[tuple[int, int]]:
         """``(seq, encoded size)`` of the rows in ``(after, top]``, in seq order, lazily.
 
-        For :func:`~walchannel.driver.pick_refused_row`: ``after`` is the
+        For :func:`~walchannel.refusals.pick_refused_row`: ``after`` is the
         received ack, ``top`` the highest seq whose write started on the
         refusing stream.
         """

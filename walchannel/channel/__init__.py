@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from walchannel import _killpoints, messages, metrics, wire
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
+from walchannel.checkpoints import CHECKPOINT_IDLE_MS
 from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.driver import (
-    CHECKPOINT_IDLE_MS,
     AckKind,
     Answer,
     Call,
@@ -56,10 +56,6 @@ from walchannel.driver import (
     Completion,
     Driver,
     End,
-    down_too_large_text,
-    pick_refused_row,
-    refusal_sets_aside,
-    unproven_refusal,
 )
 from walchannel.end_status import DownTooLarge, SizeRefusal, describe_end
 from walchannel.errors import (
@@ -87,6 +83,12 @@ from walchannel.log_state import (
     FAILED_INTERNAL,
 )
 from walchannel.payload import check_text
+from walchannel.refusals import (
+    down_too_large_text,
+    pick_refused_row,
+    refusal_sets_aside,
+    unproven_refusal,
+)
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
 from walchannel.transport import StreamEnded
@@ -1398,9 +1400,9 @@ class GrpcEngineChannel:
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
 
-        The rules are the driver's :func:`~walchannel.driver.pick_refused_row`
+        The rules are :func:`~walchannel.refusals.pick_refused_row`
         (only a row proven refused) and
-        :func:`~walchannel.driver.refusal_sets_aside`. docs/design.md.
+        :func:`~walchannel.refusals.refusal_sets_aside`. docs/design.md.
         """
         addr = stream.addr
         driver = self._driver

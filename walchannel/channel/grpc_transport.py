@@ -30,9 +30,9 @@ import grpc.aio
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.discovery import discover, discovery_client
-from walchannel.driver import KEEPALIVE_TIMEOUT_MS
 from walchannel.formatting import get_logger
 from walchannel.transport import StreamEnded
+from walchannel.watchdog import KEEPALIVE_TIMEOUT_MS
 
 if TYPE_CHECKING:
     import httpx

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from walchannel import _killpoints
-from walchannel.driver import Verdict
 from walchannel.errors import ChannelClosedError, WalchannelError, WalCorruptError
 from walchannel.formatting import get_logger
 from walchannel.row_source import RowMissingError
 from walchannel.transport import StreamEnded
+from walchannel.watchdog import Verdict
 
 if TYPE_CHECKING:
     from walchannel._proto import engine_channel_pb2 as pb
