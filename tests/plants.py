@@ -113,7 +113,7 @@ PLANTS: tuple[Plant, ...] = (
         "driver.py",
         "        self._first_written = None\n        self._repeated_end = None\n",
         "        self._first_written = None\n        self._repeated_end = None\n"
-        "        self.attempt = 0\n",
+        "        self._attempt = 0\n",
         ("backoff reset without progress", "tight loop"),
     ),
     Plant(
@@ -171,7 +171,14 @@ PLANTS: tuple[Plant, ...] = (
         "channel/__init__.py",
         "        kind = driver.on_ack(seq, now)\n",
         "        kind = driver.on_ack(seq + 1, now)\n",
-        ("exceeds what the engine has", "beyond the engine", "lacks Done", *LOST),
+        # The cursor above every ack is the checker's own rule, judged at the ack.
+        (
+            "exceeds what the engine has",
+            "beyond the engine",
+            "above every ack",
+            "lacks Done",
+            *LOST,
+        ),
     ),
     Plant(
         "stored_ack_one_short",

@@ -221,9 +221,12 @@ async def test_inspect_in_a_tight_loop_never_disturbs_a_live_run(
     assert "locked" not in (stats.last_error or "")
     assert not [r for r in caplog.records if "locked" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    # The owner's checkpoints kept the -wal from growing with the run.
+    # The owner's checkpoints kept the -wal from growing with the run: never
+    # reset, its 4 000 commits would pass 4 000 page frames (16.5 MB). A reset
+    # needs a moment with no reader, which the tight inspect loop and busy
+    # CPUs make rare: 8.4 MB was seen under load, so the bound is 12 MiB.
     print(f"inspect ran {seen['runs']} times; largest -wal {biggest_wal} bytes")
-    assert biggest_wal < 8 * 1024 * 1024, biggest_wal
+    assert biggest_wal < 12 * 1024 * 1024, biggest_wal
 
 
 # -- stuck, failed ---------------------------------------------------------------

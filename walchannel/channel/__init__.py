@@ -127,6 +127,12 @@ def _check_timeout_ms(call: str, timeout_ms: object) -> None:
         )
 
 
+#: How the connection loop ended when a task.cancel() from outside reached it.
+_CANCELLED_FROM_OUTSIDE: Final = (
+    "cancelled from outside walchannel (a task.cancel(), or the event loop finishing "
+    "with the channel never closed)"
+)
+
 class GrpcEngineChannel:
     """The durable channel of one run. Construct, ``await handshake(...)``, send, close.
 
@@ -1006,6 +1012,50 @@ class GrpcEngineChannel:
         loop = asyncio.get_running_loop()
         self._check_deadline()
         self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
+        self._runner.add_done_callback(self._runner_done)
+
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        """The connection loop ended: if the channel is still open, the run fails here.
+
+        The loop runs until ``close()`` or a final state; ended any other way
+        (cancelled from outside: a ``task.cancel()`` of the harness's, or
+        ``asyncio.run`` finishing with the channel never closed; or a
+        ``BaseException`` such as ``KeyboardInterrupt`` raised inside it),
+        no ack can come: :meth:`_loop_ended`.
+        """
+        if runner.cancelled():
+            self._loop_ended(_CANCELLED_FROM_OUTSIDE)
+        else:
+            exc = runner.exception()
+            what = "ended" if exc is None else f"ended by {type(exc).__name__}: {exc}"
+            self._loop_ended(what)
+
+    def _fail_if_cancelled(self) -> bool:
+        """In the loop: a cancel from outside is being delivered; fail the run now. True if so."""
+        task = asyncio.current_task()
+        if task is None or not task.cancelling() or self._driver.closed:
+            return False
+        self._loop_ended(_CANCELLED_FROM_OUTSIDE)
+        return True
+
+    def _loop_ended(self, what: str) -> None:
+        """The connection loop was ``what`` with the channel open: ``FAILED``, ``FAILED_INTERNAL``.
+
+        Every waiter wakes at once (``wait_acked`` False; ``send_done``,
+        ``request_approval`` and ``send_*`` raise the error) instead of
+        hanging until its timeout. The rows stay in the log; the next
+        channel's healthy answer clears the mark. SPEC "Cancellation".
+        """
+        driver = self._driver
+        if driver.closed or driver.final:
+            return
+        self._fail(
+            WalchannelError(
+                f"run {self._run_id}: the connection loop was {what}; no ack can come. "
+                f"The rows stay in {self._log.path}; close() this channel and open a new one"
+            ),
+            reason=f"{FAILED_INTERNAL}: the connection loop was {what}",
+        )
 
     def _check_deadline(self) -> None:
         """Expire at ``hard_deadline`` on the wall clock, whatever the clock's steps.
@@ -1048,8 +1098,11 @@ class GrpcEngineChannel:
                     delay,
                     driver.attempt,
                 )
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can
+                # turn a cancel into a TimeoutError (python/cpython#86296).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._over.wait(), delay / 1000)
+                    async with asyncio.timeout(delay / 1000):
+                        await self._over.wait()
         except Exception as exc:
             # Errors from outside walchannel are failed attempts at their
             # boundary (discovery, the dial): what reaches here is walchannel's
@@ -1071,7 +1124,8 @@ class GrpcEngineChannel:
         transport = self._transport
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
-            addr = await asyncio.wait_for(transport.discover(timeout_s), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see _run
+                addr = await transport.discover(timeout_s)
         except DiscoveryError as exc:
             why = redact_secret(raw_message(exc), self._config.run_token)
             via = transport.discovery_route
@@ -1138,12 +1192,15 @@ class GrpcEngineChannel:
             if not stream.ended.is_set() and not self._driver.final:
                 await stream.ended.wait()
         finally:
+            # Cancelled from outside: fail the run before the teardown's awaits,
+            # so the waiters wake now, not once the network lets go.
+            cancelled = self._fail_if_cancelled()
             await stream.read_final_status()
             self._driver.on_stream_gone()
             self._rows.clear_readahead()
             await stream.teardown()
             self._stream = None
-            if not self._driver.closed:
+            if not self._driver.closed and not cancelled:
                 self._record_end(stream)
 
     async def _open(self, stream: Stream) -> None:
