@@ -1608,3 +1608,22 @@ def test_an_ack_at_an_answer_above_the_high_water_is_above_it_not_never_written(
     assert d.last_error == "protocol error: Ack(11) is above the high-water 10; not applied"
     assert d.on_ack(12, 0.0) is AckKind.NEVER_WRITTEN  # past it
     assert d.protocol_errors == 3 and d.acked == 0
+
+
+def test_the_error_of_the_runs_end_is_built_in_one_place() -> None:
+    d = driver()
+    assert d.ended_error() is None
+    d.on_close()
+    closed = d.ended_error()
+    assert isinstance(closed, ChannelClosedError) and str(closed) == "run r: the channel is closed"
+    e = driver()
+    e.expire()
+    expired = e.ended_error()
+    assert isinstance(expired, RunExpiredError) and str(expired) == "run r: past its hard_deadline"
+    behind = EngineBehindError("behind")
+    e.fail(behind)  # a failure after the deadline: the failure is what ended it
+    assert e.ended_error() is behind
+    f = driver()
+    f.fail(behind)
+    f.on_close()
+    assert f.ended_error() is behind

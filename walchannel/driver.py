@@ -576,6 +576,23 @@ class Driver:
             return RunExpiredError(f"run {self._run_id}: past its hard_deadline")
         return self._failure
 
+    def ended_error(self) -> WalchannelError | None:
+        """The error the run's end gives whoever waits on it; None while the loop runs.
+
+        The one place it is built for every waiter (``handshake``,
+        ``request_approval``): the failure that ended the run (``FAILED``, or
+        a completed run), else past ``hard_deadline`` (``EXPIRED``), else
+        closed. A new call is admitted by :meth:`admit`, whose order is
+        SPEC's "Buffer first" (closed and the deadline first).
+        """
+        if self._failure is not None:
+            return self._failure
+        if self._state is _EXPIRED:
+            return RunExpiredError(f"run {self._run_id}: past its hard_deadline")
+        if self._closed or self._state is ChannelState.CLOSED:
+            return ChannelClosedError(f"run {self._run_id}: the channel is closed")
+        return None
+
     def expire(self) -> bool:
         """``hard_deadline`` passed: move to ``EXPIRED``; False when already over."""
         if self.final:

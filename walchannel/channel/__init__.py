@@ -474,11 +474,9 @@ class GrpcEngineChannel:
             self._over.set()
             self._wakeup.set()
             self._acked_changed.set()
-            if driver.state is not ChannelState.CLOSED and self._approvals:
+            failure = driver.ended_error()
+            if driver.state is not ChannelState.CLOSED and self._approvals and failure:
                 # No decision can come any more: waiting would never end.
-                failure = driver.failure or RunExpiredError(
-                    f"run {self._run_id}: past its hard_deadline"
-                )
                 self._fail_approvals(lambda rid: failure)
 
     def _fail_approvals(self, error: Callable[[str], WalchannelError]) -> None:
@@ -988,12 +986,9 @@ class GrpcEngineChannel:
             over.cancel()
         if self.state is ChannelState.STREAMING:
             return
-        if driver.failure is not None:
-            raise driver.failure
-        if driver.state is ChannelState.EXPIRED:
-            raise RunExpiredError(f"run {self._run_id}: past its hard_deadline")
-        if driver.closed:
-            raise ChannelClosedError(f"run {self._run_id}: closed during the handshake")
+        ended = driver.ended_error()
+        if ended is not None:
+            raise ended
         waited = self._config.connect_timeout_ms
         if driver.last_end_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
             raise EngineUnavailableError(
