@@ -212,8 +212,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "run_completed_never_tombstones",
         "channel/__init__.py",
-        "                    self._log.complete_by_engine()\n",
-        "                    pass\n",
+        "                self._log.complete_by_engine()\n",
+        "                pass\n",
         ("no tombstone",),
     ),
     Plant(

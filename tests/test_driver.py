@@ -1265,17 +1265,19 @@ TAIL = "raise it in the config; the rows wait in the log and the channel keeps r
 
 def test_every_end_plan_carries_the_doubled_keepalive_whatever_the_end() -> None:
     pings = 'GOAWAY "too_many_pings"'
+    # The engine ending the run fails it in the same call: a fresh driver each.
+    for details, said, end in (
+        ("owned by another writer w2", pings, End.FENCED),
+        ("writer fenced", "", End.FENCED),
+        ("run completed", pings, End.RUN_COMPLETED),
+        ("run completed", "", End.RUN_COMPLETED),
+    ):
+        e = driver(keepalive_ms=25_000)
+        plan = e.on_end("FAILED_PRECONDITION", details, said)
+        assert (plan.end, plan.keepalive_doubled, plan.refusal) == (end, bool(said), None)
+        assert e.state is S.FAILED and plan.completion is not Completion.TOMBSTONE
+        assert plan.failed_reason is not None  # 10 rows here were never applied
     d = driver(keepalive_ms=25_000)
-    assert d.on_end("FAILED_PRECONDITION", "owned by another writer w2", pings) == wd.EndPlan(
-        End.FENCED, True, None
-    )
-    assert d.on_end("FAILED_PRECONDITION", "writer fenced") == wd.EndPlan(End.FENCED, False, None)
-    assert d.on_end("FAILED_PRECONDITION", "run completed", pings) == wd.EndPlan(
-        End.RUN_COMPLETED, True, None
-    )
-    assert d.on_end("FAILED_PRECONDITION", "run completed") == wd.EndPlan(
-        End.RUN_COMPLETED, False, None
-    )
     big = es.DownTooLarge(900, 500)
     assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(
         End.DOWN_TOO_LARGE, True, None, big
@@ -1627,3 +1629,23 @@ def test_the_error_of_the_runs_end_is_built_in_one_place() -> None:
     f.fail(behind)
     f.on_close()
     assert f.ended_error() is behind
+
+
+def test_run_completed_is_decided_in_the_end_and_a_tombstone_needs_the_log_first() -> None:
+    d = driver(high=10, acked=9, stored=9, done_seq=10)
+    up(d, 10)
+    plan = d.on_end("FAILED_PRECONDITION", "run completed")
+    assert (plan.end, plan.completion, plan.failed_reason) == (
+        End.RUN_COMPLETED,
+        Completion.TOMBSTONE,
+        None,
+    )
+    assert d.state is S.STREAMING and d.failure is None  # nothing failed: the log comes first
+    error = d.completed_by_engine()
+    assert d.state is S.FAILED and d.failure is error
+    # The log could not be made a tombstone: its rows stay, undeliverable.
+    e = driver(high=10, acked=9, stored=9, done_seq=10)
+    up(e, 10)
+    assert e.on_end("FAILED_PRECONDITION", "run completed").completion is Completion.TOMBSTONE
+    assert e.tombstone_not_stored() == FAILED_UNDELIVERABLE
+    assert e.state is S.FAILED and isinstance(e.failure, RunCompletedError)

@@ -245,6 +245,13 @@ class EndPlan(NamedTuple):
             down message.
         cause_kept: with :attr:`End.DOWN_TOO_LARGE`, gRPC lost this end's
             status (grpc/grpc#36066): ``too_large`` is the last end's cause.
+        completion: with ``RUN_COMPLETED`` and ``FENCED``, what the engine's
+            word does to the log (:meth:`Driver.on_run_completed`). Unless
+            ``TOMBSTONE`` (the caller makes the log a tombstone, then calls
+            :meth:`Driver.completed_by_engine`, or
+            :meth:`Driver.tombstone_not_stored`), the run has failed in the
+            same call: the caller stores :attr:`failed_reason`.
+        failed_reason: that failure's ``failed_reason`` (None: none to store).
     """
 
     end: End
@@ -252,6 +259,8 @@ class EndPlan(NamedTuple):
     refusal: SizeRefusal | None
     too_large: DownTooLarge | None = None
     cause_kept: bool = False
+    completion: Completion | None = None
+    failed_reason: str | None = None
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -980,10 +989,10 @@ class Driver:
         meaning = read.meaning
         if meaning is Meaning.WRITER_REFUSED:
             self._engine_refused = details
-            return EndPlan(End.FENCED, doubled, None)
+            return self._ended_by_engine(End.FENCED, doubled)
         if meaning is Meaning.RUN_COMPLETED:
             _, self._completed_by = run_completed_by(code, details)
-            return EndPlan(End.RUN_COMPLETED, doubled, None)
+            return self._ended_by_engine(End.RUN_COMPLETED, doubled)
         if self.final:
             return EndPlan(End.ALREADY_OVER, doubled, None)
         too_large = parse_receive_limit(code, details)
@@ -997,6 +1006,24 @@ class Driver:
         if refusal is not None:
             return EndPlan(End.SIZE_REFUSAL, doubled, refusal)
         return EndPlan(End.RECONNECT, doubled, None)
+
+    def _ended_by_engine(self, end: End, doubled: bool) -> EndPlan:
+        """The engine ended the run for this writer: the log's fate; failed unless a tombstone."""
+        completion = self.on_run_completed()
+        if completion is Completion.TOMBSTONE:
+            return EndPlan(end, doubled, None, completion=completion)
+        error, reason = self.refused(completion)
+        reason = self.fail(error, reason=reason)
+        return EndPlan(end, doubled, None, completion=completion, failed_reason=reason)
+
+    def tombstone_not_stored(self) -> str | None:
+        """The log could not be made a tombstone: its rows are undeliverable; the run fails.
+
+        The second call after :attr:`EndPlan.completion` ``TOMBSTONE`` when the
+        log's write failed (or it is read-only). Returns the ``failed_reason``.
+        """
+        error, reason = self.refused(Completion.UNDELIVERABLE)
+        return self.fail(error, reason=reason)
 
     def first_said(self, text: str) -> bool:
         """Tell whether ``text`` (a stream's end) differs from the last one since a stream was up.

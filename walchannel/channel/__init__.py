@@ -1365,7 +1365,7 @@ class GrpcEngineChannel:
                 driver.keepalive_ms,
             )
         if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
-            self._on_run_completed()
+            self._on_run_completed(plan.completion, plan.failed_reason)
             return
         if plan.end is End.ALREADY_OVER:
             return
@@ -1419,35 +1419,34 @@ class GrpcEngineChannel:
             )
         self._record_error(f"{where}: {why}")
 
-    def _on_run_completed(self) -> None:
+    def _on_run_completed(self, completion: Completion | None, failed_reason: str | None) -> None:
         """The engine answered "run completed", or refused this writer: the loop ends.
 
-        What it does to the log, and the error the run fails with, are the
-        driver's decisions (:meth:`~walchannel.driver.Driver.on_run_completed`,
-        :meth:`~walchannel.driver.Driver.refused`); this carries them out.
+        The driver decided in :meth:`~walchannel.driver.Driver.on_end`
+        (:attr:`~walchannel.driver.EndPlan.completion`): unless the log becomes
+        a tombstone the run has already failed there, and this stores it.
         """
         driver = self._driver
-        completion = driver.on_run_completed()
-        if completion is Completion.TOMBSTONE:
-            if self._log.writable:
-                # Our Done was applied but its ack was lost: the run ended well.
-                try:
-                    self._log.complete_by_engine()
-                except WalchannelError as exc:
-                    logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
-                else:
-                    logger.info(
-                        "run %s: the engine applied this run's Done; the log is now a tombstone",
-                        self._run_id,
-                    )
-                    driver.completed_by_engine()
-                    self._state_changed()
-                    return
-            completion = Completion.UNDELIVERABLE  # Done, and maybe more, stays
-        # Rows this log still holds cannot be delivered (here) any more: the
-        # reason flags the run for an operator (inspect: failed; export saves them).
-        error, reason = driver.refused(completion)
-        self._fail(error, reason=reason)
+        if completion is not Completion.TOMBSTONE:
+            # Rows this log still holds cannot be delivered (here) any more: the
+            # reason flags the run for an operator (inspect: failed; export saves them).
+            self._failed(failed_reason)
+            return
+        if self._log.writable:
+            # Our Done was applied but its ack was lost: the run ended well.
+            try:
+                self._log.complete_by_engine()
+            except WalchannelError as exc:
+                logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
+            else:
+                logger.info(
+                    "run %s: the engine applied this run's Done; the log is now a tombstone",
+                    self._run_id,
+                )
+                driver.completed_by_engine()
+                self._state_changed()
+                return
+        self._failed(driver.tombstone_not_stored())  # Done, and maybe more, stays
 
     def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
         """The engine refused a message for its size: find the row, set it aside or stop.
