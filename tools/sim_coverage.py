@@ -121,13 +121,13 @@ ALLOWED: dict[str, str] = {
         "a second handshake(): tests/test_channel.py"
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::"
-    "except WalchannelError as exc:": (
+    'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
         "a full disk at the very instant a healthy answer clears an earlier failure mark; "
         "the mark and its clearing are tests/test_failed_reason.py's"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::"
-    'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
-        "as above: a full disk as the failure mark is cleared"
+    "walchannel/channel/__init__.py::GrpcEngineChannel._store_ack::return": (
+        "an ack to store once the log is closed: close() stores the ack before it closes the "
+        "log, and an ack is handed out to store once (Driver.ack_to_store)"
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
     'logger.exception("run %s: the connection loop failed", self._run_id)': _BUG,

@@ -857,6 +857,9 @@ class Driver:
                 and now_ms - self._pending_since_ms >= ACK_STORE_AFTER_MS
             )
         ):
+            # Handed out to store: the coalescing window starts again (a store
+            # that fails is tried again at the next window's end).
+            self._clear_pending()
             return acked
         return None
 
@@ -869,11 +872,6 @@ class Driver:
         if self._pending_since_ms is None or timer_armed:
             return None
         return ACK_STORE_AFTER_MS
-
-    def on_stored(self, seq: int) -> None:
-        """The log stored ``Ack(seq)`` (its state holds it): stop coalescing what it covers."""
-        if max(self.stored, seq) >= self._acked:
-            self._clear_pending()
 
     def _clear_pending(self) -> None:
         self._pending = 0

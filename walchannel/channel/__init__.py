@@ -1697,7 +1697,6 @@ class GrpcEngineChannel:
             logger.error("%s; the acked rows stay until the next ack is stored", exc)
             self._note_error(raw_message(exc))
             return
-        driver.on_stored(seq)
         if driver.completed:
             logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
             self._acked_changed.set()
