@@ -302,6 +302,21 @@ PLANTS: tuple[Plant, ...] = (
         "        row = next(self._log.unacked(after_seq=seq, limit=1))\n",
         ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),
     ),
+    # -- the driver's second calls, each after the I/O between it and the input (issue 36)
+    Plant(
+        "verified_call_dropped",
+        "channel/__init__.py",
+        "            driver.on_verified(engine_high, shift)\n",
+        "",
+        ("unacked_count", "wait_acked", "stuck", *LOST),
+    ),
+    Plant(
+        "completed_by_engine_call_dropped",
+        "channel/__init__.py",
+        "                driver.completed_by_engine()\n",
+        "",
+        ("not in the log", "stuck", "no tombstone", "send_done"),
+    ),
     Plant(
         "engine_forgot_answer_not_applied",
         "driver.py",
