@@ -700,14 +700,18 @@ class SimCall:
 
     async def write(self, message: bytes) -> None:
         w, s = self.w, self.link
+        up = _decode(message)
+        if up.seq > s.proc.max_written:
+            # The checker's note of what this channel ever wrote: from the moment
+            # a write starts, as the channel bounds acks (a write into a call
+            # already over, or waiting for the connection, started too: the
+            # channel cannot tell what a transport sent before it failed).
+            s.proc.max_written = up.seq
         if s.end is not None or not s.link:
             raise StreamEnded("the call is over")
         if not s.connected:
             s.connect_wait = w.loop.create_future()
             await s.connect_wait
-        up = _decode(message)
-        if up.seq > s.proc.max_written:
-            s.proc.max_written = up.seq  # the checker's note: what this channel ever wrote
         if up.kind == "data" and s.proc is w.proc:
             w.cp()  # the process may die before the row goes out
             if not s.proc.alive:
@@ -932,6 +936,9 @@ class World:
             self.limit = 2_000
             self.big = {i for i in range(self.nf) if rng.random() < 0.25}
             self.done_big = rng.random() < 0.25
+        # Every limit the engine ever had: a row set aside under one stays so
+        # after the operator raises it (its row_lost may be sent again).
+        self.limits_in_force = {self.limit} - {None}
         self.p_proxy_limit = 0.1 if rng.random() < 0.1 else 0.0
         # The client's own bound below the big rows: they are refused at send
         # time (PayloadError, nothing logged) and the scan goes on without them.
@@ -1079,6 +1086,9 @@ class World:
         self.fenced_stop = False  # the operator stopped after a WriterFencedError
         self.taken_over = False  # the operator took the run over (duplicates are counted)
         self.lost_contents: set[int] = set()  # a lost log's rows: logged again, never applied twice
+        # Contents the engine lost after acking them to the log (the engine behind).
+        self.lost_by_engine: set[int] = set()
+        self.acked_to_log = 0  # the highest ack the engine gave the log's harness
         # A second harness on the run, from a random stream of its own (its own log, its
         # own writer id; never with rows over a limit, a backlog bound or a deadline).
         self.rng4 = random.Random(f"walchannel-sim-second:{seed}")
@@ -1508,6 +1518,8 @@ class World:
             proc.ack_v.append(value)
             if value > proc.max_truth:
                 proc.max_truth = value
+            if proc.role == "harness" and value > self.acked_to_log:
+                self.acked_to_log = value
             return msg
         if what == "answer":
             s.answer_h = value
@@ -1701,6 +1713,12 @@ class World:
             return
         rng = self.rng
         k = min(len(applied), rng.choice((1, 1, 2, rng.randint(1, len(applied)))))
+        # Rows the engine acked to this log may be deleted from it, and then
+        # cannot be sent again: the engine-behind loss of SPEC, whichever way
+        # the run ends after it (final_checks: only if the log no longer holds them).
+        acked = max(self.acked_to_log, self.disk.states[-1].last_acked if self.disk.exists else 0)
+        first = len(applied) - k + 1
+        self.lost_by_engine.update(applied[first - 1 : min(acked, len(applied))])
         del applied[-k:]
         self.stats["engine_losses"] += 1
         self.engine_lost = True
@@ -2393,7 +2411,7 @@ class World:
     def check_row_lost(self, payload: dict[str, Any]) -> None:
         """A row_lost event replaces only a row the engine refused for its size."""
         size, limit = payload.get("size"), payload.get("limit")
-        if self.limit is None or limit != self.limit or size is None or size <= self.limit:
+        if limit not in self.limits_in_force or size is None or size <= limit:
             self.violation(f"a row_lost event for a row the engine never refused: {payload}")
 
     def note_dial(self, proc: Proc) -> None:
@@ -2524,6 +2542,14 @@ class World:
             retry = True
         except RunCompletedError:
             self.tr("takeover refused: the log is a tombstone")
+        except INTERRUPTS as exc:
+            # A signal's exception inside the command's commit: `walchannel
+            # takeover` dies; the operator runs it again (the log must allow it).
+            if self.kbd_proc is proc:
+                self.kbd_proc = None
+            name = type(exc).__name__
+            self.tr("the takeover is interrupted (%s); the operator runs it again", name)
+            retry = True
         finally:
             if log is not None and not log.closed:
                 log.close()
@@ -3494,6 +3520,9 @@ class World:
         ):
             self.violation("the engine applied Done, but the log holding it is no tombstone")
         applied = self.applied
+        # The engine lost them after acking them, and the log no longer holds them.
+        held = set(d.states[-1].rows.values()) if d.exists else set()
+        behind = self.lost_by_engine - held
         counts = [0] * self.nf
         others: dict[int, int] = {}
         dones = 0
@@ -3514,8 +3543,11 @@ class World:
                     self.stats["dup_by_content"] += n - 1
             elif self.taken_over and n > 1:
                 self.stats["takeover_dups"] += n - 1  # the takeover's cost (SPEC)
-            elif n == 0 and (self.fenced_stop or e in self.lost_contents):
-                pass  # its harness got the named error; or it went with a lost log
+            elif n == 0 and (
+                self.fenced_stop or e in self.lost_contents or e in behind
+            ):
+                pass  # its harness got the named error; it went with a lost log; or the
+                # engine lost it after the log deleted it (a takeover kept "behind" unsaid)
             elif n != 1:
                 self.violation(f"{_name(e)} applied {n} times")
         quarantined = set(d.states[-1].quarantined) if d.exists else set()
@@ -3538,7 +3570,7 @@ class World:
                 ):
                     self.violation(f"{_name(i)} was refused, yet it is not in the quarantine")
             elif n == 0:
-                if not self.fenced_stop:
+                if not self.fenced_stop and i not in behind:
                     self.violation(f"{_name(i)} never applied by the engine")
             elif n > 1:
                 if i in self.affected:
