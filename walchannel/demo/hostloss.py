@@ -43,7 +43,7 @@ from walchannel.demo.audit import (
     expected_findings,
     start_audit_scan,
 )
-from walchannel.demo.processes import HARNESS, child_env, start_process
+from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
 
@@ -156,19 +156,7 @@ def stream_with_host_losses(
     procs: list[subprocess.Popen[Any]] = []
     replicator: Replicator | None = None
     try:
-        engine, info = start_process(
-            ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, plog
-        )
-        procs.append(engine)
-        discovery, dinfo = start_process(
-            ["-m", "walchannel.testing.discovery", "--store", str(store_path)], env, plog
-        )
-        procs.append(discovery)
-        subprocess.run(
-            [sys.executable, "-m", "walchannel.testing.engine", "register", "--store",
-             str(store_path), "--run-id", run_id, "--token-env", "DEMO_TOKEN"],
-            check=True, env=env, stdout=plog, stderr=plog,
-        )  # fmt: skip
+        _, info, dinfo = start_engine_and_discovery(store_path, run_id, env, plog, procs)
 
         def machine(n: int) -> tuple[Path, str]:
             return workdir / f"host-{n}" / "wal", (workdir / "replica" / f"host-{n}").as_uri()

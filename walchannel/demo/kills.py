@@ -34,7 +34,7 @@ from walchannel.demo.audit import (
     expected_findings,
     start_audit_scan,
 )
-from walchannel.demo.processes import HARNESS, child_env, start_process
+from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery, start_process
 from walchannel.demo.progress import engine_progress, progress_line, read_marker, resume_line
 
 __all__ = ["run"]
@@ -71,31 +71,8 @@ def run(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[Any]] = []
     with (workdir / "processes.log").open("w") as plog:
         try:
-            engine, info = start_process(
-                ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, plog
-            )
-            procs.append(engine)
-            discovery, dinfo = start_process(
-                ["-m", "walchannel.testing.discovery", "--store", str(store_path)], env, plog
-            )
-            procs.append(discovery)
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "walchannel.testing.engine",
-                    "register",
-                    "--store",
-                    str(store_path),
-                    "--run-id",
-                    run_id,
-                    "--token-env",
-                    "DEMO_TOKEN",
-                ],
-                check=True,
-                env=env,
-                stdout=plog,
-                stderr=plog,
+            engine, info, dinfo = start_engine_and_discovery(
+                store_path, run_id, env, plog, procs
             )
             say(f"engine pid {engine.pid} at {info['grpc_addr']}; discovery {dinfo['http_addr']}")
             report = workdir / "independent-bandit.json"

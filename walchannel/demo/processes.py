@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["HARNESS", "child_env", "start_process"]
+__all__ = ["HARNESS", "child_env", "start_engine_and_discovery", "start_process"]
 
 #: The harness the demo runs, as a child: ``python -m`` this module.
 HARNESS = ("-m", "walchannel.demo.bandit_harness")
@@ -60,3 +60,43 @@ def start_process(
         proc.wait(10)
         raise RuntimeError(f"{' '.join(args)} did not start (see {log.name})")
     return proc, json.loads(line)
+
+
+def start_engine_and_discovery(
+    store_path: Path, run_id: str, env: dict[str, str], log: IO[str], procs: list[Any]
+) -> tuple[subprocess.Popen[str], dict[str, Any], dict[str, Any]]:
+    """Start a local engine and a discovery process on one store; register ``run_id``.
+
+    Both demos start this way; each process is appended to ``procs`` as soon
+    as it runs, so the caller's cleanup stops it whatever fails next.
+
+    Args:
+        store_path: the engine store (SQLite file), shared by both processes.
+        run_id: the run to register; its token is ``env["DEMO_TOKEN"]``.
+        env: the children's environment (:func:`child_env`).
+        log: where the children's stderr goes.
+        procs: the caller's list of started processes.
+
+    Returns:
+        The engine process, and what the engine and discovery printed once
+        serving (their addresses).
+
+    Raises:
+        RuntimeError: a process exited before it served.
+        subprocess.CalledProcessError: the run could not be registered.
+    """
+    engine, info = start_process(
+        ["-m", "walchannel.testing.engine", "--store", str(store_path)], env, log
+    )
+    procs.append(engine)
+    discovery, dinfo = start_process(
+        ["-m", "walchannel.testing.discovery", "--store", str(store_path)], env, log
+    )
+    procs.append(discovery)
+    subprocess.run(
+        [sys.executable, "-m", "walchannel.testing.engine", "register", "--store",
+         str(store_path), "--run-id", run_id, "--token-env", "DEMO_TOKEN"],
+        check=True, env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    return engine, info, dinfo
+
