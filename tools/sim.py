@@ -1088,6 +1088,7 @@ class World:
         self.lost_contents: set[int] = set()  # a lost log's rows: logged again, never applied twice
         # Contents the engine lost after acking them to the log (the engine behind).
         self.lost_by_engine: set[int] = set()
+        self.refused_stop = False  # the harness got RunCompletedError: undeliverable rows stay
         self.acked_to_log = 0  # the highest ack the engine gave the log's harness
         # A second harness on the run, from a random stream of its own (its own log, its
         # own writer id; never with rows over a limit, a backlog bound or a deadline).
@@ -1584,6 +1585,9 @@ class World:
         self.at(self.now + 1_500.0 + r2.random() * 2_500.0, self.disk_space)
         # It keeps fewer rows than it acked (``acked``), and no fewer than are stored.
         k = len(applied) - r2.randint(stored, acked - 1)
+        # Acked: the log may delete them before its next handshake says "forgot"
+        # or "behind" (final_checks: the engine's loss only if the log lost them).
+        self.lost_by_engine.update(applied[len(applied) - k : acked])
         del applied[-k:]
         self.stats["engine_losses"] += 1
         self.stats["engine_forgets"] += 1
@@ -2477,6 +2481,10 @@ class World:
         if why in ("completed", "refused"):
             if not self.completed:
                 self.violation(f"the {proc.role} exited '{why}' but the engine lacks Done")
+            if why == "refused":
+                # RunCompletedError: rows the log still holds are undeliverable,
+                # kept there for export (SPEC "Reconnect"): named, not lost.
+                self.refused_stop = True
             if self.recheck:
                 self.recheck = False
                 self.at(self.now + self.rng.random() * 1_000.0, self.restart, False)
@@ -3544,7 +3552,10 @@ class World:
             elif self.taken_over and n > 1:
                 self.stats["takeover_dups"] += n - 1  # the takeover's cost (SPEC)
             elif n == 0 and (
-                self.fenced_stop or e in self.lost_contents or e in behind
+                self.fenced_stop
+                or e in self.lost_contents
+                or e in behind
+                or (self.refused_stop and e in held)
             ):
                 pass  # its harness got the named error; it went with a lost log; or the
                 # engine lost it after the log deleted it (a takeover kept "behind" unsaid)
@@ -3570,7 +3581,8 @@ class World:
                 ):
                     self.violation(f"{_name(i)} was refused, yet it is not in the quarantine")
             elif n == 0:
-                if not self.fenced_stop and i not in behind:
+                named = self.fenced_stop or (self.refused_stop and i in held)
+                if not named and i not in behind:
                     self.violation(f"{_name(i)} never applied by the engine")
             elif n > 1:
                 if i in self.affected:
