@@ -474,8 +474,8 @@ class GrpcEngineChannel:
             self._over.set()
             self._wakeup.set()
             self._acked_changed.set()
-            failure = driver.ended_error()
-            if driver.state is not ChannelState.CLOSED and self._approvals and failure:
+            failure = driver.ended_error() if self._approvals else None
+            if failure is not None and driver.state is not ChannelState.CLOSED:
                 # No decision can come any more: waiting would never end.
                 self._fail_approvals(lambda rid: failure)
 

@@ -27,7 +27,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from walchannel.demo import bandit_harness
 from walchannel.demo.audit import (
     Key,
     applied_findings,
@@ -43,6 +41,7 @@ from walchannel.demo.audit import (
     expected_findings,
     start_audit_scan,
 )
+from walchannel.demo.options import scan_inputs
 from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
@@ -375,13 +374,10 @@ def run(args: argparse.Namespace) -> int:
     except ReplicationError as exc:
         print(f"walchannel demo: {exc}", file=sys.stderr)
         return 2
-    tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
-    files = bandit_harness.scan_files(tree, args.limit)
-    if not files:
-        print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
+    inputs = scan_inputs(args, "walchannel-hostloss-")
+    if inputs is None:
         return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="walchannel-hostloss-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    tree, files, workdir = inputs
     started = time.monotonic()
 
     def say(text: str) -> None:

@@ -20,13 +20,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from walchannel.demo import bandit_harness
 from walchannel.demo.audit import (
     Key,
     applied_findings,
@@ -34,6 +32,7 @@ from walchannel.demo.audit import (
     expected_findings,
     start_audit_scan,
 )
+from walchannel.demo.options import scan_inputs
 from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery, start_process
 from walchannel.demo.progress import engine_progress, progress_line, read_marker, resume_line
 
@@ -50,13 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not bandit_installed():
         return 2
-    tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
-    files = bandit_harness.scan_files(tree, args.limit)
-    if not files:
-        print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
+    inputs = scan_inputs(args, "walchannel-demo-")
+    if inputs is None:
         return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="walchannel-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    tree, files, workdir = inputs
     store_path = workdir / "engine-store.sqlite3"
     wal_dir = workdir / "wal"
     run_id = f"demo-{secrets.token_hex(4)}"

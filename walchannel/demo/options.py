@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
+from pathlib import Path
 
-__all__ = ["add_arguments"]
+__all__ = ["add_arguments", "scan_inputs"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,3 +71,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="(b) SIGKILL the harness and restart it on the same log once this fraction "
         "of the files reached the engine (default: %(default)s)",
     )
+
+
+def scan_inputs(args: argparse.Namespace, prefix: str) -> tuple[Path, list[Path], Path] | None:
+    """The tree, its files and the work folder the options name, the folder created.
+
+    Args:
+        args: the parsed options (``tree``, ``limit``, ``workdir``).
+        prefix: the name prefix of a temporary work folder (no ``--workdir``).
+
+    Returns:
+        ``(tree, files, workdir)``, or None when the tree holds no Python file
+        (said on stderr: the demo exits 2).
+    """
+    # Here, not at the top: the CLI reads add_arguments for every command,
+    # and the harness imports the channel (grpc).
+    from walchannel.demo import bandit_harness
+
+    tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
+    files = bandit_harness.scan_files(tree, args.limit)
+    if not files:
+        print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
+        return None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=prefix))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return tree, files, workdir
