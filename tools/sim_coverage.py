@@ -134,11 +134,6 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._run::break": (
-        "the run ending (hard_deadline's timer, a send finding the log damaged) while a "
-        "rediscovery is in flight; close() cancels the loop there instead. The corpus reached "
-        "it through close() only while the loop's wait_for turned that cancel into a timeout"
-    ),
     "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,

@@ -1074,13 +1074,12 @@ class GrpcEngineChannel:
     async def _run(self) -> None:
         driver = self._driver
         try:
-            first = True
+            rediscover = False  # the first dial uses the configured address
             while not driver.final and not driver.closed:
-                if not first and self._config.http_addr is not None:
+                if rediscover:
+                    rediscover = False
                     await self._rediscover()
-                    if driver.closed or driver.final:
-                        break
-                first = False
+                    continue  # the run may have ended while discovery answered
                 self._move(ChannelState.CONNECTING)
                 await self._stream_once(self._addr)
                 if driver.closed or driver.final:
@@ -1098,6 +1097,7 @@ class GrpcEngineChannel:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay / 1000):
                         await self._over.wait()
+                rediscover = self._config.http_addr is not None
         except Exception as exc:
             # Errors from outside walchannel are failed attempts at their
             # boundary (discovery, the dial): what reaches here is walchannel's
