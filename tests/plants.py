@@ -262,8 +262,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "wait_acked_compares_the_untranslated_target",
         "driver.py",
-        "        return self._acked >= self.translate(handed_out)\n",
-        "        return self._acked >= handed_out\n",
+        "        seq = self.translate(handed_out)\n",
+        "        seq = handed_out\n",
         ("wait_acked", *LOST),
     ),
     Plant(

@@ -613,6 +613,59 @@ async def test_done_applied_but_its_ack_lost_ends_as_a_tombstone(tmp_path: Path)
         await engine.stop()
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("asleep", [True, False], ids=["waiting-when-told", "asking-after"])
+@pytest.mark.parametrize("target", ["newest", "a-finding"])
+async def test_after_send_done_gave_up_a_waiter_learns_the_done_was_applied(
+    tmp_path: Path, asleep: bool, target: str
+) -> None:
+    # Found by tools/chaos.py engine-kill: send_done returned False (its ack
+    # lost with the engine), the harness waits on wait_acked() as SPEC
+    # "Shutdown order" says, and the next engine answers "run completed". The
+    # engine applied this writer's Done and so every row before it: every
+    # waiter is answered True, as send_done would have been.
+    gate = asyncio.Event()
+    streams: list[int] = []
+
+    async def script(stream: RogueStream) -> None:
+        streams.append(1)
+        if len(streams) > 1:
+            await stream.read()
+            await stream.context.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.WhichOneof("body") == "done":
+                await gate.wait()
+                stream.end()  # applied, never acked
+                return
+
+    engine = RogueEngine(script)
+    await engine.start()
+    config = engine.channel_config(tmp_path / "wal", "late-word", "tok", done_ack_timeout_ms=200)
+    try:
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "h", "1")
+            first = ch.send_finding(finding(0))
+            ch.send_finding(finding(1))  # never acked: the stream ends at Done
+            assert not await ch.send_done("completed", 2, [], "")
+            seq = None if target == "newest" else first
+            if asleep:
+                waiter = asyncio.ensure_future(ch.wait_acked(seq, timeout_ms=30_000))
+                await eventually(lambda: ch.state is ChannelState.STREAMING)
+                assert not waiter.done()
+                gate.set()
+                assert await waiter
+            else:
+                gate.set()
+                await eventually(lambda: ch.log.completed)
+                assert await ch.wait_acked(seq, timeout_ms=30_000)
+            assert ch.log.completed and ch.unacked_count == 0
+            assert ch.state is ChannelState.FAILED  # RunCompletedError: SPEC "Completion"
+            assert not await ch.wait_acked(ch.stats().acked + 10, timeout_ms=0)  # never handed out
+    finally:
+        await engine.stop()
+
+
 # -- one channel, two event loops (issue 13, item 5) ------------------------------------
 
 

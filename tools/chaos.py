@@ -295,6 +295,11 @@ class Life:
     killed_by_us: bool
     hung: bool
     stderr: str
+    said: str  # what the child printed other than "sent" lines (its verdict)
+
+    def tail(self) -> str:
+        """What a problem line quotes: the child's verdict, then its stderr's end."""
+        return f"{self.said}{self.stderr[-800:]}"
 
 
 async def live(
@@ -344,6 +349,7 @@ async def live(
     assert proc.stdout is not None
     assert proc.stderr is not None
     err_chunks: list[bytes] = []
+    said: list[str] = []
     resumed = asyncio.Event()
 
     async def read_out() -> None:
@@ -352,6 +358,8 @@ async def live(
             text = line.decode(errors="replace")
             if text.startswith("resume"):
                 resumed.set()
+            if not text.startswith("sent"):
+                said.append(text)
             run.note(text)
 
     async def read_err() -> None:
@@ -392,7 +400,8 @@ async def live(
         if stopper is not None:
             stopper.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-    return Life(proc.returncode, killed, hung, b"".join(err_chunks).decode(errors="replace"))
+    err = b"".join(err_chunks).decode(errors="replace")
+    return Life(proc.returncode, killed, hung, err, "".join(said[-5:]))
 
 
 async def finish_runs(
@@ -405,7 +414,7 @@ async def finish_runs(
                 break
             result = await live(run, grpc_addr(), http_addr, pause=0.0, **kw)
             if result.rc not in (0, -signal.SIGKILL) or result.hung:
-                run.problems.append(f"final life ended rc={result.rc}: {result.stderr[-800:]}")
+                run.problems.append(f"final life ended rc={result.rc}: {result.tail()}")
 
 
 # -- the audit -----------------------------------------------------------------
@@ -583,14 +592,14 @@ async def harness_kill(tmp: Path, iterations: int, rng: random.Random) -> tuple[
                 armed_lives[category] -= 1
             if result.hung:
                 hangs += 1
-                run.problems.append(f"life {run.lives} hung ({armed}): {result.stderr[-800:]}")
+                run.problems.append(f"life {run.lives} hung ({armed}): {result.tail()}")
             elif result.rc == -signal.SIGKILL:
                 if category == "random" and result.killed_by_us:
                     hits["random"] += 1
                 elif category != "random" and not result.killed_by_us:
                     hits[category] += 1
             elif result.rc != 0:
-                run.problems.append(f"life {run.lives} exited {result.rc}: {result.stderr[-800:]}")
+                run.problems.append(f"life {run.lives} exited {result.rc}: {result.tail()}")
         await finish_runs(runs, lambda: proxy.addr, None)
     finally:
         flapping.cancel()
@@ -628,7 +637,7 @@ async def engine_kill(tmp: Path, iterations: int, rng: random.Random) -> tuple[b
                 prev = slot_runs[k]
                 assert prev is not None
                 if life.hung or (life.rc != 0 and not life.killed_by_us):
-                    prev.problems.append(f"life exited rc={life.rc}: {life.stderr[-800:]}")
+                    prev.problems.append(f"life exited rc={life.rc}: {life.tail()}")
             run = new_run(cluster, tmp, 400, "ek")
             runs.append(run)
             slot_runs[k] = run
@@ -646,7 +655,7 @@ async def engine_kill(tmp: Path, iterations: int, rng: random.Random) -> tuple[b
             if task is not None:
                 life = await task
                 if life.hung or life.rc != 0:
-                    problems.append(f"last life rc={life.rc}: {life.stderr[-800:]}")
+                    problems.append(f"last life rc={life.rc}: {life.tail()}")
         await finish_runs(runs, lambda: cluster.grpc_addr, cluster.http_addr)
     finally:
         await cluster.close()
@@ -694,14 +703,14 @@ async def both(tmp: Path, iterations: int, rng: random.Random) -> tuple[bool, st
         assert run is not None
         armed = getattr(task, "armed", None)
         if life.hung:
-            run.problems.append(f"life hung ({armed}): {life.stderr[-800:]}")
+            run.problems.append(f"life hung ({armed}): {life.tail()}")
         elif life.rc == -signal.SIGKILL:
             if life.killed_by_us:
                 kills_by_us += 1
             elif armed:
                 hits[armed.split(":")[0]] += 1
         elif life.rc != 0:
-            run.problems.append(f"life exited rc={life.rc}: {life.stderr[-800:]}")
+            run.problems.append(f"life exited rc={life.rc}: {life.tail()}")
         slots[k] = None
 
     try:

@@ -94,11 +94,13 @@ async def run(args: argparse.Namespace) -> int:
                     await asyncio.sleep(args.pause)
             acked = await channel.send_done("completed", n, ["chaos"], "")
             while not acked:
-                # send_done is once per channel: keep waiting on its ack.
-                if channel.state in (ChannelState.FAILED, ChannelState.EXPIRED):
+                # send_done is once per channel: keep waiting on its ack. Ask
+                # first: on a tombstone ("run completed" stood in for a lost
+                # ack) the channel is FAILED and wait_acked is True.
+                acked = await channel.wait_acked(timeout_ms=2000)
+                if not acked and channel.state in (ChannelState.FAILED, ChannelState.EXPIRED):
                     print(f"channel {channel.state.name}: {channel.stats().last_error}", flush=True)
                     return 3
-                acked = await channel.wait_acked(timeout_ms=2000)
     except RunCompletedError:
         # The engine applied this run's Done (its ack died with a previous life).
         print("completed", flush=True)

@@ -3379,6 +3379,11 @@ class World:
                     "(where its row lives)"
                 )
         final = ch.state.value in ("closed", "failed", "expired")
+        if not ok and pos is not None and ch.driver.completed:
+            self.violation(
+                f"{what} returned False on a tombstone: the engine applied this run's Done, "
+                f"and so {_name(c)} at seq {pos}"
+            )
         if not ok and not final and (timeout_ms is None or self.now - t0 < timeout_ms - 1.0):
             self.violation(
                 f"{what} returned False after {self.now - t0:.0f} ms of its {timeout_ms} ms, "

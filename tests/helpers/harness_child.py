@@ -66,12 +66,13 @@ async def main() -> int:
             await asyncio.sleep(pause)
         acked = await channel.send_done("completed", n, ["all"], "")
         while not acked:
-            # send_done is called once per channel: wait on its ack instead.
-            if channel.state is ChannelState.FAILED:
-                print("failed:", channel.stats().last_error, flush=True)
-                return 1
+            # send_done is called once per channel: wait on its ack instead
+            # (True on a tombstone, though the channel is then FAILED).
             print("done not acked yet", flush=True)
             acked = await channel.wait_acked(timeout_ms=2000)
+            if not acked and channel.state is ChannelState.FAILED:
+                print("failed:", channel.stats().last_error, flush=True)
+                return 1
     print("finished", flush=True)
     return 0
 
