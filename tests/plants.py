@@ -232,7 +232,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "refused_row_set_aside_but_the_tail_kept",
-        "channel/__init__.py",
+        "channel/refused_rows.py",
         "        self._rows.forget()\n",
         "",
         ("stuck", "refused", "set aside"),
@@ -297,7 +297,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "refused_row_read_one_late",
-        "channel/__init__.py",
+        "channel/refused_rows.py",
         "        row = next(self._log.unacked(after_seq=seq - 1, limit=1))\n",
         "        row = next(self._log.unacked(after_seq=seq, limit=1))\n",
         ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),

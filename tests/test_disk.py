@@ -17,7 +17,7 @@ import pytest
 
 from conftest import PYTHON, child_env, eventually, new_run, while_progressing
 from walchannel import GrpcEngineChannel, RunLog
-from walchannel.channel import CHECKPOINT_STEP_PAGES
+from walchannel.channel.reclaim import CHECKPOINT_STEP_PAGES
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -53,6 +53,8 @@ ORDER = [
     "walchannel.metrics",
     "walchannel.discovery",
     "walchannel.channel.replica",
+    "walchannel.channel.reclaim",
+    "walchannel.channel.refused_rows",
     "walchannel.channel.stream",
     "walchannel.channel.grpc_transport",
     "walchannel.channel",
@@ -118,6 +120,8 @@ NO_NETWORK = {
     "walchannel.watch",
     "walchannel.cli_logs",
     "walchannel.replication",
+    "walchannel.channel.reclaim",
+    "walchannel.channel.refused_rows",
 }
 # The run's decisions: values in, decisions out; no I/O, no clock.
 NO_IO = {

@@ -265,11 +265,12 @@ def test_every_path_that_carries_out_a_decision_has_a_plant() -> None:
         "replay_starts_one_row_late": "GrpcEngineChannel._open",
         "send_done_logs_done_twice": "GrpcEngineChannel.send_done",
         "stored_done_ack_wakes_no_waiter": "GrpcEngineChannel._store_ack",
-        "refused_row_set_aside_but_the_tail_kept": "GrpcEngineChannel._on_size_refusal",
+        "refused_row_set_aside_but_the_tail_kept": "refused_rows.py:RefusedRows.on_refusal",
     }
     by_name = {p.name: p for p in PLANTS}
     for name, function in carried_out.items():
-        assert _function_of(by_name[name]) == f"channel/__init__.py:{function}", name
+        where = function if ".py:" in function else f"__init__.py:{function}"
+        assert _function_of(by_name[name]) == f"channel/{where}", name
 
 
 def test_every_answer_the_harness_gets_has_a_plant() -> None:
@@ -283,7 +284,7 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
             "channel/__init__.py:GrpcEngineChannel.send_done"
         ),
         "progress_not_taken_from_the_disk": "log.py:RunLog._follow_disk",
-        "refused_row_read_one_late": "channel/__init__.py:GrpcEngineChannel._on_size_refusal",
+        "refused_row_read_one_late": "channel/refused_rows.py:RefusedRows.on_refusal",
         "engine_forgot_answer_not_applied": "driver.py:Driver.on_answer",
         "first_ack_taken_for_an_answer_without_answers": "channel/stream.py:Stream._read_loop",
     }

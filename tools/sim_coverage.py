@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The channel's code the simulator must execute (the adapters aside).
 MEASURED = (
     "walchannel/channel/__init__.py",
+    "walchannel/channel/reclaim.py",
+    "walchannel/channel/refused_rows.py",
     "walchannel/channel/stream.py",
     "walchannel/row_source.py",
 )
@@ -135,14 +137,12 @@ ALLOWED: dict[str, str] = {
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
     "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
+    "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::logger.error(": (
-        _READ_FAILS
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::"
+    "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::logger.error(": (_READ_FAILS),
+    "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
     'self._record_error(f"{addr}: {text}")': _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_size_refusal::return": _READ_FAILS,
+    "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::return None": _READ_FAILS,
     "walchannel/channel/__init__.py::GrpcEngineChannel._on_down_too_large::logger.info(": (
         _STATUS_LOST
     ),
@@ -156,24 +156,21 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel._open::"
     "self._pending_token_hash = None": _REPLACED_TOKEN,
     "walchannel/channel/__init__.py::GrpcEngineChannel._open::logger.warning(": _REPLACED_TOKEN,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._asked_again::except WalchannelError:": (
+    "walchannel/channel/refused_rows.py::RefusedRows._asked_again::except WalchannelError:": (
         _READ_FAILS
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._asked_again::return False": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::except RuntimeError:": (
-        _LOOP
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::return": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._arm_checkpoint::"
+    "walchannel/channel/refused_rows.py::RefusedRows._asked_again::return False": _READ_FAILS,
+    "walchannel/channel/reclaim.py::DiskReclaim._arm::except RuntimeError:": (_LOOP),
+    "walchannel/channel/reclaim.py::DiskReclaim._arm::return": _LOOP,
+    "walchannel/channel/reclaim.py::DiskReclaim._arm::"
     "timer.cancel()  # a long retry wait; new acks bring it forward": _NO_FILE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint_timer_fired::return": (
+    "walchannel/channel/reclaim.py::DiskReclaim._fired::return": (
         "close() cancels the timer before it marks the channel closed"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint::return": (
+    "walchannel/channel/reclaim.py::DiskReclaim._step::return": (
         "a checkpoint of a closed log: close() cancels the timer first"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._checkpoint::"
-    "self._arm_checkpoint(delay)": _NO_FILE,
+    "walchannel/channel/reclaim.py::DiskReclaim._step::self._arm(delay)": _NO_FILE,
     "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
     "if loop.is_closed() or not loop.is_running():": _LOOP,
     "walchannel/channel/__init__.py::GrpcEngineChannel.close::self._abandon()": _LOOP,

@@ -20,7 +20,10 @@ The channel is composed, not inherited. It owns
   and httpx in :mod:`walchannel.channel.grpc_transport`, or the simulator's
   world) and a :class:`~walchannel.clock.Clock`;
 - per dial a :class:`~walchannel.channel.stream.Stream` (its reader, writer
-  and watchdog).
+  and watchdog);
+- :class:`~walchannel.channel.refused_rows.RefusedRows` (a row the engine
+  refused for its size: set aside or held) and
+  :class:`~walchannel.channel.reclaim.DiskReclaim` (the checkpoint timer).
 
 and carries out what the driver decides: the log's transactions, timers,
 waking waiters, logging. Everything runs on the event loop's thread;
@@ -44,8 +47,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from walchannel import _killpoints, messages, metrics, wire
+from walchannel.channel.reclaim import DiskReclaim
+from walchannel.channel.refused_rows import RefusedRows
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
-from walchannel.checkpoints import CHECKPOINT_IDLE_MS
 from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.driver import (
@@ -57,7 +61,7 @@ from walchannel.driver import (
     Driver,
     End,
 )
-from walchannel.end_status import DownTooLarge, SizeRefusal, describe_end
+from walchannel.end_status import DownTooLarge, describe_end
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -65,30 +69,22 @@ from walchannel.errors import (
     DiscoveryError,
     EngineUnavailableError,
     PayloadError,
-    RowRefusedError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
     WalWriteError,
     raw_message,
 )
-from walchannel.files import file_size
 from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
-from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.log_state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_INTERNAL,
 )
 from walchannel.payload import check_text
-from walchannel.refusals import (
-    down_too_large_text,
-    pick_refused_row,
-    refusal_sets_aside,
-    unproven_refusal,
-)
+from walchannel.refusals import down_too_large_text
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
 from walchannel.transport import StreamEnded
@@ -98,14 +94,12 @@ if TYPE_CHECKING:
     from walchannel.channel.replica import ReplicaGate
     from walchannel.transport import Transport
 
-__all__ = ["CHECKPOINT_STEP_PAGES", "GrpcEngineChannel"]
+__all__ = ["GrpcEngineChannel"]
 
 logger = get_logger(__name__)
 
 #: How often the hard_deadline timer asks the wall clock at the longest (seconds).
 DEADLINE_LOOK_S: Final = 60.0
-#: Pages (4 KiB) given back per turn of the event loop: one 4 MiB chunk and its checkpoints.
-CHECKPOINT_STEP_PAGES: Final = 1024
 
 
 def _check_timeout_ms(call: str, timeout_ms: object) -> None:
@@ -132,6 +126,7 @@ _CANCELLED_FROM_OUTSIDE: Final = (
     "cancelled from outside walchannel (a task.cancel(), or the event loop finishing "
     "with the channel never closed)"
 )
+
 
 class GrpcEngineChannel:
     """The durable channel of one run. Construct, ``await handshake(...)``, send, close.
@@ -258,6 +253,15 @@ class GrpcEngineChannel:
         # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
         self._max_values = config.max_message_bytes // 2
         self._rows = RowSource(log, config.run_id, config.correlation_id, config.max_message_bytes)
+        self._reclaim = DiskReclaim(log, self._driver, self._clock)
+        self._refused = RefusedRows(
+            config,
+            log,
+            self._driver,
+            self._rows,
+            record_error=self._record_error,
+            handshake_size=lambda: self._hello().ByteSize(),
+        )
         self._wakeup = asyncio.Event()
         self._up = asyncio.Event()
         self._over = asyncio.Event()
@@ -273,7 +277,6 @@ class GrpcEngineChannel:
         self._teardown: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._checkpoint_timer: asyncio.TimerHandle | None = None
         socket = os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
         self._replica: ReplicaGate | None = None
         if socket is not None:
@@ -281,7 +284,6 @@ class GrpcEngineChannel:
 
             self._replica = ReplicaGate(socket, log, self._note_error)
         self._pings_warned = False
-        self._limits_warned: set[tuple[str, int]] = set()
         # Texts of errors from outside walchannel already said at ERROR.
         self._said: set[str] = set()
         self._stop_callbacks: list[StopCallback] = []
@@ -1323,7 +1325,7 @@ class GrpcEngineChannel:
                 # Seqs handed out before now live higher: waiters re-read their targets.
                 self._acked_changed.set()
             driver.on_verified(engine_high, shift)
-            self._rows_deleted()  # the verifying ack deleted rows too
+            self._reclaim.rows_deleted()  # the verifying ack deleted rows too
             self._after_ack()
             return plan.replay_from
         if answer is Answer.FORGOT:
@@ -1379,7 +1381,13 @@ class GrpcEngineChannel:
             level, "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.route, text
         )
         if plan.refusal is not None:
-            self._on_size_refusal(stream, plan.refusal, text)
+            refused = self._refused.on_refusal(stream.addr, stream.top_written, plan.refusal, text)
+            if refused is not None:
+                future = self._approvals.pop(refused.request_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(refused.error)
+                    future.exception()
+            self._check_held()
             return
         self._record_error(f"{stream.addr}{stream.route}: {text}")
 
@@ -1448,129 +1456,6 @@ class GrpcEngineChannel:
                 return
         self._failed(driver.tombstone_not_stored())  # Done, and maybe more, stays
 
-    def _on_size_refusal(self, stream: Stream, refusal: SizeRefusal, text: str) -> None:
-        """The engine refused a message for its size: find the row, set it aside or stop.
-
-        The rules are :func:`~walchannel.refusals.pick_refused_row`
-        (only a row proven refused) and
-        :func:`~walchannel.refusals.refusal_sets_aside`. docs/design.md.
-        """
-        addr = stream.addr
-        driver = self._driver
-        self._warn_engine_limit(addr, refusal.limit)
-        try:
-            verdict = pick_refused_row(
-                self._rows.in_flight_sizes(driver.acked, stream.top_written), refusal
-            )
-        except WalchannelError as exc:
-            logger.error(
-                "run %s: cannot read the log to find the refused row: %s", self._run_id, exc
-            )
-            self._record_error(f"{addr}: {text}")
-            return
-        if verdict.seq is None:
-            why = unproven_refusal(verdict, refusal, handshake_size=self._hello().ByteSize())
-            logger.error(
-                "run %s: the engine at %s refused a %d-byte message (its limit: %d bytes), but %s: "
-                "nothing is set aside; the stream will be retried",
-                self._run_id,
-                addr,
-                refusal.received,
-                refusal.limit,
-                why,
-            )
-            self._record_error(f"{addr}: {text} ({why}; nothing set aside)")
-            return
-        seq = verdict.seq
-        size = refusal.received
-        row = next(self._log.unacked(after_seq=seq - 1, limit=1))
-        kind = row.kind
-        what = (
-            f"seq {seq} ({kind}, {size} bytes) was refused by the engine at {addr}: over its "
-            f"limit of {refusal.limit} bytes"
-        )
-
-        def refused(message: str) -> RowRefusedError:
-            return RowRefusedError(
-                f"run {self._run_id}: {message}",
-                run_id=self._run_id,
-                seq=seq,
-                kind=kind,
-                size=size,
-                limit=refusal.limit,
-                path=str(self._log.path),
-            )
-
-        if not refusal_sets_aside(kind):
-            # The rows before it may not be applied yet (the engine drops what
-            # it had read ahead): deliver them, then stop (_check_held).
-            driver.hold(
-                seq,
-                refused(
-                    f"{what}; the channel stops, the row stays in {self._log.path}"
-                    " (raise the engine's limit, then resume or flush)"
-                ),
-            )
-            logger.error(
-                "run %s: %s; it is not written again, and the channel stops once the rows "
-                "before it are acked",
-                self._run_id,
-                what,
-            )
-            self._record_error(f"{what}; the channel stops once the rows before it are acked")
-            self._check_held()
-            return
-        reason = (
-            f"refused by the engine at {addr} for its size: {size} bytes, over its limit "
-            f"of {refusal.limit} bytes"
-        )
-        try:
-            self._log.set_aside(seq, reason, kind=kind, size=size, limit=refusal.limit)
-        except (WalchannelError, ValueError) as exc:
-            logger.error("run %s: %s, but it cannot be set aside: %s", self._run_id, what, exc)
-            self._record_error(f"{what}; cannot set it aside: {exc}")
-            return
-        # The tail and readahead may hold the original: read the substitute from disk.
-        self._rows.forget()
-        driver.on_set_aside()
-        logger.error(
-            "run %s: %s; set aside into the quarantine of %s and replaced by a %s event at "
-            "seq %d so later rows flow (recover it: walchannel export --quarantined)",
-            self._run_id,
-            what,
-            self._log.path,
-            ROW_LOST_TYPE,
-            seq,
-        )
-        self._record_error(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
-        if kind == "approval_request":
-            rid = str(row.body.get("request_id", ""))
-            if self._asked_again(rid, seq):
-                return  # a later request with this id may still be decided
-            future = self._approvals.pop(rid, None)
-            if future is not None and not future.done():
-                future.set_exception(
-                    refused(
-                        f"approval request {rid!r} at {what}; set aside, "
-                        "the engine will never decide it"
-                    )
-                )
-                future.exception()
-
-    def _asked_again(self, request_id: str, seq: int) -> bool:
-        """Tell whether an unacked approval request above ``seq`` carries ``request_id``.
-
-        A harness restarted with a stable request id logs it again; the engine
-        decides that row even when an older one was set aside.
-        """
-        try:
-            return any(
-                row.kind == "approval_request" and row.body.get("request_id") == request_id
-                for row in self._log.unacked(after_seq=seq)
-            )
-        except WalchannelError:
-            return False
-
     def _check_held(self) -> None:
         """Stop with the held error once every row before a refused ``Done`` is acked."""
         error = self._driver.held_due()
@@ -1579,22 +1464,6 @@ class GrpcEngineChannel:
         self._fail(error, reason=FAILED_DONE_REFUSED)
         if self._stream is not None:
             self._stream.finish(StreamEnded(raw_message(error)))
-
-    def _warn_engine_limit(self, addr: str, limit: int) -> None:
-        """Say once per engine and limit that the engine takes less than ``max_message_bytes``."""
-        if (addr, limit) in self._limits_warned or limit >= self._config.max_message_bytes:
-            return
-        self._limits_warned.add((addr, limit))
-        logger.warning(
-            "run %s: the engine at %s accepts up-messages of at most %d bytes, less than this "
-            "channel's max_message_bytes %d: a larger row is refused by it and set aside; set "
-            "max_message_bytes=%d to refuse such rows at send time instead",
-            self._run_id,
-            addr,
-            limit,
-            self._config.max_message_bytes,
-            limit,
-        )
 
     # -- down messages ---------------------------------------------------------------------
 
@@ -1700,71 +1569,20 @@ class GrpcEngineChannel:
         if driver.completed:
             logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
             self._acked_changed.set()
-        self._rows_deleted()
+        self._reclaim.rows_deleted()
 
     def _ack_timer_fired(self) -> None:
         self._ack_timer = None
         self._store_ack()
 
-    # -- giving disk back ------------------------------------------------------------------
-
-    def _rows_deleted(self) -> None:
-        """Rows were deleted: give their pages back once idle (SPEC "The log")."""
-        driver = self._driver
-        if driver.checkpoints.on_rows_deleted(self._clock.monotonic_ms(), unacked=driver.unacked):
-            self._checkpoint()
-        else:
-            self._arm_checkpoint(CHECKPOINT_IDLE_MS)
-
-    def _arm_checkpoint(self, delay_ms: float) -> None:
-        """Have the checkpoint timer fire in ``delay_ms`` at the latest."""
-        if self._driver.closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        when = loop.time() + delay_ms / 1000
-        timer = self._checkpoint_timer
-        if timer is not None:
-            if timer.when() <= when:
-                return
-            timer.cancel()  # a long retry wait; new acks bring it forward
-        self._checkpoint_timer = loop.call_at(when, self._checkpoint_timer_fired)
-
-    def _checkpoint_timer_fired(self) -> None:
-        self._checkpoint_timer = None
-        if self._driver.closed:
-            return
-        delay = self._driver.checkpoints.on_timer(self._clock.monotonic_ms())
-        if delay is None:
-            return
-        if delay > 0:
-            self._arm_checkpoint(delay)  # acks still coming
-        else:
-            self._checkpoint()
-
-    def _checkpoint(self) -> None:
-        """One checkpoint step (4 MiB given back at most); the policy says what next."""
-        policy = self._driver.checkpoints
-        policy.on_checkpoint(self._clock.monotonic_ms())
-        if not self._log.writable:
-            return
-        path = self._log.path
-        before = file_size(path)
-        complete = self._log.checkpoint(max_pages=CHECKPOINT_STEP_PAGES)
-        shrank = not complete and file_size(path) < before
-        delay = policy.on_result(complete=complete, shrank=shrank)
-        if delay is not None:
-            self._arm_checkpoint(delay)
-
     # -- closing ---------------------------------------------------------------------------
 
     def _cancel_timers(self) -> None:
-        for timer in (self._deadline_timer, self._ack_timer, self._checkpoint_timer):
+        for timer in (self._deadline_timer, self._ack_timer):
             if timer is not None:
                 timer.cancel()
-        self._deadline_timer = self._ack_timer = self._checkpoint_timer = None
+        self._deadline_timer = self._ack_timer = None
+        self._reclaim.cancel()
 
     async def close(self) -> None:
         """Close the channel: half-close, wait up to ``close_timeout_ms``, tear down.
