@@ -161,14 +161,14 @@ PLANTS: tuple[Plant, ...] = (
     # -- carrying decisions out (walchannel/channel/, walchannel/row_source.py) ------
     Plant(
         "answer_verify_shift_keeps_the_stale_tail",
-        "channel/__init__.py",
+        "channel/connection.py",
         "                self._rows.clear_tail()\n",
         "",
         ("two contents", "applied 2 times", "after the run's Done", *LOST),
     ),
     Plant(
         "received_ack_off_by_one",
-        "channel/__init__.py",
+        "channel/connection.py",
         "        kind = driver.on_ack(seq, now)\n",
         "        kind = driver.on_ack(seq + 1, now)\n",
         # The cursor above every ack is the checker's own rule, judged at the ack.
@@ -182,43 +182,43 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "stored_ack_one_short",
-        "channel/__init__.py",
+        "channel/connection.py",
         "            self._log.ack(seq)\n",
         "            self._log.ack(seq - 1)\n",
         ("no tombstone", "stuck", "send_done returned"),
     ),
     Plant(
         "stored_done_ack_wakes_no_waiter",
-        "channel/__init__.py",
+        "channel/connection.py",
         '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n'
-        "            self._acked_changed.set()\n",
+        "            self._waiters.wake_all()\n",
         '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n',
         ("send_done returned",),
     ),
     Plant(
         "stream_end_loses_its_status",
-        "channel/__init__.py",
+        "channel/connection.py",
         "        plan = driver.on_end(code, details, debug)\n",
         "        plan = driver.on_end(None, details, debug)\n",
         ("stuck", "tight loop", "lacks Done"),
     ),
     Plant(
         "no_backoff_between_dials",
-        "channel/__init__.py",
+        "channel/connection.py",
         "                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
         "                delay = 0 * driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
         ("tight loop", "backoff reset without progress"),
     ),
     Plant(
         "run_completed_never_tombstones",
-        "channel/__init__.py",
+        "channel/connection.py",
         "                self._log.complete_by_engine()\n",
         "                pass\n",
         ("no tombstone",),
     ),
     Plant(
         "replay_starts_one_row_late",
-        "channel/__init__.py",
+        "channel/connection.py",
         "        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())\n",
         "        self._driver.on_stream_up(replay_from + 1, self._clock.monotonic_ms())\n",
         ("stuck", *LOST),
@@ -239,14 +239,14 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "stop_fires_on_every_repeat",
-        "channel/__init__.py",
+        "channel/connection.py",
         "        if not self._driver.on_stop():\n            return",
         "        if self._driver.on_stop() and False:\n            return",
         ("on_stop fired",),
     ),
     Plant(
         "decisions_not_cached",
-        "channel/__init__.py",
+        "channel/connection.py",
         "        self._driver.on_decision(request_id, approved, reason)\n",
         "",
         ("logged again",),
@@ -268,9 +268,9 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "waiter_acked_exactly_not_woken",
-        "channel/__init__.py",
-        "        if acked >= self._wake_at:\n",
-        "        if acked > self._wake_at:\n",
+        "channel/waiters.py",
+        "        if acked >= self.wake_at:\n",
+        "        if acked > self.wake_at:\n",
         ("not woken", "send_done returned"),
     ),
     Plant(
@@ -305,17 +305,24 @@ PLANTS: tuple[Plant, ...] = (
     # -- the driver's second calls, each after the I/O between it and the input (issue 36)
     Plant(
         "verified_call_dropped",
-        "channel/__init__.py",
+        "channel/connection.py",
         "            driver.on_verified(engine_high, shift)\n",
         "",
         ("unacked_count", "wait_acked", "stuck", *LOST),
     ),
     Plant(
         "completed_by_engine_call_dropped",
-        "channel/__init__.py",
+        "channel/connection.py",
         "                driver.completed_by_engine()\n",
         "",
         ("not in the log", "stuck", "no tombstone", "send_done"),
+    ),
+    Plant(
+        "set_aside_call_dropped",
+        "channel/refused_rows.py",
+        "        driver.on_set_aside()\n",
+        "",
+        ("set aside, yet the next dial",),
     ),
     Plant(
         "engine_forgot_answer_not_applied",
@@ -342,7 +349,7 @@ PLANTS: tuple[Plant, ...] = (
     # -- one writer per run (issue 34) ------------------------------------------------
     Plant(
         "every_handshake_asks_to_take_over",
-        "channel/__init__.py",
+        "channel/connection.py",
         "            take_over=writer.take_over,\n",
         "            take_over=True,\n",
         ("applied 2 times", "applied 3 times", "two contents", *LOST),

@@ -1028,7 +1028,7 @@ async def test_an_ack_below_a_waiters_target_does_not_wake_it(tmp_path: Path) ->
                     waits += 1
                     return await super().wait()
 
-            ch._acked_changed = CountingEvent()
+            ch._waiters._acked_changed = CountingEvent()
             waiter = asyncio.create_task(ch.wait_acked(seqs[-1], timeout_ms=60_000))
             await eventually(lambda: ch.stats().acked == 39, timeout=30, what="acks 1..39")
             await asyncio.sleep(0)  # the waiter would run here if an ack had woken it

@@ -186,9 +186,9 @@ def test_rows_written_an_hour_behind_are_not_stuck_at_once(faked_harness) -> Non
 async def test_a_step_past_the_deadline_expires_the_run_and_a_step_back_does_not_reopen_it(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import walchannel.channel
+    import walchannel.channel.connection
 
-    monkeypatch.setattr(walchannel.channel, "DEADLINE_LOOK_S", 0.2)
+    monkeypatch.setattr(walchannel.channel.connection, "DEADLINE_LOOK_S", 0.2)
     run_id, token = new_run(local_engine)
     deadline = datetime.now(UTC) + timedelta(hours=1)
     config = local_channel_config(
@@ -219,9 +219,9 @@ async def test_a_step_past_the_deadline_expires_the_run_and_a_step_back_does_not
 async def test_a_step_back_moves_the_deadline_away_with_the_wall_clock(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import walchannel.channel
+    import walchannel.channel.connection
 
-    monkeypatch.setattr(walchannel.channel, "DEADLINE_LOOK_S", 0.2)
+    monkeypatch.setattr(walchannel.channel.connection, "DEADLINE_LOOK_S", 0.2)
     run_id, token = new_run(local_engine)
     deadline = datetime.now(UTC) + timedelta(seconds=1.5)
     config = local_channel_config(

@@ -407,13 +407,13 @@ def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_appli
     )
     assert d.acked == 5 and d.ack_bound == 5
     # A replay rewinds the writer: rows written before still bound acks.
-    d.on_stream_gone()
+    d.on_end("UNAVAILABLE", "connection reset")
     d.move(S.BACKOFF)
     assert d.on_answer(3, 0.0).answer is Answer.FORGOT and d.acked == 3
     up(d, 4)
     assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.ADVANCE
     # The answer bounds them too: an engine that holds rows of an earlier process.
-    d.on_stream_gone()
+    d.on_end("UNAVAILABLE", "connection reset")
     d.move(S.BACKOFF)
     plan = d.on_answer(20, 0.0)
     assert plan.answer is Answer.RESUME and plan.acked_moved and d.acked == 20  # applied as an ack
@@ -523,7 +523,7 @@ def test_writer_position_follows_replay_rewind_and_end() -> None:
     assert d.next_to_write() == 3
     d.on_written(5)
     assert d.next_to_write() is None
-    d.on_stream_gone()
+    d.on_end("UNAVAILABLE", "connection reset")
     assert d.next_to_write() is None and d.rewind() == 3
 
 
@@ -1369,11 +1369,13 @@ def test_a_stream_up_forgets_the_last_end_said_whatever_it_was() -> None:
     assert d.first_said("")
 
 
-def test_a_gone_stream_leaves_the_writer_at_zero() -> None:
+def test_a_stream_end_leaves_the_writer_at_zero() -> None:
     d = driver()
     up(d, 1)
-    d.on_stream_gone()
+    assert d.write_pos == 1
+    d.on_end("UNAVAILABLE", "connection reset")
     assert d.write_pos == 0
+    assert d.next_to_write() is None
 
 
 def test_the_driver_watchdog_uses_its_dead_stream_bound_and_the_heartbeats_given() -> None:

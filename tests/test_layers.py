@@ -54,8 +54,11 @@ ORDER = [
     "walchannel.discovery",
     "walchannel.channel.replica",
     "walchannel.channel.reclaim",
+    "walchannel.channel.reporting",
     "walchannel.channel.refused_rows",
+    "walchannel.channel.waiters",
     "walchannel.channel.stream",
+    "walchannel.channel.connection",
     "walchannel.channel.grpc_transport",
     "walchannel.channel",
     "walchannel.blocking",
@@ -122,6 +125,8 @@ NO_NETWORK = {
     "walchannel.replication",
     "walchannel.channel.reclaim",
     "walchannel.channel.refused_rows",
+    "walchannel.channel.reporting",
+    "walchannel.channel.waiters",
 }
 # The run's decisions: values in, decisions out; no I/O, no clock.
 NO_IO = {

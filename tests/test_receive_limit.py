@@ -97,7 +97,7 @@ def attempts(caplog: pytest.LogCaptureFixture) -> list[int]:
     return [
         int(r.args[2])  # type: ignore[index]
         for r in caplog.records
-        if r.name == "walchannel.channel" and r.msg.startswith("run %s: reconnecting in")
+        if r.name.startswith("walchannel.channel") and r.msg.startswith("run %s: reconnecting in")
     ]
 
 

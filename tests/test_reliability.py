@@ -675,7 +675,7 @@ async def test_a_cancel_landing_as_a_row_arrives_still_stops_the_writer(
     await ch.handshake("1", "h", "1")
     ch.send_finding({"n": 0})
     assert await ch.wait_acked(timeout_ms=5000)
-    stream = ch._stream
+    stream = ch._connection._stream
     assert stream is not None
     writer = next(t for t in stream.tasks if "_write_loop" in t.get_coro().__qualname__)
 

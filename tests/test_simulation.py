@@ -143,7 +143,7 @@ def test_the_same_seed_replays_to_the_same_trace_in_another_process() -> None:
         outputs.append(run.stdout)
     assert outputs[0] == outputs[1]
     assert "engine applies seq 1" in outputs[0]  # the product's own log lines are in the trace
-    assert "[INFO walchannel.channel]" in outputs[0]
+    assert "[INFO walchannel.channel.connection]" in outputs[0]
 
 
 def test_cli_sweep_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
@@ -257,14 +257,14 @@ def test_every_path_that_carries_out_a_decision_has_a_plant() -> None:
     # The list: each is planted in the function that carries it out,
     # found by where its lines sit now, not by the name it was given.
     carried_out = {
-        "answer_verify_shift_keeps_the_stale_tail": "GrpcEngineChannel._take_answer",
-        "received_ack_off_by_one": "GrpcEngineChannel._on_ack",
-        "stored_ack_one_short": "GrpcEngineChannel._store_ack",
-        "stream_end_loses_its_status": "GrpcEngineChannel._record_end",
-        "run_completed_never_tombstones": "GrpcEngineChannel._on_run_completed",
-        "replay_starts_one_row_late": "GrpcEngineChannel._open",
+        "answer_verify_shift_keeps_the_stale_tail": "connection.py:ConnectionLoop._take_answer",
+        "received_ack_off_by_one": "connection.py:ConnectionLoop._on_ack",
+        "stored_ack_one_short": "connection.py:ConnectionLoop.store_ack",
+        "stream_end_loses_its_status": "connection.py:ConnectionLoop._record_end",
+        "run_completed_never_tombstones": "connection.py:ConnectionLoop._on_run_completed",
+        "replay_starts_one_row_late": "connection.py:ConnectionLoop._open",
         "send_done_logs_done_twice": "GrpcEngineChannel.send_done",
-        "stored_done_ack_wakes_no_waiter": "GrpcEngineChannel._store_ack",
+        "stored_done_ack_wakes_no_waiter": "connection.py:ConnectionLoop.store_ack",
         "refused_row_set_aside_but_the_tail_kept": "refused_rows.py:RefusedRows.on_refusal",
     }
     by_name = {p.name: p for p in PLANTS}
@@ -279,7 +279,7 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
     answers = {
         "wait_acked_compares_the_untranslated_target": "driver.py:Driver.is_acked",
         "first_provisional_seq_left_untranslated": "driver.py:Driver.translate",
-        "waiter_acked_exactly_not_woken": "channel/__init__.py:GrpcEngineChannel._after_ack",
+        "waiter_acked_exactly_not_woken": "channel/waiters.py:Waiters.ack_moved",
         "send_done_takes_a_logged_done_for_a_delivered_one": (
             "channel/__init__.py:GrpcEngineChannel.send_done"
         ),

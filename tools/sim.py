@@ -424,7 +424,7 @@ class DiskHook:
 
     def after_commit(self, what: str) -> None:
         if self.proc.alive:
-            self.w.committed(self.conn, what)
+            self.w.committed(self.conn, what, self.proc)
         if self.proc.alive:
             self.w.cp()
         if self.w.next_interrupt > 0:
@@ -481,6 +481,8 @@ class Proc:
         self.exp_attempt = 0
         self.last_end_ms: float | None = None
         self.dials: deque[float] = deque()
+        # A refused row was set aside then: the next dial comes at the first backoff step.
+        self.set_aside_at: float | None = None
         # What its channel answered, and what the checker needs to judge the answers.
         self.main_task: asyncio.Task[Any] | None = None
         self.conn: SimConnection | None = None
@@ -768,6 +770,7 @@ class SimTransport:
 
     def dial(self, addr: str, *, keepalive_ms: int) -> SimCall:
         w = self.w
+        w.note_redial(self.proc)
         if w.chaos and w.rng.random() < 0.02:
             # Raised outside walchannel: grpc refusing a malformed proxy variable.
             w.stats["foreign_errors"] += 1
@@ -776,6 +779,7 @@ class SimTransport:
 
     async def discover(self, timeout_s: float) -> str:
         w = self.w
+        w.note_redial(self.proc)
         await asyncio.sleep(w.lat() * 2 / 1000)
         if self.proc.client_closed:
             # The harness closed the http_client it passed (encode/httpx #1332):
@@ -1864,7 +1868,7 @@ class World:
             conn.close()
             raise
 
-    def committed(self, conn: sqlite3.Connection, kind: str) -> None:
+    def committed(self, conn: sqlite3.Connection, kind: str, proc: Proc) -> None:
         """A transaction of the real log committed: keep its image and check it."""
         d = self.disk
         prev = d.states[-1]
@@ -1897,6 +1901,7 @@ class World:
                 self.tr("%s set aside", _name(c))
                 if c not in self.refused:
                     self.violation(f"{_name(c)} set aside, but the engine never refused it")
+                proc.set_aside_at = self.now
         d.states.append(st)
         self.stats["commits"] += 1
         if st.completed and self.tombstone_at is None:
@@ -2417,6 +2422,24 @@ class World:
         size, limit = payload.get("size"), payload.get("limit")
         if limit not in self.limits_in_force or size is None or size <= limit:
             self.violation(f"a row_lost event for a row the engine never refused: {payload}")
+
+    def note_redial(self, proc: Proc) -> None:
+        """The channel dials or asks discovery: after a row set aside, at the first step.
+
+        Setting a refused row aside proves the engine healthy: the backoff
+        starts again (``Driver.on_set_aside``), so the next attempt comes
+        within the first step (``initial_ms`` plus the jitter).
+        """
+        at, proc.set_aside_at = proc.set_aside_at, None
+        if at is None:
+            return
+        b = self.backoff
+        bound = b.initial_ms + b.jitter_ms + 1.0
+        if self.now - at > bound:
+            self.violation(
+                f"a refused row was set aside, yet the next dial came {self.now - at:.0f} ms "
+                f"later (at most {bound:.0f} ms: the backoff starts again)"
+            )
 
     def note_dial(self, proc: Proc) -> None:
         self.stats["dials"] += 1

@@ -34,9 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The channel's code the simulator must execute (the adapters aside).
 MEASURED = (
     "walchannel/channel/__init__.py",
+    "walchannel/channel/connection.py",
     "walchannel/channel/reclaim.py",
     "walchannel/channel/refused_rows.py",
+    "walchannel/channel/reporting.py",
     "walchannel/channel/stream.py",
+    "walchannel/channel/waiters.py",
     "walchannel/row_source.py",
 )
 CORPUS = ROOT / "tools" / "sim_corpus.txt"
@@ -87,8 +90,8 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
     "transport = GrpcTransport(config)": _ADAPTER,
     "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
-    "self._replica = ReplicaGate(socket, log, self._note_error)": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._record_error::return": (
+    "replica = ReplicaGate(socket, log, self._reporter.note)": _ADAPTER,
+    "walchannel/channel/reporting.py::Reporter.record::return": (
         "an error to record on a closed log: only once the loop is gone (_abandon)"
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel.stats::self._abandon()": _LOOP,
@@ -119,47 +122,49 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::return": (
         "a second handshake() while streaming: tests/test_channel.py"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._start::return": (
+    "walchannel/channel/connection.py::ConnectionLoop.start::return": (
         "a second handshake(): tests/test_channel.py"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._take_answer::"
+    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
     'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
         "a full disk at the very instant a healthy answer clears an earlier failure mark; "
         "the mark and its clearing are tests/test_failed_reason.py's"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._store_ack::return": (
+    "walchannel/channel/connection.py::ConnectionLoop.store_ack::return": (
         "an ack to store once the log is closed: close() stores the ack before it closes the "
         "log, and an ack is handed out to store once (Driver.ack_to_store)"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
+    "walchannel/channel/connection.py::ConnectionLoop._run::"
     'logger.exception("run %s: the connection loop failed", self._run_id)': _BUG,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._run::"
+    "walchannel/channel/connection.py::ConnectionLoop._run::"
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._run::self._fail(": _BUG,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._log_damaged": _READ_FAILS,
+    "walchannel/channel/connection.py::ConnectionLoop._run::self._reporter.fail(": _BUG,
+    "walchannel/channel/connection.py::ConnectionLoop._log_damaged": _READ_FAILS,
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::logger.error(": (_READ_FAILS),
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
-    'self._record_error(f"{addr}: {text}")': _READ_FAILS,
+    'self._reporter.record(f"{addr}: {text}")': _READ_FAILS,
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::return None": _READ_FAILS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._on_down_too_large::logger.info(": (
+    "walchannel/channel/connection.py::ConnectionLoop._on_down_too_large::logger.info(": (
         _STATUS_LOST
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::raise ValueError(": (
         _REPLACED_TOKEN
     ),
     "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
-    "self._pending_token_hash = token_hash": _REPLACED_TOKEN,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._open::"
+    "pending_token_hash = token_hash": _REPLACED_TOKEN,
+    "walchannel/channel/connection.py::ConnectionLoop._open::"
     'stored["token_sha256"] = self._pending_token_hash': _REPLACED_TOKEN,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._open::"
+    "walchannel/channel/connection.py::ConnectionLoop._open::"
     "self._pending_token_hash = None": _REPLACED_TOKEN,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._open::logger.warning(": _REPLACED_TOKEN,
+    "walchannel/channel/connection.py::ConnectionLoop._open::logger.warning(": _REPLACED_TOKEN,
     "walchannel/channel/refused_rows.py::RefusedRows._asked_again::except WalchannelError:": (
         _READ_FAILS
     ),
     "walchannel/channel/refused_rows.py::RefusedRows._asked_again::return False": _READ_FAILS,
+    "walchannel/channel/connection.py::ConnectionLoop.abandon": _LOOP,
+    "walchannel/channel/waiters.py::Waiters.drop": _LOOP,
     "walchannel/channel/reclaim.py::DiskReclaim._arm::except RuntimeError:": (_LOOP),
     "walchannel/channel/reclaim.py::DiskReclaim._arm::return": _LOOP,
     "walchannel/channel/reclaim.py::DiskReclaim._arm::"
@@ -180,15 +185,15 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel._mark_closed::self._metrics.close()": (
         _METRICS
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close_network::"
+    "walchannel/channel/connection.py::ConnectionLoop.aclose::"
     "except Exception as exc:": _TRANSPORT_CLOSE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close_network::"
+    "walchannel/channel/connection.py::ConnectionLoop.aclose::"
     'logger.debug("run %s: closing the network failed: %r", self._run_id, exc)': (_TRANSPORT_CLOSE),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._close_network::"
+    "walchannel/channel/connection.py::ConnectionLoop.aclose::"
     "closers.append(self._replica.aclose)": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"
+    "walchannel/channel/connection.py::ConnectionLoop.stop::"
     "with contextlib.suppress(Exception):": _BUG,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._stop_streaming::"
+    "walchannel/channel/connection.py::ConnectionLoop.stop::"
     "await self._stream.teardown()": _BUG,
     # -- channel/stream.py --------------------------------------------------------------
     "walchannel/channel/stream.py::Stream._read_loop::"

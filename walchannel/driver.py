@@ -902,10 +902,6 @@ class Driver:
             self._reconnects += 1
         self.move(ChannelState.STREAMING)
 
-    def on_stream_gone(self) -> None:
-        """The stream is gone: nothing is being written."""
-        self._write_pos = 0
-
     def next_to_write(self) -> int | None:
         """Return the next seq to write on the live stream, or None when caught up.
 
@@ -985,6 +981,7 @@ class Driver:
             details: the status details.
             debug: gRPC's debug string (where some GOAWAY reasons show).
         """
+        self._write_pos = 0  # no stream: nothing is written until the next is up
         self._last_end_code = code
         doubled = is_too_many_pings(f"{details} {debug}")
         if doubled:

@@ -22,6 +22,7 @@ from walchannel.log_format import ROW_LOST_TYPE
 from walchannel.refusals import pick_refused_row, refusal_sets_aside, unproven_refusal
 
 if TYPE_CHECKING:
+    from walchannel.channel.reporting import Reporter
     from walchannel.config import GrpcChannelConfig
     from walchannel.driver import Driver
     from walchannel.end_status import SizeRefusal
@@ -50,7 +51,7 @@ class RefusedRows:
             and :meth:`~walchannel.driver.Driver.on_set_aside`, the second
             call after the log's I/O).
         rows: the writer's row source (its tail forgets a row set aside).
-        record_error: keeps a message as ``last_error`` and in the log's meta.
+        reporter: where the refusal is kept as ``last_error`` and in the log's meta.
         handshake_size: the size of this channel's handshake message (bytes),
             which an unproven refusal is compared with.
     """
@@ -61,8 +62,8 @@ class RefusedRows:
         log: RunLog,
         driver: Driver,
         rows: RowSource,
+        reporter: Reporter,
         *,
-        record_error: Callable[[str], None],
         handshake_size: Callable[[], int],
     ) -> None:
         self._run_id = config.run_id
@@ -70,7 +71,7 @@ class RefusedRows:
         self._log = log
         self._driver = driver
         self._rows = rows
-        self._record_error = record_error
+        self._reporter = reporter
         self._handshake_size = handshake_size
         self._limits_warned: set[tuple[str, int]] = set()
 
@@ -101,7 +102,7 @@ class RefusedRows:
             logger.error(
                 "run %s: cannot read the log to find the refused row: %s", self._run_id, exc
             )
-            self._record_error(f"{addr}: {text}")
+            self._reporter.record(f"{addr}: {text}")
             return None
         if verdict.seq is None:
             why = unproven_refusal(verdict, refusal, handshake_size=self._handshake_size())
@@ -114,7 +115,7 @@ class RefusedRows:
                 refusal.limit,
                 why,
             )
-            self._record_error(f"{addr}: {text} ({why}; nothing set aside)")
+            self._reporter.record(f"{addr}: {text} ({why}; nothing set aside)")
             return None
         seq = verdict.seq
         size = refusal.received
@@ -152,7 +153,7 @@ class RefusedRows:
                 self._run_id,
                 what,
             )
-            self._record_error(f"{what}; the channel stops once the rows before it are acked")
+            self._reporter.record(f"{what}; the channel stops once the rows before it are acked")
             return None
         reason = (
             f"refused by the engine at {addr} for its size: {size} bytes, over its limit "
@@ -162,7 +163,7 @@ class RefusedRows:
             self._log.set_aside(seq, reason, kind=kind, size=size, limit=refusal.limit)
         except (WalchannelError, ValueError) as exc:
             logger.error("run %s: %s, but it cannot be set aside: %s", self._run_id, what, exc)
-            self._record_error(f"{what}; cannot set it aside: {exc}")
+            self._reporter.record(f"{what}; cannot set it aside: {exc}")
             return None
         # The tail and readahead may hold the original: read the substitute from disk.
         self._rows.forget()
@@ -176,7 +177,7 @@ class RefusedRows:
             ROW_LOST_TYPE,
             seq,
         )
-        self._record_error(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
+        self._reporter.record(f"{what}; set aside into the quarantine, sent as {ROW_LOST_TYPE}")
         if kind != "approval_request":
             return None
         rid = str(row.body.get("request_id", ""))

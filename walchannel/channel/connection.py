@@ -1,0 +1,789 @@
+"""The connection loop: one part of the channel.
+
+It dials, sends the handshake (seq 0), waits for the engine's ``Ack(h)``,
+has the driver apply it (SPEC "Dial": the verification rule), replays and
+streams until the stream ends; then backs off, rediscovers and dials again,
+until ``close()``, ``hard_deadline`` or a failure (SPEC "Reconnect"). What
+the engine sends down (acks, ``Stop``, decisions, budget updates) is taken
+here, and so is every end of stream (:meth:`Driver.on_end
+<walchannel.driver.Driver.on_end>` decides; this carries the decision out).
+However the loop's task ends with the channel still open (cancelled from
+outside, a ``BaseException`` inside it), the run fails once, with
+``FAILED_INTERNAL``, and every waiter wakes (SPEC "Cancellation").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import TYPE_CHECKING, Any, Final
+
+from walchannel import _killpoints, messages, wire
+from walchannel.channel.reclaim import DiskReclaim
+from walchannel.channel.refused_rows import RefusedRows
+from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
+from walchannel.driver import AckKind, Answer, ChannelState, Completion, End
+from walchannel.end_status import DownTooLarge, describe_end
+from walchannel.errors import DiscoveryError, WalchannelError, WalWriteError, raw_message
+from walchannel.formatting import get_logger
+from walchannel.interface import ApprovalDecision, BudgetCallback, StopCallback
+from walchannel.log_state import FAILED_CORRUPT, FAILED_DONE_REFUSED, FAILED_INTERNAL
+from walchannel.refusals import down_too_large_text
+from walchannel.transport import StreamEnded
+
+if TYPE_CHECKING:
+    from walchannel._proto import engine_channel_pb2 as pb
+    from walchannel.channel.replica import ReplicaGate
+    from walchannel.channel.reporting import Reporter
+    from walchannel.channel.waiters import Waiters
+    from walchannel.clock import Clock
+    from walchannel.config import GrpcChannelConfig
+    from walchannel.driver import Driver
+    from walchannel.log import RunLog
+    from walchannel.row_source import RowSource
+    from walchannel.transport import Transport
+
+__all__ = ["DEADLINE_LOOK_S", "ConnectionLoop"]
+
+logger = get_logger(__name__)
+
+#: How often the hard_deadline timer asks the wall clock at the longest (seconds).
+DEADLINE_LOOK_S: Final = 60.0
+
+#: How the connection loop ended when a task.cancel() from outside reached it.
+CANCELLED_FROM_OUTSIDE: Final = (
+    "cancelled from outside walchannel (a task.cancel(), or the event loop finishing "
+    "with the channel never closed)"
+)
+
+
+class ConnectionLoop:
+    """Dial, handshake, stream, reconnect; take what the engine sends down.
+
+    Args:
+        config: the run's config.
+        log: the run's open log.
+        driver: the run's driver: every decision is its; this does the I/O.
+        rows: the writer's row source.
+        clock: the clocks read (monotonic ms, wall seconds).
+        rng: the backoff jitter's random source.
+        transport: where dials and discovery go.
+        replica: the replica gate under ``durability="replicated"``, else None.
+        waiters: what the harness's awaits watch (woken from here).
+        reporter: where errors are kept, stored and the run failed.
+        wakeup: the writer's event.
+        handshake_fields: ``(connector_version, harness_name,
+            harness_version)`` from the log's meta, or None before the first
+            ``handshake()``.
+        pending_token_hash: the token's sha256 to store once an engine
+            answers a handshake sent with it (``token_hash_when="accepted"``),
+            else None.
+    """
+
+    def __init__(
+        self,
+        config: GrpcChannelConfig,
+        log: RunLog,
+        driver: Driver,
+        rows: RowSource,
+        clock: Clock,
+        rng: random.Random,
+        transport: Transport,
+        replica: ReplicaGate | None,
+        waiters: Waiters,
+        reporter: Reporter,
+        wakeup: asyncio.Event,
+        *,
+        handshake_fields: tuple[str, str, str] | None,
+        pending_token_hash: str | None,
+    ) -> None:
+        self._config = config
+        self._run_id = config.run_id
+        self._log = log
+        self._driver = driver
+        self._rows = rows
+        self._clock = clock
+        self._rng = rng
+        self._transport = transport
+        self._replica = replica
+        self._waiters = waiters
+        self._reporter = reporter
+        self._wakeup = wakeup
+        self.handshake_fields = handshake_fields
+        """What the handshake sends: set by ``handshake()``, read from the log's meta."""
+        self._pending_token_hash = pending_token_hash
+        self.addr = config.grpc_addr
+        """The engine's address: the configured one, then what discovery answered."""
+        self.stop_callbacks: list[StopCallback] = []
+        self.budget_callbacks: list[BudgetCallback] = []
+        self._reclaim = DiskReclaim(log, driver, clock)
+        self._refused = RefusedRows(
+            config,
+            log,
+            driver,
+            rows,
+            reporter,
+            handshake_size=lambda: self.hello().ByteSize(),
+        )
+        self._stream: Stream | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._pings_warned = False
+
+    # -- starting and stopping -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop's task on the running event loop (once) and the deadline timer."""
+        if self._runner is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._check_deadline()
+        self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
+        self._runner.add_done_callback(self._runner_done)
+
+    def cancel(self) -> None:
+        """For a cancelled ``close()``: end the stream and cancel the loop; await nothing.
+
+        The loop tears its stream down itself, in its own task.
+        """
+        self.cancel_timers()
+        if self._stream is not None:
+            self._stream.finish(StreamEnded("closed"))
+        runner = self._runner
+        if runner is not None and not runner.done():
+            runner.cancel()
+
+    def abandon(self) -> None:
+        """Forget the loop, its stream and timers: their event loop is gone."""
+        self.cancel_timers()
+        self._stream = None
+        self._runner = None
+
+    async def stop(self) -> None:
+        """For ``close()``: half-close the stream, wait up to ``close_timeout_ms``, tear down.
+
+        SPEC "Shutdown order". The channel is already marked closed, so the
+        end of the stream is not taken for a drop.
+        """
+        budget_s = self._config.close_timeout_ms / 1000
+        stream = self._stream
+        if stream is not None and not stream.ended.is_set():
+            # The budget passed, or the call failed: tear down. A cancel
+            # propagates (asyncio.timeout, not wait_for: on Python 3.11
+            # wait_for can swallow one, python/cpython#86296).
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(budget_s):
+                    await stream.half_close()
+            stream.finish(StreamEnded("closed"))
+        # Wake the loop (backoff sleeps and handshake waits watch `over`) and
+        # let it tear its stream down itself; cancel it only if it lingers.
+        self._waiters.over.set()
+        if self._runner is not None:
+            done, _ = await asyncio.wait({self._runner}, timeout=2 * TEARDOWN_TIMEOUT_S + 1)
+            if not done:
+                self._runner.cancel()
+                await asyncio.wait({self._runner}, timeout=TEARDOWN_TIMEOUT_S)
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await self._stream.teardown()
+
+    async def aclose(self) -> None:
+        """Close the transport and the replica gate (both idempotent; a failure is logged)."""
+        closers = [self._transport.aclose]
+        if self._replica is not None:
+            closers.append(self._replica.aclose)
+        for aclose in closers:
+            try:
+                await aclose()
+            except Exception as exc:
+                logger.debug("run %s: closing the network failed: %r", self._run_id, exc)
+
+    def cancel_timers(self) -> None:
+        """Cancel the deadline, ack and checkpoint timers (the channel closes)."""
+        for timer in (self._deadline_timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
+        self._deadline_timer = self._ack_timer = None
+        self._reclaim.cancel()
+
+    # -- the loop's end --------------------------------------------------------------------
+
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        """The loop's task ended: if the channel is still open, the run fails here.
+
+        The loop runs until ``close()`` or a final state; ended any other way
+        (cancelled from outside: a ``task.cancel()`` of the harness's, or
+        ``asyncio.run`` finishing with the channel never closed; or a
+        ``BaseException`` such as ``KeyboardInterrupt`` raised inside it),
+        no ack can come: :meth:`_loop_ended`.
+        """
+        if runner.cancelled():
+            self._loop_ended(CANCELLED_FROM_OUTSIDE)
+        else:
+            exc = runner.exception()
+            what = "ended" if exc is None else f"ended by {type(exc).__name__}: {exc}"
+            self._loop_ended(what)
+
+    def _fail_if_cancelled(self) -> bool:
+        """In the loop: a cancel from outside is being delivered; fail the run now. True if so."""
+        task = asyncio.current_task()
+        if task is None or not task.cancelling() or self._driver.closed:
+            return False
+        self._loop_ended(CANCELLED_FROM_OUTSIDE)
+        return True
+
+    def _loop_ended(self, what: str) -> None:
+        """The loop was ``what`` with the channel open: ``FAILED``, ``FAILED_INTERNAL``.
+
+        Every waiter wakes at once (``wait_acked`` False; ``send_done``,
+        ``request_approval`` and ``send_*`` raise the error) instead of
+        hanging until its timeout. The rows stay in the log; the next
+        channel's healthy answer clears the mark. SPEC "Cancellation".
+        """
+        driver = self._driver
+        if driver.closed or driver.final:
+            return
+        self._reporter.fail(
+            WalchannelError(
+                f"run {self._run_id}: the connection loop was {what}; no ack can come. "
+                f"The rows stay in {self._log.path}; close() this channel and open a new one"
+            ),
+            reason=f"{FAILED_INTERNAL}: the connection loop was {what}",
+        )
+
+    # -- hard_deadline ---------------------------------------------------------------------
+
+    def _check_deadline(self) -> None:
+        """Expire at ``hard_deadline`` on the wall clock, whatever the clock's steps.
+
+        The token's expiry is a wall-clock time: the timer wakes at most every
+        :data:`DEADLINE_LOOK_S` and asks the wall clock, so a step either way
+        (NTP, a resumed VM) moves the expiry with it, as the admission check
+        of every call does.
+        """
+        self._deadline_timer = None
+        delay = self._driver.deadline_in_s(self._clock.wall_s())
+        if delay is None or self._driver.closed:
+            return
+        if delay <= 0:
+            self.expire()
+            return
+        self._deadline_timer = asyncio.get_running_loop().call_later(
+            min(delay, DEADLINE_LOOK_S), self._check_deadline
+        )
+
+    def expire(self) -> None:
+        """``hard_deadline`` passed: ``EXPIRED`` (once), said and stored; the stream ends."""
+        if not self._driver.expire():
+            return
+        logger.error("run %s: hard_deadline passed; the channel stops", self._run_id)
+        self._reporter.record("hard_deadline passed")
+        self._waiters.state_changed()
+        if self._stream is not None:
+            self._stream.finish(StreamEnded("hard_deadline passed"))
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _move(self, state: ChannelState) -> None:
+        if self._driver.move(state):
+            self._waiters.state_changed()
+
+    async def _run(self) -> None:
+        driver = self._driver
+        try:
+            rediscover = False  # the first dial uses the configured address
+            while not driver.final and not driver.closed:
+                if rediscover:
+                    rediscover = False
+                    await self._rediscover()
+                    continue  # the run may have ended while discovery answered
+                self._move(ChannelState.CONNECTING)
+                await self._stream_once(self.addr)
+                if driver.closed or driver.final:
+                    break
+                self._move(ChannelState.BACKOFF)
+                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)
+                logger.info(
+                    "run %s: reconnecting in %.0f ms (attempt %d)",
+                    self._run_id,
+                    delay,
+                    driver.attempt,
+                )
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can
+                # turn a cancel into a TimeoutError (python/cpython#86296).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay / 1000):
+                        await self._waiters.over.wait()
+                rediscover = self._config.http_addr is not None
+        except Exception as exc:
+            # Errors from outside walchannel are failed attempts at their
+            # boundary (discovery, the dial): what reaches here is walchannel's
+            # own invariant breaking (StateError, an assertion, a bug). Fail
+            # loudly rather than spin, naming it for inspect; nothing is dropped.
+            logger.exception("run %s: the connection loop failed", self._run_id)
+            what = f"{type(exc).__name__}: {exc}"
+            self._reporter.fail(
+                WalchannelError(f"run {self._run_id}: connection loop failed: {what}"),
+                reason=f"{FAILED_INTERNAL}: {what}",
+            )
+
+    async def _rediscover(self) -> None:
+        """Ask discovery for the engine's address; keep the last one on any failure.
+
+        SPEC "Reconnect" (``GET {http_addr}/grpc-address``, validated against
+        ``allowed_hosts`` before any dial); docs/design.md, "First address".
+        """
+        transport = self._transport
+        reporter = self._reporter
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):  # not wait_for: see _run
+                addr = await transport.discover(timeout_s)
+        except DiscoveryError as exc:
+            why = reporter.redact(raw_message(exc))
+            via = transport.discovery_route
+            text = f"discovery{via}: {why}"
+            # The same failure again (a closed client stays closed): said once.
+            level = logging.WARNING if reporter.first_time(text) else logging.INFO
+            logger.log(
+                level,
+                "run %s: discovery failed%s, keeping %s: %s",
+                self._run_id,
+                via,
+                self.addr,
+                why,
+            )
+            reporter.record(text)
+            return
+        except TimeoutError:
+            via = transport.discovery_route
+            logger.warning(
+                "run %s: discovery timed out%s, keeping %s", self._run_id, via, self.addr
+            )
+            reporter.record(
+                f"discovery{via}: no answer from {self._config.http_addr} within {timeout_s:.1f} s"
+            )
+            return
+        except Exception as exc:
+            reporter.foreign(f"discovery (keeping {self.addr})", exc)
+            return
+        if addr != self.addr:
+            logger.info(
+                "run %s: discovery moved the engine from %s to %s", self._run_id, self.addr, addr
+            )
+            self.addr = addr
+
+    def _heartbeat(self) -> bytes:
+        fields = (self._run_id, self._config.correlation_id)
+        ts = messages.rfc3339_at(self._clock.wall_s())
+        return wire.heartbeat_message(*fields, ts).SerializeToString()
+
+    def _log_damaged(self, error: WalchannelError) -> None:
+        """The writer found the log file damaged: re-dialing cannot mend it; stop, keep the rows."""
+        self._reporter.fail(error, reason=FAILED_CORRUPT)
+
+    async def _stream_once(self, addr: str) -> None:
+        """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
+        try:
+            call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
+        except Exception as exc:  # channel creation, a malformed proxy variable
+            self._reporter.foreign(f"dialing {addr}", exc)
+            return
+        stream = Stream(
+            call,
+            addr,
+            driver=self._driver,
+            rows=self._rows,
+            clock=self._clock,
+            wakeup=self._wakeup,
+            on_down=self._on_down,
+            on_fatal=self._log_damaged,
+            heartbeat=self._heartbeat,
+            acks_handshake=self._config.engine_acks_handshake,
+            replica=self._replica,
+        )
+        self._stream = stream
+        try:
+            await self._open(stream)
+            if not stream.ended.is_set() and not self._driver.final:
+                await stream.ended.wait()
+        finally:
+            # Cancelled from outside: fail the run before the teardown's awaits,
+            # so the waiters wake now, not once the network lets go.
+            cancelled = self._fail_if_cancelled()
+            await stream.read_final_status()
+            self._rows.clear_readahead()
+            await stream.teardown()
+            self._stream = None
+            if not self._driver.closed and not cancelled:
+                self._record_end(stream)
+
+    async def _open(self, stream: Stream) -> None:
+        """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
+        hello = self.hello().SerializeToString()
+        timeout_s = self._config.connect_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                await stream.call.write(hello)
+                engine_high = await stream.answer if self._config.engine_acks_handshake else None
+        except TimeoutError:
+            stream.finish(
+                StreamEnded(f"no handshake answer from {stream.addr} within {timeout_s:.1f} s")
+            )
+            return
+        except Exception as exc:
+            stream.finish(exc)
+            return
+        if stream.ended.is_set():
+            return
+        # None (engine_acks_handshake=False) is decided too: replay from the cursor.
+        replay_from = self._take_answer(engine_high)
+        if replay_from is None:
+            stream.finish(StreamEnded("handshake answer refused"))
+            return
+        if self._driver.final:
+            # The answer acked the rows before a refused Done: stopped (_check_held).
+            stream.finish(StreamEnded("the channel stopped"))
+            return
+        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())
+        self._waiters.state_changed()
+        logger.info("run %s: streaming to %s", self._run_id, stream.addr)
+        stored: dict[str, Any] = {
+            "last_engine_addr": stream.addr,
+            "reconnects": self._driver.reconnects,
+        }
+        if self._pending_token_hash is not None:
+            # The engine answered a handshake sent with this token: it accepts it.
+            stored["token_sha256"] = self._pending_token_hash
+        try:
+            self._log.update_meta(**stored)
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot record the engine address: %s", self._run_id, exc)
+        else:
+            if self._pending_token_hash is not None:
+                self._pending_token_hash = None
+                logger.warning(
+                    "run %s: the engine at %s accepted the replacement run token; its "
+                    "sha256 is now the one stored in %s",
+                    self._run_id,
+                    stream.addr,
+                    self._log.path,
+                )
+        stream.start()
+
+    def hello(self) -> pb.UpMessage:
+        """The handshake: its stored fields and the log's writer identity (SPEC "Wire contract").
+
+        It asks to take the run over while the log is marked so (until the
+        first answered handshake clears the mark).
+        """
+        fields = self.handshake_fields or ("", "", "")
+        writer = self._log.writer
+        return wire.handshake_message(
+            self._run_id,
+            self._config.correlation_id,
+            *fields,
+            writer_id=writer.id,
+            writer_epoch=writer.epoch,
+            take_over=writer.take_over,
+        )
+
+    def _take_answer(self, engine_high: int | None) -> int | None:
+        """Apply the handshake answer ``Ack(h)`` and do the I/O it needs. SPEC "Dial".
+
+        The driver applies the answer in one call (:meth:`Driver.on_answer
+        <walchannel.driver.Driver.on_answer>`); only a verification calls it
+        again, after the log moved its rows.
+
+        Args:
+            engine_high: ``h``; None without ``engine_acks_handshake``.
+
+        Returns:
+            The first seq to write on the stream, or None to end the stream.
+        """
+        driver = self._driver
+        now = self._clock.monotonic_ms()
+        plan = driver.on_answer(engine_high, now)
+        answer = plan.answer
+        if engine_high is None:
+            return plan.replay_from
+        if plan.clear_failed_mark:
+            try:
+                self._log.update_meta(failed_at=None, failed_reason=None)
+            except WalchannelError as exc:
+                logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
+        if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
+            logger.error("run %s: %s", self._run_id, plan.problem)
+            if answer is Answer.IMPOSSIBLE and self._stream is not None:
+                # Nothing applied; the stream ends, and a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{plan.problem}; the stream is ended and dialed again")
+                )
+            return plan.replay_from
+        if answer is Answer.BEHIND or answer is Answer.FOREIGN:
+            self._reporter.failed(plan.failed_reason)  # the run cannot go on with this engine
+            return None
+        if answer is Answer.VERIFY:
+            unverified = driver.unverified_from
+            try:
+                shift = self._log.verify(engine_high)
+            except WalWriteError as exc:
+                self._reporter.record(raw_message(exc))
+                return None
+            if shift:
+                logger.warning(
+                    "run %s: the engine already holds seqs up to %d, at or above this log's "
+                    "unverified rows (from %s); moved them by %d to follow it",
+                    self._run_id,
+                    engine_high,
+                    unverified,
+                    shift,
+                )
+                self._rows.clear_tail()
+                # Seqs handed out before now live higher: waiters re-read their targets.
+                self._waiters.wake_all()
+            driver.on_verified(engine_high, shift)
+            self._reclaim.rows_deleted()  # the verifying ack deleted rows too
+            self._after_ack()
+            return plan.replay_from
+        if answer is Answer.FORGOT:
+            logger.warning(
+                "run %s: the engine answered Ack(%d) %s; re-sending from %d",
+                self._run_id,
+                engine_high,
+                plan.problem,
+                plan.replay_from,
+            )
+        elif plan.acked_moved:
+            _killpoints.reached("after_ack_received")
+            self._after_ack(now)
+        return plan.replay_from
+
+    # -- how a stream ended ----------------------------------------------------------------
+
+    def _record_end(self, stream: Stream) -> None:
+        reason = stream.reason
+        code: str | None = None
+        details = debug = ""
+        if isinstance(reason, StreamEnded):
+            code, details, debug = reason.code, reason.details, reason.debug
+        if code is None and stream.status is not None and stream.status[0] != "OK":
+            code, details = stream.status
+        text = describe_end(code, details) if code else str(reason or "stream ended")
+        # The engine's text may echo the token (SPEC "Secrets").
+        text = self._reporter.redact(text)
+        driver = self._driver
+        keepalive = driver.keepalive_ms
+        plan = driver.on_end(code, details, debug)
+        if plan.keepalive_doubled and not self._pings_warned:
+            self._pings_warned = True
+            logger.warning(
+                "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
+                "the rest of the run",
+                self._run_id,
+                keepalive,
+                driver.keepalive_ms,
+            )
+        if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
+            self._on_run_completed(plan.completion, plan.failed_reason)
+            return
+        if plan.end is End.ALREADY_OVER:
+            return
+        if plan.too_large is not None:
+            self._on_down_too_large(stream, plan.too_large, text, kept=plan.cause_kept)
+            return
+        # The same end again (an engine down, a token refused) while redialing:
+        # said once at WARNING, then at INFO until a stream comes up.
+        level = logging.WARNING if driver.first_said(text) else logging.INFO
+        logger.log(
+            level, "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.route, text
+        )
+        if plan.refusal is not None:
+            refused = self._refused.on_refusal(stream.addr, stream.top_written, plan.refusal, text)
+            if refused is not None:
+                self._waiters.refuse_approval(refused.request_id, refused.error)
+            self._check_held()
+            return
+        self._reporter.record(f"{stream.addr}{stream.route}: {text}")
+
+    def _on_down_too_large(
+        self, stream: Stream, found: DownTooLarge, text: str, *, kept: bool
+    ) -> None:
+        """A down message was over ``max_receive_message_bytes``: name the field; retry.
+
+        SPEC "Down messages": the engine likely sends it again after every
+        handshake, so each stream ends the same way; said at ERROR once per
+        distinct text (then at INFO), kept in ``last_error``, and the
+        connection loop backs off as after any end. An end whose status
+        grpc.aio lost to a write (grpc/grpc#36066) keeps this cause
+        (:meth:`~walchannel.driver.Driver.on_end`).
+        """
+        why = down_too_large_text(found, self._config.max_receive_message_bytes)
+        where = f"{stream.addr}{stream.route}"
+        first = self._reporter.first_time(why)
+        if kept:
+            # gRPC lost this stream's status: the last one it gave stands.
+            logger.info(
+                "run %s: stream to %s ended: %s; taken as the same cause as before: %s",
+                self._run_id,
+                where,
+                text,
+                why,
+            )
+        else:
+            logger.log(
+                logging.ERROR if first else logging.INFO,
+                "run %s: stream to %s ended: %s (gRPC: %s)",
+                self._run_id,
+                where,
+                why,
+                text,
+            )
+        self._reporter.record(f"{where}: {why}")
+
+    def _on_run_completed(self, completion: Completion | None, failed_reason: str | None) -> None:
+        """The engine answered "run completed", or refused this writer: the loop ends.
+
+        The driver decided in :meth:`~walchannel.driver.Driver.on_end`
+        (:attr:`~walchannel.driver.EndPlan.completion`): unless the log becomes
+        a tombstone the run has already failed there, and this stores it.
+        """
+        driver = self._driver
+        if completion is not Completion.TOMBSTONE:
+            # Rows this log still holds cannot be delivered (here) any more: the
+            # reason flags the run for an operator (inspect: failed; export saves them).
+            self._reporter.failed(failed_reason)
+            return
+        if self._log.writable:
+            # Our Done was applied but its ack was lost: the run ended well.
+            try:
+                self._log.complete_by_engine()
+            except WalchannelError as exc:
+                logger.error("run %s: cannot mark the log completed: %s", self._run_id, exc)
+            else:
+                logger.info(
+                    "run %s: the engine applied this run's Done; the log is now a tombstone",
+                    self._run_id,
+                )
+                driver.completed_by_engine()
+                self._waiters.state_changed()
+                return
+        self._reporter.failed(driver.tombstone_not_stored())  # Done, and maybe more, stays
+
+    def _check_held(self) -> None:
+        """Stop with the held error once every row before a refused ``Done`` is acked."""
+        error = self._driver.held_due()
+        if error is None:
+            return
+        self._reporter.fail(error, reason=FAILED_DONE_REFUSED)
+        if self._stream is not None:
+            self._stream.finish(StreamEnded(raw_message(error)))
+
+    # -- down messages ---------------------------------------------------------------------
+
+    def _on_down(self, msg: pb.DownMessage, now: float) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "ack":
+            self._on_ack(msg.ack.seq, now)
+        elif kind == "stop":
+            self._on_stop(msg.stop.reason)
+        elif kind == "approval_decision":
+            d = msg.approval_decision
+            self._on_decision(d.request_id, d.approved, d.reason)
+        elif kind == "budget_update":
+            details = wire.struct_to_dict(msg.budget_update.details)
+            for callback in list(self.budget_callbacks):
+                self._reporter.call_back(callback, msg.budget_update.message, details)
+        else:
+            logger.warning("run %s: ignoring a down message with an unknown body", self._run_id)
+
+    def _on_stop(self, reason: str) -> None:
+        if not self._driver.on_stop():
+            return  # a repeat (the engine re-sends it after every handshake)
+        logger.info("run %s: the engine sent Stop(%r)", self._run_id, self._reporter.redact(reason))
+        for callback in list(self.stop_callbacks):
+            self._reporter.call_back(callback, reason)
+
+    def _on_decision(self, request_id: str, approved: bool, reason: str) -> None:
+        self._driver.on_decision(request_id, approved, reason)
+        if not self._waiters.decided(ApprovalDecision(request_id, approved, reason)):
+            logger.info(
+                "run %s: decision for approval request %r that this channel is not "
+                "waiting on; cached",
+                self._run_id,
+                request_id,
+            )
+
+    # -- acks ------------------------------------------------------------------------------
+
+    def _on_ack(self, seq: int, now: float) -> None:
+        """Apply a received cumulative ``Ack(seq)`` (SPEC "Acks"); ``now`` in ms (monotonic)."""
+        driver = self._driver
+        kind = driver.on_ack(seq, now)
+        if kind is AckKind.ADVANCE:
+            _killpoints.reached("after_ack_received")
+            self._after_ack(now)
+        elif kind is not AckKind.STALE:  # a protocol error, counted, never applied
+            logger.error("run %s: %s", self._run_id, driver.last_error)
+            if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
+                # Rows never written: a fresh handshake re-syncs.
+                self._stream.finish(
+                    StreamEnded(f"{driver.last_error}; the stream is ended and dialed again")
+                )
+
+    def _after_ack(self, now: float | None = None) -> None:
+        """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
+
+        Waiters (``wait_acked``, ``send_done``) are woken only when the ack
+        reaches the lowest seq one of them waits for (:attr:`Waiters.wake_at
+        <walchannel.channel.waiters.Waiters.wake_at>`).
+        """
+        driver = self._driver
+        acked = driver.acked
+        self._rows.drop_acked(acked)
+        self.store_ack(now=now)
+        self._waiters.ack_moved(acked)
+        if driver.held is not None:
+            self._check_held()
+
+    def store_ack(self, *, force: bool = False, now: float | None = None) -> None:
+        """Store the received ack in the log now if it is due, else arm the timer.
+
+        When is the driver's :meth:`~walchannel.driver.Driver.ack_to_store`
+        (every 256 acks or 100 ms, at once for ``Done``, ``force`` at close).
+
+        Args:
+            force: store whatever is received and not stored yet.
+            now: the monotonic time in ms (None: read the clock).
+        """
+        driver = self._driver
+        seq = driver.ack_to_store(self._clock.monotonic_ms() if now is None else now, force=force)
+        if seq is None:
+            delay_ms = driver.ack_timer_ms(timer_armed=self._ack_timer is not None)
+            if delay_ms is not None:
+                with contextlib.suppress(RuntimeError):  # no running loop: stored at close
+                    self._ack_timer = asyncio.get_running_loop().call_later(
+                        delay_ms / 1000, self._ack_timer_fired
+                    )
+            return
+        if not self._log.writable:
+            return
+        try:
+            self._log.ack(seq)
+        except WalchannelError as exc:
+            # Not stored: the rows stay and are re-sent after a crash (harmless).
+            # The error names the run, the ack and the file already.
+            logger.error("%s; the acked rows stay until the next ack is stored", exc)
+            self._reporter.note(raw_message(exc))
+            return
+        if driver.completed:
+            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
+            self._waiters.wake_all()
+        self._reclaim.rows_deleted()
+
+    def _ack_timer_fired(self) -> None:
+        self._ack_timer = None
+        self.store_ack()
