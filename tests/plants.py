@@ -324,6 +324,35 @@ PLANTS: tuple[Plant, ...] = (
         "",
         ("set aside, yet the next dial",),
     ),
+    # -- the driver's inputs, each call dropped (issue 36) ------------------------------
+    Plant(
+        "ack_call_dropped",
+        "channel/connection.py",
+        "        kind = driver.on_ack(seq, now)\n",
+        "        kind = AckKind.STALE\n",
+        ("send_done returned False", "stuck", "not woken"),
+    ),
+    Plant(
+        "close_call_dropped",
+        "channel/__init__.py",
+        '        self._driver.on_close()\n        _killpoints.reached("in_close")\n',
+        '        _killpoints.reached("in_close")\n',
+        ("backoff reset without progress", "after close", "stuck"),
+    ),
+    Plant(
+        "expire_call_dropped",
+        "channel/connection.py",
+        "        if not self._driver.expire():\n            return\n",
+        "        if self._driver.final:\n            return\n",
+        ("RunExpiredError raised, but the channel is",),
+    ),
+    Plant(
+        "admit_call_dropped",
+        "channel/__init__.py",
+        "        error = self._driver.admit(call, self._clock.wall_s())\n",
+        "        error = None\n",
+        ("a send returned seqs",),
+    ),
     Plant(
         "engine_forgot_answer_not_applied",
         "driver.py",

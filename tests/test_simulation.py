@@ -293,6 +293,45 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
         assert _function_of(by_name[name]) == function, name
 
 
+def test_every_driver_input_and_second_call_has_a_plant_that_drops_it() -> None:
+    # Issue 36: each input reaches the driver in one call, and a second call
+    # only follows I/O; each call has a plant, where it is made, that loses it.
+    calls = {
+        # the inputs
+        "admit_call_dropped": ("channel/__init__.py:GrpcEngineChannel._admit", ".admit("),
+        "close_call_dropped": ("channel/__init__.py:GrpcEngineChannel._close", ".on_close()"),
+        "ack_call_dropped": ("channel/connection.py:ConnectionLoop._on_ack", ".on_ack("),
+        "stream_end_loses_its_status": (
+            "channel/connection.py:ConnectionLoop._record_end",
+            "on_end(code,",
+        ),
+        "expire_call_dropped": ("channel/connection.py:ConnectionLoop.expire", ".expire()"),
+        "stop_fires_on_every_repeat": ("channel/connection.py:ConnectionLoop._on_stop", "not "),
+        "decisions_not_cached": (
+            "channel/connection.py:ConnectionLoop._on_decision",
+            ".on_decision(",
+        ),
+        # the second calls, each after the I/O between it and its input
+        "verified_call_dropped": (
+            "channel/connection.py:ConnectionLoop._take_answer",
+            ".on_verified(",
+        ),
+        "completed_by_engine_call_dropped": (
+            "channel/connection.py:ConnectionLoop._on_run_completed",
+            ".completed_by_engine()",
+        ),
+        "set_aside_call_dropped": (
+            "channel/refused_rows.py:RefusedRows.on_refusal",
+            ".on_set_aside()",
+        ),
+    }
+    by_name = {p.name: p for p in PLANTS}
+    for name, (function, call) in calls.items():
+        plant = by_name[name]
+        assert _function_of(plant) == function, name
+        assert call in plant.original and call not in plant.replacement, name
+
+
 def test_a_plant_is_placed_by_where_its_lines_sit() -> None:
     header = "    def is_acked(self, handed_out: int) -> bool:\n"
     moved = Plant("moved", "driver.py", header, "", ())

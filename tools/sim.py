@@ -2858,6 +2858,7 @@ class World:
         nothing (checked where the harness catches a signal's exception).
         """
         proc.pending = (contents, marker, self.disk.states[-1].progress)
+        state, done_sent, closed = ch.state.value, ch.driver.done_sent, ch.driver.closed
         try:
             seqs = call()
         except INTERRUPTS:
@@ -2870,6 +2871,12 @@ class World:
         proc.pending = None
         if not proc.alive:
             return seqs
+        if state in ("failed", "expired", "closed") or done_sent or closed:
+            # SPEC "Buffer first": such a send raises, it logs nothing.
+            self.violation(
+                f"a send returned seqs {seqs} while the channel was {state}"
+                f"{', send_done called' if done_sent else ''}{', closed' if closed else ''}"
+            )
         rows = self.disk.states[-1].rows
         if len(seqs) != len(contents):
             self.violation(f"a send of {len(contents)} rows returned {len(seqs)} seqs: {seqs}")
@@ -3011,13 +3018,16 @@ class World:
         self.stats["protocol_errors"] += ch.stats().protocol_errors
         self.exit(proc, why)
 
-    def ended_by(self, proc: Proc, error: BaseException) -> str:
+    def ended_by(self, proc: Proc, ch: GrpcEngineChannel, error: BaseException) -> str:
         """Why a process exits on ``error`` (a violation when it should never come)."""
         if isinstance(error, RunCompletedError):
             return "refused"
         if isinstance(error, EngineBehindError):
             return "engine behind"
         if isinstance(error, RunExpiredError):
+            # SPEC "States": the deadline moves the channel to EXPIRED, and it stays so.
+            if ch.state.value != "expired":
+                self.violation(f"RunExpiredError raised, but the channel is {ch.state.value}")
             return "expired"
         if isinstance(error, WriterFencedError):
             self.stats["fenced_errors"] += 1
@@ -3053,7 +3063,7 @@ class World:
             )
 
     async def failed(self, proc: Proc, ch: GrpcEngineChannel, error: BaseException) -> None:
-        await self.close(proc, ch, self.ended_by(proc, error))
+        await self.close(proc, ch, self.ended_by(proc, ch, error))
 
     def new_event(self) -> int:
         self.next_event += 1
@@ -3523,7 +3533,7 @@ class World:
         except WalWriteError:
             return "error"
         except ENDINGS as exc:
-            return self.ended_by(proc, exc)
+            return self.ended_by(proc, ch, exc)
         while proc.alive:
             remaining = FLUSH_TIMEOUT_MS - (self.now - t0)
             if remaining < 1.0:  # (a float's remainder is no time to wait)
@@ -3534,7 +3544,7 @@ class World:
                 break
         failure = ch.driver.failure
         if failure is not None:
-            return self.ended_by(proc, failure)
+            return self.ended_by(proc, ch, failure)
         return "flush timed out"
 
     # -- the end ----------------------------------------------------------------------------------
