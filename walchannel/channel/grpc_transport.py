@@ -22,7 +22,7 @@ import fnmatch
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 import grpc.aio
@@ -30,11 +30,14 @@ import grpc.aio
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.discovery import discover, discovery_client
+from walchannel.end_status import status_lost
 from walchannel.formatting import get_logger
 from walchannel.transport import StreamEnded
 from walchannel.watchdog import KEEPALIVE_TIMEOUT_MS
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     import httpx
 
     from walchannel.config import GrpcChannelConfig
@@ -52,6 +55,8 @@ __all__ = [
 logger = get_logger(__name__)
 
 METHOD: Final = "/EngineChannel/Open"
+
+T = TypeVar("T")
 
 _trace_warned = False
 #: Bound on closing a grpc.aio channel (seconds).
@@ -158,13 +163,26 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _ended(exc: BaseException) -> StreamEnded:
-    """grpc's error of a call as :class:`StreamEnded` (with its status when it has one)."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        code = exc.code().name
-        details = exc.details() or ""
-        return StreamEnded(f"{code}: {details}", code, details, exc.debug_error_string() or "")
-    return StreamEnded(f"{type(exc).__name__}: {exc}")
+def _now(step: Coroutine[Any, Any, T]) -> T | None:
+    """Run ``step`` to its end if it never suspends, else drop it and return None."""
+    try:
+        step.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    step.close()
+    return None
+
+
+def _done_status(call: Any) -> tuple[str, str, str] | None:
+    """A done call's status ``(code, details, debug)``, read at once (grpc.aio's accessors).
+
+    The accessors are coroutines that only wait while the call is not done:
+    in a done callback they return without suspending.
+    """
+    code = _now(call.code())
+    if code is None:
+        return None
+    return code.name, _now(call.details()) or "", _now(call.debug_error_string()) or ""
 
 
 class GrpcCall:
@@ -174,12 +192,51 @@ class GrpcCall:
         self._channel: grpc.aio.Channel | None = channel
         self._call: Any = call
         self.route = route
+        # The status the call ended with, as its done callbacks saw it.
+        self._first: tuple[str, str, str] | None = None
+        call.add_done_callback(self._on_done)
+
+    def _on_done(self, call: Any) -> None:
+        """Keep the status the call ended with (grpc.aio runs this once, as the status lands).
+
+        A write in flight as the call ends fails, and grpc.aio then replaces
+        the call's status with ``INTERNAL: Internal error from Core``
+        (grpc/grpc#36066): the engine's own status arrived first, and this
+        callback has already run with it.
+        """
+        if self._first is None:
+            self._first = _done_status(call)
+
+    def _ended(self, exc: BaseException) -> StreamEnded:
+        """grpc's error of this call as :class:`StreamEnded`, with the call's status if known.
+
+        A write after the call ended fails with "RPC already finished"
+        (``asyncio.InvalidStateError``): the status the call ended with is the reason.
+        """
+        if isinstance(exc, grpc.aio.AioRpcError):
+            code, details, debug = self._status(
+                exc.code().name, exc.details() or "", exc.debug_error_string() or ""
+            )
+        elif self._first is not None:
+            code, details, debug = self._first
+            if code == "OK":
+                return StreamEnded("the engine ended the stream (status OK)")
+        else:
+            return StreamEnded(f"{type(exc).__name__}: {exc}")
+        return StreamEnded(f"{code}: {details}", code, details, debug)
+
+    def _status(self, code: str, details: str, debug: str = "") -> tuple[str, str, str]:
+        """``(code, details, debug)``, or the first status when grpc.aio replaced it."""
+        first = self._first
+        if first is not None and status_lost(code, details) and not status_lost(*first[:2]):
+            return first
+        return code, details, debug
 
     async def write(self, message: bytes) -> None:
         try:
             await self._call.write(message)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            raise _ended(exc) from None
+            raise self._ended(exc) from None
 
     async def read(self) -> pb.DownMessage:
         call = self._call
@@ -187,19 +244,19 @@ class GrpcCall:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 code = await call.code()
-                details = await call.details() or ""
                 if code is grpc.StatusCode.OK:
                     raise StreamEnded("the engine ended the stream (status OK)")
-                raise StreamEnded(f"{code.name}: {details}", code.name, details)
+                name, details, _ = self._status(code.name, await call.details() or "")
+                raise StreamEnded(f"{name}: {details}", name, details)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            raise _ended(exc) from None
+            raise self._ended(exc) from None
         return msg  # type: ignore[no-any-return]
 
     async def done_writing(self) -> None:
         try:
             await self._call.done_writing()
         except Exception as exc:
-            raise _ended(exc) from None
+            raise self._ended(exc) from None
 
     def cancel(self) -> None:
         if self._call is not None:
@@ -211,9 +268,10 @@ class GrpcCall:
             return None
         try:
             code = await call.code()
-            return code.name, await call.details() or ""
+            name, details, _ = self._status(code.name, await call.details() or "")
         except Exception as exc:
-            raise _ended(exc) from None
+            raise self._ended(exc) from None
+        return name, details
 
     async def close(self) -> None:
         channel, self._channel = self._channel, None
