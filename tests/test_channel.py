@@ -533,7 +533,7 @@ async def test_backlog_limit_refuses_without_dropping(
 async def test_token_never_appears_in_logs_errors_or_files(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = LocalEngine(reject_tokens_for_ms=300)
+    engine = LocalEngine(reject_tokens_for_handshakes=1)
     await engine.start()
     try:
         run_id, token = new_run(engine)

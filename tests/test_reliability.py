@@ -577,7 +577,7 @@ async def test_engine_acks_then_dies_before_the_next_ack(tmp_path: Path) -> None
 async def test_replacement_engine_rejects_the_token_for_a_while(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = LocalEngine(tmp_path / "store.sqlite3", reject_tokens_for_ms=1200)
+    engine = LocalEngine(tmp_path / "store.sqlite3", reject_tokens_for_handshakes=3)
     await engine.start()
     caplog.set_level(logging.WARNING, logger="walchannel.channel")
     try:

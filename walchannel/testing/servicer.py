@@ -48,7 +48,6 @@ import asyncio
 import collections
 import functools
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -328,8 +327,9 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
     Attributes:
         streams: the live stream of each run on this engine.
         handlers: every call being served.
-        reject_until: until this ``time.monotonic()`` every token is refused
-            (a replacement engine that does not know the run yet).
+        reject_handshakes: this many handshakes more refuse their token
+            (UNAUTHENTICATED), whatever it is: a replacement engine that
+            does not know the run yet.
     """
 
     def __init__(
@@ -352,7 +352,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         self._ack_heartbeats = ack_heartbeats
         self.streams: dict[str, EngineStream] = {}
         self.handlers: set[EngineStream] = set()
-        self.reject_until = 0.0
+        self.reject_handshakes = 0
 
     async def Open(
         self,
@@ -508,7 +508,8 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
     ) -> None:
         """Authenticate the stream's first message, which must be the handshake."""
         run_id = msg.run_id
-        if time.monotonic() < self.reject_until:
+        if self.reject_handshakes > 0:
+            self.reject_handshakes -= 1
             logger.info("run %s: token rejected (this engine does not know runs yet)", run_id)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if not await self.store_call(self._store.check_token, run_id, token):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, Literal, TypeVar
@@ -90,9 +89,10 @@ class LocalEngine:
         ping_policy: ``"permissive"`` (frequent client pings allowed) or
             ``"strict"`` (gRPC's strict server settings: fast pings get
             GOAWAY ``too_many_pings``).
-        reject_tokens_for_ms: reject every token (UNAUTHENTICATED) for this
-            long after :meth:`start` and :meth:`replace`, like a replacement
-            engine that does not know the run yet (milliseconds, >= 0).
+        reject_tokens_for_handshakes: refuse the token (UNAUTHENTICATED) of
+            this many handshakes after :meth:`start` and after each
+            :meth:`replace`, like a replacement engine that does not know the
+            run yet (a count, not a time: the same on a loaded machine).
         grpc_port: the port :meth:`start` binds (0: any free port);
             :meth:`replace` always takes a new free port.
         http_port: the discovery HTTP port (0: any free port; None: no
@@ -127,7 +127,7 @@ class LocalEngine:
         ack_heartbeats: bool = True,
         server_credentials: grpc.ServerCredentials | None = None,
         ping_policy: PingPolicy = "permissive",
-        reject_tokens_for_ms: float = 0,
+        reject_tokens_for_handshakes: int = 0,
         grpc_port: int = 0,
         http_port: int | None = 0,
         max_receive_message_bytes: int | None = None,
@@ -139,8 +139,15 @@ class LocalEngine:
             raise ValueError(f"ack_idle_ms must be > 0, got {ack_idle_ms!r}")
         if not ack_delay_ms >= 0:
             raise ValueError(f"ack_delay_ms must be >= 0, got {ack_delay_ms!r}")
-        if not reject_tokens_for_ms >= 0:
-            raise ValueError(f"reject_tokens_for_ms must be >= 0, got {reject_tokens_for_ms!r}")
+        if (
+            isinstance(reject_tokens_for_handshakes, bool)
+            or not isinstance(reject_tokens_for_handshakes, int)
+            or reject_tokens_for_handshakes < 0
+        ):
+            raise ValueError(
+                "reject_tokens_for_handshakes must be an int >= 0, "
+                f"got {reject_tokens_for_handshakes!r}"
+            )
         if ping_policy not in ("permissive", "strict"):
             raise ValueError(f"ping_policy must be 'permissive' or 'strict', got {ping_policy!r}")
         for name, port in (("grpc_port", grpc_port), ("http_port", http_port)):
@@ -148,7 +155,7 @@ class LocalEngine:
                 raise ValueError(f"{name} must be in 0..65535, got {port!r}")
         self._credentials = server_credentials
         self._ping_policy: PingPolicy = ping_policy
-        self._reject_s = reject_tokens_for_ms / 1000
+        self._reject_handshakes = reject_tokens_for_handshakes
         if max_receive_message_bytes is not None and (
             isinstance(max_receive_message_bytes, bool)
             or not isinstance(max_receive_message_bytes, int)
@@ -334,7 +341,7 @@ class LocalEngine:
         self._used_ports.add(bound)
         self._server = server
         self._grpc_addr = f"127.0.0.1:{bound}"
-        self._servicer.reject_until = time.monotonic() + self._reject_s
+        self._servicer.reject_handshakes = self._reject_handshakes
         await self._servicer.store_call(self._store.record_engine, self._grpc_addr, os.getpid())
         logger.info("engine serving on %s (%s)", self._grpc_addr, self._ping_policy)
 
