@@ -240,6 +240,27 @@ def test_admission_says_closed_then_done_then_expired_then_failed() -> None:
         assert isinstance(error, ChannelClosedError) and "closed" in str(error)
 
 
+def test_the_final_state_says_the_error_once_the_deadline_passes_too() -> None:
+    # Million-schedule seeds 173780 and 199918: a channel FAILED (fenced) raised
+    # RunExpiredError once the deadline passed, hiding why it failed; and FAILED
+    # is final, so it never became EXPIRED either. The final state decides.
+    deadline = datetime(2030, 1, 1, tzinfo=UTC)
+    failed = driver(hard_deadline=deadline)
+    fenced = WriterFencedError("another writer's", run_id="r", path="p", writer_id="w")
+    failed.fail(fenced)
+    after = (failed.deadline_in_s(0.0) or 0.0) + 1.0
+    for call in Call:
+        assert failed.admit(call, after) is fenced, call
+    assert not failed.expire() and failed.state is S.FAILED
+    # The other order: EXPIRED first, a failure after it is kept, the expiry still said.
+    expired = driver(hard_deadline=deadline)
+    assert expired.expire()
+    expired.fail(EngineBehindError("behind"))
+    for call in Call:
+        assert isinstance(expired.admit(call, 0.0), RunExpiredError), call
+        assert isinstance(expired.admit(call, after), RunExpiredError), call
+
+
 def test_expiry_moves_to_expired_once_and_never_out_of_a_final_state() -> None:
     d = driver()
     assert d.expire() and d.state is S.EXPIRED

@@ -193,7 +193,7 @@ def test_the_seeds_a_million_run_found_hold(capsys: pytest.CaptureFixture[str]) 
     # The third (this tree's first chunk): a Done a power loss rolled back,
     # logged again at a new seq, the engine's "run completed" made the log a
     # tombstone: judged by content, as SPEC "Durability" says (the checker's).
-    seeds += ",27770"
+    seeds += ",27770,173780,199918"
     assert sim.main(["--seed-list", seeds, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
     assert "violations=0" in capsys.readouterr().out
 

@@ -125,7 +125,8 @@ _LEGAL: Final[dict[ChannelState, frozenset[ChannelState]]] = {
 _FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
 # No bound on acks but the high-water (above any uint64 an Ack carries).
 _NO_BOUND: Final = 2**64
-_EXPIRED: Final = _S.EXPIRED  # a module global: the admission check runs on every send
+_EXPIRED: Final = _S.EXPIRED  # module globals: the admission check runs on every send
+_FAILED: Final = _S.FAILED
 
 
 class StateError(RuntimeError):
@@ -561,11 +562,13 @@ class Driver:
 
         The order is SPEC "Buffer first": closed, then ``send_done`` already
         called (sends and ``send_done``), then — for ``send_done`` on a run
-        whose ``Done`` is acked and stored, nothing more — past ``hard_deadline``, or
+        whose ``Done`` is acked and stored, nothing more — in ``FAILED`` the
+        failure that ended the run (final: a deadline passing later never
+        replaces it, SPEC "States"), then past ``hard_deadline``, or
         already ``EXPIRED`` whatever the wall clock says now (a
         :class:`~walchannel.errors.RunExpiredError`: the caller first moves
         the channel to ``EXPIRED``, see :meth:`expire`; ``send_done`` returns
-        False instead of raising), then the failure that ended the run.
+        False instead of raising), then a failure kept after the expiry.
 
         Args:
             call: what is asked.
@@ -579,6 +582,8 @@ class Driver:
             return ChannelClosedError(f"run {self._run_id}: send_done() was called; no new rows")
         if call is Call.DONE and self.completed:
             return None  # the run's Done is acked and stored: nothing can fail it now
+        if self._state is _FAILED:
+            return self._failure
         # EXPIRED is final: a wall clock stepped back before the deadline does not reopen it.
         deadline_s = self._deadline_s
         if (deadline_s is not None and now_wall_s >= deadline_s) or self._state is _EXPIRED:
