@@ -35,7 +35,7 @@ async def main() -> int:
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     work = Path(sys.argv[1])
     token = os.environ["HARNESS_TOKEN"]
-    engine = LocalEngine(work / "store.sqlite3", reject_tokens_for_ms=300)
+    engine = LocalEngine(work / "store.sqlite3", reject_tokens_for_handshakes=1)
     await engine.start()
     run_id = "secret-run"
     engine.register_run(run_id, token)
