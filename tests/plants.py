@@ -256,7 +256,7 @@ PLANTS: tuple[Plant, ...] = (
         "row_source.py",
         "            _, kind, blob = tail[seq - tail[0][0]]\n",
         "            _, kind, blob = tail[max(0, seq - tail[0][0] - 1)]\n",
-        ("two contents", "applied 2 times", *LOST),
+        ("two contents", "applied 2 times", "ever committed it there", *LOST),
     ),
     # -- what the channel tells the harness (its answers, checked as they are given) ---
     Plant(
@@ -404,6 +404,30 @@ PLANTS: tuple[Plant, ...] = (
         "        other = by is not None and self._writer is not None and by != self._writer.id\n",
         "        other = False\n",
         ("not this one's", "not its own", "no named error", "no tombstone", *LOST),
+    ),
+    # -- group commit (issue 37, SPEC "Group commit") ----------------------------------
+    Plant(
+        "group_seqs_not_counted_ahead",
+        "channel/group_commit.py",
+        "        first = self._log.next_seq + len(self._items)\n",
+        "        first = self._log.next_seq\n",
+        ("was handed out for", "two contents", *LOST),
+    ),
+    Plant(
+        "group_not_committed_at_its_cap",
+        "channel/group_commit.py",
+        "        if len(self._items) + len(items) >= caps.max_rows or self._bytes + size >= "
+        "caps.max_bytes:\n",
+        "        if False:\n",
+        ("never committed",),
+    ),
+    Plant(
+        "wait_acked_leaves_the_group_pending",
+        "channel/__init__.py",
+        "        newest = driver.high_water\n        if group is not None:\n"
+        "            newest += group.rows\n            group.flush()\n",
+        "        newest = driver.high_water\n",
+        ("is not committed", "never applied"),
     ),
 )
 

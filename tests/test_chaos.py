@@ -61,6 +61,15 @@ def test_engine_replacements_and_harness_kills_interleaved() -> None:
 
 
 @pytest.mark.slow
+def test_harness_killed_under_group_commit_loses_less_than_its_cap() -> None:
+    # Rows a kill takes from the pending group are sent again by the next life
+    # (it resumes from its marker): exactly once by content still holds.
+    line = clean_line(chaos("group-kill", "--iterations", "6", timeout=240), "group-kill")
+    worst = int(re.search(r"max (\d+) \(cap (\d+)", line).group(1))  # type: ignore[union-attr]
+    assert "kills=6 " in line and worst < 16, line
+
+
+@pytest.mark.slow
 def test_soak_keeps_resources_flat() -> None:
     line = clean_line(chaos("soak", "--seconds", "20", timeout=180), "soak")
     assert "growth(" in line

@@ -921,12 +921,14 @@ def test_json_keys_show_and_export(tmp_path: Path) -> None:
         "run_id", "file", "state", "reason", "next_seq", "last_acked_seq",
         "unacked_count", "unacked_bytes", "oldest_unacked_age_s", "last_ack_at",
         "last_engine_addr", "last_error", "last_error_at", "locked_by",
-        "quarantined", "file_bytes", "writer_id", "writer_epoch", "takeover", "next_step",
+        "quarantined", "file_bytes", "writer_id", "writer_epoch", "takeover", "group_commit",
+        "next_step",
     }  # fmt: skip
     assert item["run_id"] == run_id and item["file"] == str(log)
     with RunLog.open(wal_dir, run_id, correlation_id=f"corr-{run_id}") as wal:
         writer = wal.writer
     assert (item["writer_id"], item["writer_epoch"], item["takeover"]) == (writer.id, 0, False)
+    assert item["group_commit"] is None  # a log written without group commit
     assert item["unacked_bytes"] > 4 * 120 and item["file_bytes"] >= log.stat().st_size
     assert item["quarantined"] == 0 and item["last_ack_at"] is None
 

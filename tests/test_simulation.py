@@ -45,8 +45,9 @@ sim = _load_sim()
 
 #: Schedules in the clean sweep (a few seconds on one core).
 SWEEP = 600  # (800 before issue 33's eight plants: the same time in all)
-#: Every planted bug must be found within this many seeds.
-BOUND = 300
+#: Every planted bug must be found within this many seeds (300 until group commit
+#: took its share of the schedules: a plant's first failing seed moved to 430).
+BOUND = 500
 
 
 def test_short_sweep_finds_no_violation() -> None:
@@ -170,8 +171,9 @@ def test_a_cancelled_close_under_a_running_writer_logs_no_error(
 ) -> None:
     # These schedules cancel close() while the stream's writer still runs: the
     # log closes under it. That is the end of the stream, not a broken log
-    # (it was logged at ERROR as "cannot read the log to write").
-    assert sim.main(["--replay", str(seed)]) == 0
+    # (it was logged at ERROR as "cannot read the log to write"). Found before
+    # group commit joined the world: 430 plays it without (its share took it).
+    assert sim.main(["--replay", str(seed), "--group-commit", "off"]) == 0
     out = capsys.readouterr().out
     assert "the writer stops, the stream is over" in out
     assert "cannot read the log to write" not in out
@@ -193,9 +195,13 @@ def test_the_seeds_a_million_run_found_hold(capsys: pytest.CaptureFixture[str]) 
     # The third (this tree's first chunk): a Done a power loss rolled back,
     # logged again at a new seq, the engine's "run completed" made the log a
     # tombstone: judged by content, as SPEC "Durability" says (the checker's).
-    seeds += ",27770,173780,199918"
+    seeds += ",27770"
     assert sim.main(["--seed-list", seeds, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
     assert "violations=0" in capsys.readouterr().out
+    # Its second chunk, before group commit joined the world (so replayed without
+    # it): a channel FAILED (fenced) said RunExpiredError once its deadline passed.
+    later = ["--seed-list", "173780,199918", "--group-commit", "off", "--quiet"]
+    assert sim.main(later) == 0, capsys.readouterr().out[-3000:]
 
 
 def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> None:

@@ -28,6 +28,12 @@ with their defaults):
   ``dead_stream_ms`` 3 s, a permissive engine); each freeze's detection
   time and the rule that found it are reported.
 - ``both`` (80 events): engine replacements and harness kills interleaved.
+- ``group-kill`` (24 kills): as ``harness-kill`` at random moments, the
+  harness under ``group_commit`` (``max_rows`` 16, bursts of 1 to 8 steps
+  per event-loop turn): what a crash costs. A kill takes the rows handed
+  out in the pending group (the next life resumes below them, from its
+  marker); it reports the rows lost per kill against the cap, and the
+  audit holds as everywhere (exactly once by content).
 - ``soak`` (``--minutes``, default 10): one run streams under periodic
   faults; RSS, open fds, asyncio tasks and threads must stay flat, and the
   log's disk size bounded by the backlog.
@@ -80,8 +86,10 @@ POINTS: tuple[str, ...] = _killpoints.POINTS
 CATEGORIES: tuple[str, ...] = (*POINTS, "random")
 LIFE_TIMEOUT_S = 90.0
 
-DEFAULTS = {"harness-kill": 200, "engine-kill": 50, "network": 8, "both": 80}
-SCENARIOS = ("harness-kill", "engine-kill", "network", "both", "soak")
+DEFAULTS = {"harness-kill": 200, "engine-kill": 50, "network": 8, "both": 80, "group-kill": 24}
+SCENARIOS = ("harness-kill", "engine-kill", "network", "both", "group-kill", "soak")
+#: ``group-kill``'s ``GroupCommit.max_rows``: a kill loses fewer rows than this.
+GROUP_ROWS = 16
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -244,6 +252,10 @@ class Run:
     seq_of: dict[int, int] = field(default_factory=dict)  # finding n -> seq
     n_of: dict[int, int] = field(default_factory=dict)  # seq -> finding n
     problems: list[str] = field(default_factory=list)
+    # Under group commit a kill may take rows handed out and never committed:
+    # the next life resumes below them, and they are handed out again.
+    grouped: bool = False
+    lost: list[int] = field(default_factory=list)  # rows each life's end took
 
     def note(self, line: str) -> None:
         words = line.split()
@@ -258,6 +270,19 @@ class Run:
             self.seq_of[n] = seq
             self.n_of[seq] = n
             self.next = max(self.next, n + 1)
+        elif words[0] == "resume" and len(words) == 2:
+            resume = int(words[1])
+            gone = sorted(n for n in self.seq_of if n >= resume)
+            if gone and not self.grouped:
+                # Without group commit a seq handed out is committed with its marker.
+                self.problems.append(
+                    f"findings {gone[:5]} were logged, yet the log resumes at {resume}"
+                )
+            for n in gone:
+                del self.n_of[self.seq_of.pop(n)]
+            if self.lives > 1:
+                self.lost.append(len(gone))
+            self.next = resume
         elif words[0] in ("finished", "completed"):
             self.finished = True
             self.how = words[0]
@@ -616,6 +641,56 @@ async def harness_kill(tmp: Path, iterations: int, rng: random.Random) -> tuple[
     return ok, (
         f"harness-kill: lives={sum(r.lives for r in runs)} kills={sum(hits.values())} "
         f"(hit/armed {kills}) hangs={hangs} {result_audit.line()}" + _problems(result_audit)
+    )
+
+
+async def group_kill(tmp: Path, iterations: int, rng: random.Random) -> tuple[bool, str]:
+    """Harness lives under group commit SIGKILLed at random moments (SPEC "Group commit")."""
+    cluster = Cluster(tmp, ack_every=6, discovery=False)
+    await cluster.start()
+    extra = ["--group-commit", str(GROUP_ROWS)]
+    runs: list[Run] = []
+    kills = hangs = lives = 0
+    try:
+        run = new_run(cluster, tmp, 400, "gk")
+        run.grouped = True
+        runs.append(run)
+        while kills < iterations and lives < 3 * iterations + 10:
+            lives += 1
+            if run.finished or run.n - run.next < 60:
+                run = new_run(cluster, tmp, 400, "gk")
+                run.grouped = True
+                runs.append(run)
+            result = await live(
+                run,
+                cluster.grpc_addr,
+                None,
+                kill_after_s=rng.uniform(0.0, 0.5),
+                pause=0.002,
+                extra=extra,
+            )
+            if result.hung:
+                hangs += 1
+                run.problems.append(f"life {run.lives} hung: {result.tail()}")
+            elif result.rc == -signal.SIGKILL and result.killed_by_us:
+                kills += 1
+            elif result.rc != 0:
+                run.problems.append(f"life {run.lives} exited {result.rc}: {result.tail()}")
+        await finish_runs(runs, lambda: cluster.grpc_addr, None, extra=extra)
+    finally:
+        await cluster.close()
+    result_audit = audit(cluster.store_path, runs)
+    lost = [n for r in runs for n in r.lost]
+    worst = max(lost, default=0)
+    if worst >= GROUP_ROWS:
+        result_audit.problems.append(f"a kill took {worst} rows, the cap is {GROUP_ROWS}")
+    ok = result_audit.clean and hangs == 0 and worst < GROUP_ROWS
+    mean = statistics.fmean(lost) if lost else 0.0
+    costly = sum(1 for n in lost if n)
+    return ok, (
+        f"group-kill: lives={sum(r.lives for r in runs)} kills={kills} hangs={hangs} "
+        f"rows lost per kill: mean {mean:.2f}, max {worst} (cap {GROUP_ROWS}; {costly} of "
+        f"{len(lost)} restarts lost any) {result_audit.line()}" + _problems(result_audit)
     )
 
 
@@ -1086,6 +1161,7 @@ async def _run(names: list[str], args: argparse.Namespace) -> int:
                     "engine-kill": engine_kill,
                     "network": network,
                     "both": both,
+                    "group-kill": group_kill,
                 }[name]
                 iterations = args.iterations if args.iterations is not None else DEFAULTS[name]
                 ok, line = await scenario(tmp, iterations, rng)

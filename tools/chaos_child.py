@@ -5,7 +5,7 @@ Usage::
 
     CHAOS_TOKEN=... python tools/chaos_child.py --wal-dir D --run-id R --grpc-addr A
         [--http-addr H] --findings N [--pause S] [--pad BYTES] [--keepalive-ms MS]
-        [--dead-stream-ms MS]
+        [--dead-stream-ms MS] [--group-commit ROWS]
 
 It sends findings ``0..N-1`` in order, each carrying ``{"run", "n"}`` (the
 audit's identity by content) and ``progress={"next": i + 1}`` (batches of
@@ -15,6 +15,11 @@ stdout: ``resume <next>``, ``sent <n> <seq>``, then ``finished`` (Done
 acked) or ``completed`` (the run had already finished: a tombstone, or the
 engine's "run completed"). Exit 0 for both. ``WALCHANNEL_TEST_KILL_AT``
 arms a kill point (``walchannel._killpoints``).
+
+``--group-commit ROWS`` runs the channel under ``GroupCommit(max_rows=ROWS)``
+(SPEC "Group commit") and sends in bursts of 1 to 8 steps per event-loop
+turn, so a group holds several rows when a kill lands; a ``sent`` line then
+names a seq handed out, committed by the end of the turn.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 from walchannel import (
     Backoff,
     ChannelState,
+    GroupCommit,
     GrpcChannelConfig,
     GrpcEngineChannel,
     RunCompletedError,
@@ -46,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pad", type=int, default=0, help="extra bytes per finding")
     parser.add_argument("--keepalive-ms", type=int, default=25_000)
     parser.add_argument("--dead-stream-ms", type=int, default=None)
+    parser.add_argument("--group-commit", type=int, default=None, metavar="ROWS")
     return parser
 
 
@@ -64,6 +71,9 @@ async def run(args: argparse.Namespace) -> int:
         backoff=Backoff(initial_ms=50, multiplier=2, max_ms=500, jitter_ms=25),
         done_ack_timeout_ms=3000,
         close_timeout_ms=1000,
+        group_commit=(
+            None if args.group_commit is None else GroupCommit(max_rows=args.group_commit)
+        ),
     )
     try:
         channel = GrpcEngineChannel(config)
@@ -78,6 +88,7 @@ async def run(args: argparse.Namespace) -> int:
             n = args.findings
             print(f"resume {i}", flush=True)
             pad = "x" * args.pad
+            left = 1
             while i < n:
                 if i % 7 == 3 and i + 3 <= n:
                     batch = [{"run": args.run_id, "n": j, "pad": pad} for j in range(i, i + 3)]
@@ -90,8 +101,11 @@ async def run(args: argparse.Namespace) -> int:
                     seq = channel.send_finding(finding, progress={"next": i + 1})
                     print(f"sent {i} {seq}", flush=True)
                     i += 1
-                if args.pause:
+                left -= 1
+                if args.pause and left <= 0:
                     await asyncio.sleep(args.pause)
+                    # Under group commit, bursts of 1 to 8 steps share one turn.
+                    left = 1 if args.group_commit is None else (i * 7919) % 8 + 1
             acked = await channel.send_done("completed", n, ["chaos"], "")
             while not acked:
                 # send_done is once per channel: keep waiting on its ack. Ask

@@ -78,7 +78,7 @@ import msgpack
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel
+from walchannel import Backoff, GroupCommit, GrpcChannelConfig, GrpcEngineChannel
 from walchannel import log as _product_log
 from walchannel.contract import load_engine_messages
 from walchannel.errors import (
@@ -90,10 +90,12 @@ from walchannel.errors import (
     DiscoveryError,
     EngineBehindError,
     EngineUnavailableError,
+    GroupCommitError,
     PayloadError,
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
+    WalchannelError,
     WalWriteError,
     WriterFencedError,
 )
@@ -141,6 +143,10 @@ P_SEQ_WAITS = 0.3
 #: The share of crashes that lose the log in the schedules without handshake
 #: answers (where rollbacks are not played; the engine refuses a new writer).
 P_LOST_UNANSWERED = 0.04
+#: No progress marker waits in a pending group.
+UNSET: Any = object()
+#: The share of schedules run under group commit (SPEC "Group commit").
+P_GROUP_COMMIT = 0.3
 #: The share of schedules with a second harness on the run (its own log and writer id).
 P_SECOND = 0.15
 SECOND = "second harness"
@@ -185,7 +191,13 @@ class Cancelled(Exception):
 
 INTERRUPTS = (Interrupt, KeyboardInterrupt)
 #: The errors that end a harness's run (the named error of one writer per run among them).
-ENDINGS = (RunCompletedError, EngineBehindError, RunExpiredError, WriterFencedError)
+ENDINGS = (
+    RunCompletedError,
+    EngineBehindError,
+    RunExpiredError,
+    WriterFencedError,
+    GroupCommitError,
+)
 
 
 # -- contents: what the checker follows through the log and the engine ------------------
@@ -490,6 +502,10 @@ class Proc:
         self.ending = False  # its event loop ended on an exception: its tasks run down
         self.closing: str | None = None  # why it closes its channel, once it does
         self.handed: dict[int, int] = {}  # seq returned by send_* -> the content logged
+        # Under group commit: seqs handed out whose rows are not committed yet, and
+        # the marker set with them (UNSET: none waits; progress() is the log's).
+        self.uncommitted: dict[int, int] = {}
+        self.marker_set: Any = UNSET
         # The send in progress: its contents, its marker, the marker stored before it.
         self.pending: tuple[tuple[int, ...], Any, Any] | None = None
         self.ack_t: list[float] = []  # truthful data acks its channel read: when,
@@ -698,6 +714,7 @@ class SimCall:
     def __init__(self, w: World, link: Link) -> None:
         self.w = w
         self.link = link
+        self.acks_read = 0
         self.route = " via proxy sim-proxy" if w.proxy else ""
 
     async def write(self, message: bytes) -> None:
@@ -714,6 +731,17 @@ class SimCall:
         if not s.connected:
             s.connect_wait = w.loop.create_future()
             await s.connect_wait
+        if (
+            up.kind == "data"
+            and s.proc.role != SECOND
+            and s.proc.alive
+            and (up.seq, up.content) not in w.ever_committed
+        ):
+            # SPEC "Buffer first": a row reaches the stream only once it is committed.
+            w.violation(
+                f"{_name(up.content)} written to the stream at seq {up.seq}, but no "
+                "transaction of the log ever committed it there"
+            )
         if up.kind == "data" and s.proc is w.proc:
             w.cp()  # the process may die before the row goes out
             if not s.proc.alive:
@@ -735,9 +763,16 @@ class SimCall:
         else:
             s.reader = self.w.loop.create_future()
             msg = await s.reader
+        w = self.w
         marks = s.marks
         if marks and marks[0][0] is msg:
-            return self.w.read_mark(s, marks.popleft())
+            msg = w.read_mark(s, marks.popleft())
+        if w.rng_group is not None and self.acks_read == 0 and msg.HasField("ack"):
+            self.acks_read = 1
+            if w.rng_group.random() < 0.5:
+                # Another task of the harness sends as the answer is taken: its row
+                # waits in a group while the answer is verified (SPEC "Group commit").
+                w.loop.call_soon(w.send_beside, s.proc)
         return msg
 
     async def done_writing(self) -> None:
@@ -806,6 +841,7 @@ class World:
         verbose: bool = False,
         rollback_without_answer: bool = False,
         record: bool = False,
+        group: str = "share",
     ) -> None:
         rng = self.rng = random.Random(seed)
         # Every traced event, formatted (the determinism tests compare two runs).
@@ -863,6 +899,11 @@ class World:
                 "budgets",
                 "clock_steps",
                 "foreign_errors",
+                # Group commit: rows a crash took from a pending group, groups given up.
+                "group_schedules",
+                "group_rows_lost",
+                "groups_given_up",
+                "group_rows_given_up",
                 # The faults from inside the process, and the misbehaving engine.
                 "interrupts",
                 "interrupts_after_commit",
@@ -965,6 +1006,22 @@ class World:
         self.deadline_ms = deadline_ms
         self.limit_ms = self.chaos_end + SETTLE_MS
         self.chaos = True
+        # Group commit in its share of schedules, drawn from a stream of its own:
+        # a schedule without it plays as it did before it existed.
+        r4 = random.Random(f"walchannel-sim-group:{seed}")
+        self.group_commit: GroupCommit | None = None
+        self.rng_group: random.Random | None = None
+        if {"share": r4.random() < P_GROUP_COMMIT, "on": True, "off": False}[group]:
+            self.rng_group = r4
+            self.stats["group_schedules"] = 1
+            self.group_commit = GroupCommit(
+                max_rows=r4.choice((1, 2, 4, 64)),
+                max_bytes=r4.choice((300, 1 << 20)),
+                max_delay_ms=r4.choice((1.0, 50.0)),
+            )
+        # Every (seq, content) any transaction of the log ever committed: a row
+        # reaches the stream only from there (SPEC "Buffer first").
+        self.ever_committed: set[tuple[int, int]] = set()
         self.config = GrpcChannelConfig(
             grpc_addr="e0.sim:1",
             run_id=RUN_ID,
@@ -987,6 +1044,7 @@ class World:
             ),
             proxy_from_env=False,
             metrics=False,
+            group_commit=self.group_commit,
         )
         # crash points: the k-th commit or write kills the process
         npoints = rng.choice((0, 0, 1, 1, 2, 3))
@@ -1628,6 +1686,17 @@ class World:
         proc.alive = False
         if self.proc is proc:
             self.proc = None
+        lost = len(proc.uncommitted)
+        if lost:
+            # SPEC "Group commit": a crash costs the pending group, under its cap.
+            self.stats["group_rows_lost"] += lost
+            caps = self.group_commit
+            if caps is None or lost >= caps.max_rows:
+                self.violation(
+                    f"the process died with {lost} row(s) handed out and never committed "
+                    f"(seqs {sorted(proc.uncommitted)}); the cap is "
+                    f"{None if caps is None else caps.max_rows}"
+                )
         for s in proc.links:
             if s.link:
                 self.client_die(s)
@@ -1879,8 +1948,17 @@ class World:
         touched = [] if prev.rows == st.rows else [c for _, c in old ^ new if c != ROW_LOST]
         if prev.rows != st.rows:
             pos = self.pos_of
+            waiting = proc.uncommitted
             for q, c in new - old:
                 pos[c] = q  # where the row of content c lives now
+                self.ever_committed.add((q, c))
+                if q in waiting and kind == "append":
+                    handed = waiting.pop(q)
+                    if handed != c:
+                        self.violation(
+                            f"seq {q} was handed out for {_name(handed)}, but its group "
+                            f"committed {_name(c)} there"
+                        )
         if prev.unverified is not None and st.unverified is None:
             # The verification rule declares every unverified row (re)placed.
             touched.extend(c for q, c in old if q >= prev.unverified and c != ROW_LOST)
@@ -1908,6 +1986,7 @@ class World:
         if st.completed and self.tombstone_at is None:
             self.tombstone_at = self.now
         if kind == "append":
+            proc.marker_set = UNSET  # a group commits whole, its marker with it
             logged = self.logged
             for _, c in new - old:
                 if c < 0:
@@ -2834,15 +2913,39 @@ class World:
         proc.counters = counters
 
     def check_progress(self, proc: Proc, ch: GrpcEngineChannel) -> None:
-        """``progress()`` is the marker of the last committed transaction."""
+        """``progress()`` is the marker of the last committed transaction (or, under
+        group commit, the marker last set, while its group waits)."""
         if not proc.alive or ch.log.closed:
             return
+        self.note_group_lost(proc, ch)
         marker = ch.progress()
         stored = self.disk.states[-1].progress
-        if marker != stored:
+        if proc.marker_set is not UNSET:
+            if marker != proc.marker_set:
+                self.violation(
+                    f"progress() says {marker}, but the marker last set, its group still "
+                    f"pending, is {proc.marker_set}"
+                )
+        elif marker != stored:
             self.violation(
                 f"progress() says {marker}, but the last committed transaction stored {stored}"
             )
+
+    def note_group_lost(self, proc: Proc, ch: GrpcEngineChannel) -> None:
+        """A group the disk refused on every try: the channel failed, naming its seqs."""
+        if not proc.uncommitted and proc.marker_set is UNSET:
+            return
+        failure = ch.driver.failure
+        if not isinstance(failure, GroupCommitError):
+            return
+        lost = sorted(proc.uncommitted)
+        named = (failure.first_seq, failure.last_seq)
+        if named != ((lost[0], lost[-1]) if lost else (None, None)):
+            self.violation(f"the channel gave up a group of seqs {lost}, but names {named}")
+        self.stats["groups_given_up"] += 1
+        self.stats["group_rows_given_up"] += len(lost)
+        proc.uncommitted.clear()
+        proc.marker_set = UNSET
 
     def sent(
         self,
@@ -2878,17 +2981,24 @@ class World:
                 f"a send returned seqs {seqs} while the channel was {state}"
                 f"{', send_done called' if done_sent else ''}{', closed' if closed else ''}"
             )
-        rows = self.disk.states[-1].rows
+        st = self.disk.states[-1]
+        rows = st.rows
         if len(seqs) != len(contents):
             self.violation(f"a send of {len(contents)} rows returned {len(seqs)} seqs: {seqs}")
+        grouped = self.group_commit is not None
         for seq, c in zip(seqs, contents, strict=False):
             proc.handed[seq] = c
             held = rows.get(seq)
-            if held != c:
+            if held is None and grouped and seq > max(max(rows, default=0), st.last_acked):
+                # SPEC "Group commit": handed out, committed by the end of the turn.
+                proc.uncommitted[seq] = c
+            elif held != c:
                 self.violation(
                     f"a send returned seq {seq} for {_name(c)}, but the committed log holds "
                     f"{'no row' if held is None else _name(held)} there"
                 )
+        if grouped and marker is not None and st.progress != marker:
+            proc.marker_set = marker
         self.check_progress(proc, ch)
         return seqs
 
@@ -3030,6 +3140,12 @@ class World:
             if ch.state.value != "expired":
                 self.violation(f"RunExpiredError raised, but the channel is {ch.state.value}")
             return "expired"
+        if isinstance(error, GroupCommitError):
+            # The disk refused a group on every try: a new channel resumes (SPEC "Group commit").
+            self.note_group_lost(proc, ch)
+            if ch.state.value != "failed":
+                self.violation(f"GroupCommitError raised, but the channel is {ch.state.value}")
+            return "group lost"
         if isinstance(error, WriterFencedError):
             self.stats["fenced_errors"] += 1
             self.check_fenced(proc, error)
@@ -3237,6 +3353,7 @@ class World:
             except (
                 RunCompletedError,
                 EngineBehindError,
+                GroupCommitError,
                 ChannelClosedError,
                 RunExpiredError,
                 RowRefusedError,
@@ -3318,6 +3435,14 @@ class World:
                     f"channel {self.now - proc.done_acked_at:.0f} ms before and the disk had room"
                 )
 
+    def send_beside(self, proc: Proc) -> None:
+        """A task of the harness beside its scan logs an event (its errors are its own)."""
+        ch = proc.channel
+        if ch is None or self.proc is not proc or not proc.alive or proc.closing is not None:
+            return
+        with contextlib.suppress(WalchannelError):
+            self.send_event(proc, ch)
+
     def send_event(self, proc: Proc, ch: GrpcEngineChannel) -> int:
         """Log an event with a content of its own; return its seq."""
         c = self.new_event()
@@ -3365,8 +3490,11 @@ class World:
             )
         return items[-1] + 1
 
-    def newest(self) -> int | None:
-        """The content of the newest row of the log (what ``wait_acked()`` waits for)."""
+    def newest(self, proc: Proc) -> int | None:
+        """The content of the newest row handed out (what ``wait_acked()`` waits for):
+        the log's newest, or, under group commit, the newest of its pending group."""
+        if proc.uncommitted:
+            return proc.uncommitted[max(proc.uncommitted)]
         rows = self.disk.states[-1].rows
         if not rows:
             return None
@@ -3380,7 +3508,7 @@ class World:
         if seq is not None:
             self.stats["seq_waits"] += 1
         t0 = self.now
-        c = proc.handed.get(seq) if seq is not None else self.newest()
+        c = proc.handed.get(seq) if seq is not None else self.newest(proc)
         try:
             ok = await self.api(
                 proc, ch, "wait_acked", lambda: ch.wait_acked(seq, timeout_ms=timeout_ms)
@@ -3405,6 +3533,8 @@ class World:
             return
         what = f"wait_acked({'' if seq is None else seq})"
         pos = None if c is None else self.pos_of.get(c)
+        if ok and c is not None and pos is None and c in proc.uncommitted.values():
+            self.violation(f"{what} returned True, but the row of {_name(c)} is not committed")
         if ok and c is not None and pos is not None:
             held = self.ever_at.get(pos, ())
             # A power loss under "process" rolled back a commit of it: the engine may
@@ -3681,6 +3811,7 @@ def run_schedule(
     *,
     verbose: bool = False,
     rollback_without_answer: bool = False,
+    group: str = "share",
 ) -> World:
     """Run one schedule; the returned world holds ``violations``, ``stats`` and ``events``.
 
@@ -3690,12 +3821,15 @@ def run_schedule(
         verbose: print every traced event as it happens, and the product's log lines.
         rollback_without_answer: also play rollbacks when the engine does not
             answer handshakes (outside the guarantee: shows the degradation).
+        group: group commit in ``"share"`` of the schedules (:data:`P_GROUP_COMMIT`,
+            drawn from the seed), ``"on"`` in every one, or ``"off"``.
     """
     return World(
         seed,
         durability,
         verbose=verbose,
         rollback_without_answer=rollback_without_answer,
+        group=group,
     ).run()
 
 
@@ -3740,12 +3874,15 @@ def sweep(
     *,
     rollback_without_answer: bool = False,
     stop_at_first: bool = False,
+    group: str = "share",
 ) -> Totals:
     """Run many schedules in this process (see :func:`run_schedule`)."""
     totals = Totals()
     with _quiet_product():
         for seed in seeds:
-            w = run_schedule(seed, durability, rollback_without_answer=rollback_without_answer)
+            w = run_schedule(
+                seed, durability, rollback_without_answer=rollback_without_answer, group=group
+            )
             totals.add(w)
             if stop_at_first and w.violations:
                 break
@@ -3781,14 +3918,24 @@ class _TraceHandler(logging.Handler):
         self.w.tr("  [%s %s] %s", record.levelname, record.name, record.getMessage())
 
 
-def _chunk(args: tuple[int, int, str, bool]) -> Totals:
-    start, count, durability, unsafe = args
-    return sweep(range(start, start + count), durability, rollback_without_answer=unsafe)
+def _chunk(args: tuple[int, int, str, bool, str]) -> Totals:
+    start, count, durability, unsafe, group = args
+    return sweep(
+        range(start, start + count), durability, rollback_without_answer=unsafe, group=group
+    )
 
 
-def replay(seed: int, durability: str, *, rollback_without_answer: bool = False) -> World:
+def replay(
+    seed: int, durability: str, *, rollback_without_answer: bool = False, group: str = "share"
+) -> World:
     """Play one schedule verbosely: every world event and every product log line."""
-    w = World(seed, durability, verbose=True, rollback_without_answer=rollback_without_answer)
+    w = World(
+        seed,
+        durability,
+        verbose=True,
+        rollback_without_answer=rollback_without_answer,
+        group=group,
+    )
     handler = _TraceHandler(w)
     product = logging.getLogger("walchannel")
     product.addHandler(handler)
@@ -3819,6 +3966,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--durability", choices=("process", "power", "both"), default="both", help="log durability"
     )
+    parser.add_argument(
+        "--group-commit",
+        choices=("share", "on", "off"),
+        default="share",
+        help=f"group commit in its share of schedules ({P_GROUP_COMMIT:.0%}), in all, or in none",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     parser.add_argument(
@@ -3834,7 +3987,9 @@ def main(argv: list[str] | None = None) -> int:
     unsafe = bool(args.rollback_without_answer)
 
     if args.replay is not None:
-        w = replay(args.replay, args.durability, rollback_without_answer=unsafe)
+        w = replay(
+            args.replay, args.durability, rollback_without_answer=unsafe, group=args.group_commit
+        )
         print(w.report() if w.violations else f"seed {args.replay}: no violation")
         print(f"events={w.events} " + " ".join(f"{k}={v}" for k, v in w.stats.items() if v))
         return 1 if w.violations else 0
@@ -3847,18 +4002,21 @@ def main(argv: list[str] | None = None) -> int:
             with open(text[1:]) as file:
                 text = ",".join(line.strip() for line in file if line.strip())
         seeds = [int(x) for x in text.split(",") if x]
-        totals = sweep(seeds, args.durability, rollback_without_answer=unsafe)
+        totals = sweep(
+            seeds, args.durability, rollback_without_answer=unsafe, group=args.group_commit
+        )
     elif args.stop_at_first:
         totals = sweep(
             range(args.start, args.start + args.seeds),
             args.durability,
             rollback_without_answer=unsafe,
             stop_at_first=True,
+            group=args.group_commit,
         )
     else:
         chunk = 500
         tasks = [
-            (s, min(chunk, args.start + args.seeds - s), args.durability, unsafe)
+            (s, min(chunk, args.start + args.seeds - s), args.durability, unsafe, args.group_commit)
             for s in range(args.start, args.start + args.seeds, chunk)
         ]
         if args.jobs > 1 and len(tasks) > 1:
@@ -3898,7 +4056,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for seed, text in totals.violations[:5]:
         print(text)
-        print(f"  replay: python tools/sim.py --replay {seed} --durability {args.durability}")
+        print(
+            f"  replay: python tools/sim.py --replay {seed} --durability {args.durability} "
+            f"--group-commit {args.group_commit}"
+        )
     if totals.failing_seeds:
         seeds = ",".join(map(str, sorted(totals.failing_seeds)))
         print(f"failing seeds (run them: --seed-list {seeds})")

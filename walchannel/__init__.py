@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "EXIT_ROWS_LEFT": "walchannel.grace",
     "EXIT_STOPPED": "walchannel.grace",
     "GracePeriod": "walchannel.grace",
+    "GroupCommitError": "walchannel.errors",
+    "GroupCommit": "walchannel.config",
     "GrpcChannelConfig": "walchannel.config",
     "GrpcEngineChannel": "walchannel.channel",
     "PayloadError": "walchannel.errors",
@@ -66,6 +68,8 @@ __all__ = [
     "EngineChannel",
     "EngineUnavailableError",
     "GracePeriod",
+    "GroupCommit",
+    "GroupCommitError",
     "GrpcChannelConfig",
     "GrpcEngineChannel",
     "InsecureDiscoveryWarning",
@@ -88,7 +92,7 @@ __all__ = [
 if TYPE_CHECKING:
     from walchannel.blocking import BlockingEngineChannel
     from walchannel.channel import GrpcEngineChannel
-    from walchannel.config import Backoff, GrpcChannelConfig
+    from walchannel.config import Backoff, GroupCommit, GrpcChannelConfig
     from walchannel.driver import ChannelState
     from walchannel.errors import (
         ApprovalTimeoutError,
@@ -97,6 +101,7 @@ if TYPE_CHECKING:
         DiscoveryError,
         EngineBehindError,
         EngineUnavailableError,
+        GroupCommitError,
         InsecureDiscoveryWarning,
         PayloadError,
         RowRefusedError,

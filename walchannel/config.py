@@ -8,6 +8,7 @@ it is first used. SPEC "The channel" (configuration table).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "METADATA_RULE",
     "Backoff",
+    "GroupCommit",
     "GrpcChannelConfig",
     "check_metadata_value",
     "redact_secret",
@@ -175,6 +177,48 @@ DEFAULT_BACKOFF = Backoff()
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupCommit:
+    """Commit the rows of many sends in one transaction: an opt-in loss window. SPEC "Group commit".
+
+    With it, ``send_*`` hands out seqs and returns before its rows are
+    committed; the group commits at the end of the event loop's current
+    turn, or inline in the send that finds it full or old. A process killed
+    in that window loses the group's rows and their seqs, which were never
+    written to the stream (the engine never saw them); a harness resuming
+    from ``progress()`` sends them again, as its marker commits with them.
+
+    Attributes:
+        max_rows: a group holding this many rows commits inline (> 0).
+        max_bytes: a group whose rows hold this many msgpack bytes commits
+            inline (bytes, > 0).
+        max_delay_ms: a send finding the group's oldest row this old (the
+            event loop was held that long) commits the group first (ms, > 0).
+    """
+
+    max_rows: int = 256
+    max_bytes: int = 1024 * 1024
+    max_delay_ms: float = 50
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"group_commit.{name} must be an int > 0, got {value!r}")
+        _positive("group_commit.max_delay_ms", self.max_delay_ms)
+
+    def describe(self) -> str:
+        """The setting as the log's meta stores it and ``inspect`` shows it (JSON)."""
+        return json.dumps(
+            {
+                "max_rows": self.max_rows,
+                "max_bytes": self.max_bytes,
+                "max_delay_ms": self.max_delay_ms,
+            },
+            separators=(",", ":"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class GrpcChannelConfig:
     """Everything a :class:`~walchannel.GrpcEngineChannel` needs. Durations in ms.
 
@@ -243,6 +287,10 @@ class GrpcChannelConfig:
         meter_provider: the ``opentelemetry.metrics.MeterProvider`` to report
             to (None: the global one, a no-op until the application installs
             the SDK). docs/operations.md "Monitoring".
+        group_commit: a :class:`GroupCommit` to commit the rows of many
+            sends in one transaction, ``send_*`` returning before its rows
+            are committed (None, the default: each send commits before it
+            returns). It combines with every ``durability``. SPEC "Group commit".
 
     Raises:
         ValueError: naming the field, when a value breaks its rule.
@@ -274,6 +322,7 @@ class GrpcChannelConfig:
     proxy_from_env: bool = True
     metrics: bool = True
     meter_provider: MeterProvider | None = field(default=None, repr=False, compare=False)
+    group_commit: GroupCommit | None = None
 
     def __post_init__(self) -> None:
         for name in ("grpc_addr", "run_id", "correlation_id", "run_token"):
@@ -317,6 +366,11 @@ class GrpcChannelConfig:
         _positive("close_timeout_ms", self.close_timeout_ms)
         if not isinstance(self.backoff, Backoff):
             raise ValueError("backoff must be a walchannel.Backoff")
+        if self.group_commit is not None and not isinstance(self.group_commit, GroupCommit):
+            raise ValueError(
+                "group_commit must be a walchannel.GroupCommit or None, "
+                f"got {type(self.group_commit).__name__}"
+            )
         for name in ("max_message_bytes", "max_unacked_bytes", "max_receive_message_bytes"):
             value = getattr(self, name)
             if value is None and name == "max_unacked_bytes":

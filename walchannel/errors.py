@@ -21,6 +21,7 @@ keeps the message as built (SPEC "The channel", "Text from outside").
     ├── WalLockedError                   another owner holds the run's log
     ├── WalCorruptError                  the log file is not a usable walchannel log
     ├── WalWriteError                    a commit failed (disk full, I/O error)
+    ├── GroupCommitError                 a group of rows handed out never committed (FAILED)
     ├── BacklogFullError                 max_unacked_bytes would be passed
     ├── EngineUnavailableError           no answered handshake within the timeout
     ├── DiscoveryError                   GET /grpc-address gave no usable address
@@ -43,6 +44,7 @@ __all__ = [
     "DiscoveryError",
     "EngineBehindError",
     "EngineUnavailableError",
+    "GroupCommitError",
     "InsecureDiscoveryWarning",
     "PayloadError",
     "RowRefusedError",
@@ -226,6 +228,31 @@ class WalWriteError(WalchannelError):
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
         # Every such error names its file (a message may already).
+        super().__init__(message if path in message else f"{path}: {message}")
+
+
+class GroupCommitError(WalchannelError):
+    """Under ``group_commit``, a group of rows handed out could not be committed, on every try.
+
+    The channel is ``FAILED`` with it and every later call raises it: its
+    rows are not in the log and were never sent (SPEC "Group commit"). Not
+    a :class:`WalWriteError`, whose "retry later" would loop here for ever:
+    the way on is a new channel on the log, resuming from ``progress()``
+    (which then hands the lost seqs out again).
+
+    Attributes:
+        path: the log file.
+        first_seq: the first seq handed out of the group (None: only its
+            progress marker was lost).
+        last_seq: the last one (None likewise).
+    """
+
+    def __init__(
+        self, message: str, *, path: str, first_seq: int | None, last_seq: int | None
+    ) -> None:
+        self.path = path
+        self.first_seq = first_seq
+        self.last_seq = last_seq
         super().__init__(message if path in message else f"{path}: {message}")
 
 

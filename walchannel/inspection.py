@@ -12,6 +12,7 @@ This module imports neither grpc nor httpx.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -103,6 +104,7 @@ JSON_KEYS: Final = (
     "writer_id",
     "writer_epoch",
     "takeover",
+    "group_commit",
     "next_step",
 )
 
@@ -206,6 +208,10 @@ class RunReport:
     writer_id: str | None = None
     writer_epoch: int | None = None
     takeover: bool | None = None
+    #: The last owner's ``GroupCommit`` setting (SPEC "Group commit"):
+    #: ``{"max_rows", "max_bytes", "max_delay_ms"}``, or None (off, or a log
+    #: from before it).
+    group_commit: dict[str, Any] | None = None
     shown: tuple[ShownRow, ...] = field(default=())
     shown_quarantined: tuple[QuarantinedRow, ...] = field(default=())
     #: What the operator does next (SPEC "Operating tools"; a ``--json`` key).
@@ -617,7 +623,19 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         writer_id=meta.writer_id,
         writer_epoch=meta.writer_epoch,
         takeover=meta.takeover_at is not None,
+        group_commit=_group_commit(meta.group_commit),
     )
+
+
+def _group_commit(stored: str | None) -> dict[str, Any] | None:
+    """The stored ``group_commit`` setting as a mapping (None: off, or not readable JSON)."""
+    if stored is None:
+        return None
+    try:
+        value = json.loads(stored)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _shown(row: Row, damage: str | None, now: float) -> ShownRow:
@@ -774,4 +792,5 @@ def _salvaged(
         writer_id=values.get("writer_id"),
         writer_epoch=values.get("writer_epoch"),
         takeover=None if "takeover_at" in reading.damaged else values["takeover_at"] is not None,
+        group_commit=_group_commit(values.get("group_commit")),
     )

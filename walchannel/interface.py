@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from walchannel.config import GroupCommit
     from walchannel.driver import ChannelState
 
 __all__ = [
@@ -70,6 +71,10 @@ class ChannelStats:
         quarantined: rows in the log's quarantine table: damaged rows, and rows
             the engine refused for their size; each went out as a
             ``walchannel.row_lost`` event (an addition to SPEC's fields).
+        group_commit: the channel's ``GroupCommit`` setting (None: every
+            send commits before it returns). SPEC "Group commit".
+        pending: rows handed out under it and not yet committed (not in
+            ``unacked_count``: they are not in the log yet).
     """
 
     state: ChannelState
@@ -83,6 +88,8 @@ class ChannelStats:
     protocol_errors: int
     last_error: str | None
     quarantined: int = 0
+    group_commit: GroupCommit | None = None
+    pending: int = 0
 
 
 @runtime_checkable

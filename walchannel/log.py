@@ -121,6 +121,7 @@ WRITABLE_META: Final = frozenset(
         "reconnects",
         "failed_at",
         "failed_reason",
+        "group_commit",
     }
 )
 
@@ -892,6 +893,22 @@ class RunLog:
         encoded = [(kind, encode_body(kind, body)) for kind, body in items]
         return self.append_encoded(encoded, progress=progress)
 
+    def check_append(self, kinds: Sequence[str]) -> None:
+        """Raise what an append of rows of ``kinds`` would raise before it touches the disk.
+
+        For a caller that hands seqs out before it appends (the channel's
+        ``group_commit``, SPEC "Group commit"): what the log refuses is
+        refused then, not at the commit.
+
+        Raises:
+            ChannelClosedError: the log is closed, or holds an unacked ``Done``.
+            WalLockedError: this process is a forked child of the log's owner.
+            RunCompletedError: the log is a tombstone.
+            ValueError: an unknown kind.
+        """
+        self._check_writable()
+        self._state.append(kinds)
+
     def append_encoded(
         self,
         items: Sequence[tuple[str, bytes]],
@@ -1125,7 +1142,8 @@ class RunLog:
         Only the caller-owned fields may be set: the handshake fields,
         ``correlation_id``, ``token_sha256``, ``last_engine_addr``,
         ``http_addr``, ``last_ack_at``, ``last_error``, ``last_error_at``,
-        ``reconnects``, ``failed_at`` and ``failed_reason``. The cursor,
+        ``reconnects``, ``failed_at``, ``failed_reason`` and
+        ``group_commit``. The cursor,
         high-water, progress and completion belong to the log's own
         operations.
 

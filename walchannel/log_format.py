@@ -134,7 +134,8 @@ SCHEMA: Final = (
         writer_id TEXT,
         writer_epoch INTEGER,
         takeover_at REAL,
-        answered_at REAL)""",
+        answered_at REAL,
+        group_commit TEXT)""",
 )
 
 _ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
@@ -195,6 +196,10 @@ class RunMeta:
     answered handshake). ``answered_at`` is when an engine first answered a
     handshake of this log or acked its rows (None: never), the evidence that
     the run's rows an engine holds may be this log's.
+
+    ``group_commit`` is the last owner's ``GroupCommit`` setting as JSON
+    (``{"max_rows": ..., "max_bytes": ..., "max_delay_ms": ...}``), None
+    when it committed every send before returning (SPEC "Group commit").
     """
 
     schema_version: int
@@ -228,6 +233,7 @@ class RunMeta:
     writer_epoch: int | None = None
     takeover_at: float | None = None
     answered_at: float | None = None
+    group_commit: str | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
@@ -245,6 +251,7 @@ OPTIONAL_META_TYPES: Final = {
     "writer_epoch": "INTEGER",
     "takeover_at": "REAL",
     "answered_at": "REAL",
+    "group_commit": "TEXT",
 }
 OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
 #: Row columns added the same way (NULL in the rows of an older writer).
@@ -642,6 +649,7 @@ _META_TEXTS_OR_NONE: Final = (
     "boot_id",
     "file_id",
     "writer_id",
+    "group_commit",
 )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "FAILED_DONE_REFUSED",
     "FAILED_ENGINE_BEHIND",
     "FAILED_FENCED",
+    "FAILED_GROUP_LOST",
     "FAILED_INTERNAL",
     "FAILED_UNDELIVERABLE",
     "KINDS",
@@ -79,6 +80,14 @@ FAILED_CORRUPT: Final = (
 #: walchannel, never a condition of the network or the engine): the run
 #: stopped, every row stays in the log; the type and message follow.
 FAILED_INTERNAL: Final = "walchannel stopped the run: its own invariant broke"
+#: ``failed_reason``: under ``group_commit`` the disk refused a group of rows
+#: handed out, on every try (SPEC "Group commit"). The log is whole: what it
+#: holds is committed, the group was never in it nor sent.
+FAILED_GROUP_LOST: Final = (
+    "group lost: a group of rows handed out could not be committed (see last_error); "
+    "they are not in the log and were never sent: resume the harness from its "
+    "progress marker once the disk takes writes again"
+)
 #: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
 FAILED_DONE_REFUSED: Final = (
     "Done refused: the engine refuses the run's Done for its size; raise the engine's "

@@ -118,6 +118,10 @@ RUN_ID_ATTR: Final = "walchannel.run_id"
 #: the instrument's own name: metric and attribute names share one hierarchy
 #: (OpenTelemetry's naming guidance), and a backend would show both as one key.
 STATE_ATTR: Final = "walchannel.state"
+#: ``on`` or ``off`` on every per-channel point: whether the channel runs
+#: under ``group_commit`` (SPEC "Group commit"), where a send returns before
+#: its row is committed.
+GROUP_COMMIT_ATTR: Final = "walchannel.group_commit"
 _SYSTEM: Final = {"messaging.system": "walchannel"}
 _OPERATION: Final = {"messaging.operation.name": "send", "messaging.operation.type": "send"}
 #: Bucket bounds of :data:`SEND_DURATION` (s), 5 µs to 1 s: a commit takes tens
@@ -229,13 +233,19 @@ class ChannelMetrics:
         clock_ns: the clock of :meth:`on_send`'s start times (``time.perf_counter_ns``).
     """
 
-    def __init__(self, instruments: _Instruments, driver: Driver, log: RunLog) -> None:
+    def __init__(
+        self, instruments: _Instruments, driver: Driver, log: RunLog, *, group_commit: bool
+    ) -> None:
         self._instruments = instruments
         self._driver_ref = weakref.ref(driver)
         self._log_ref = weakref.ref(log)
         self._histogram = instruments.histogram
         self.ages = OldestTracker()
-        base = {**_SYSTEM, RUN_ID_ATTR: driver.run_id}
+        base = {
+            **_SYSTEM,
+            RUN_ID_ATTR: driver.run_id,
+            GROUP_COMMIT_ATTR: "on" if group_commit else "off",
+        }
         self.attributes: dict[str, str] = base
         self.sent_attributes: dict[str, str] = {**base, **_OPERATION}
         # The histogram's: no run id (SEND_DURATION).
@@ -544,7 +554,9 @@ def attach(config: GrpcChannelConfig, driver: Driver, log: RunLog) -> ChannelMet
         instruments = _instruments(config.meter_provider)
         if instruments is None:
             return None
-        member = ChannelMetrics(instruments, driver, log)
+        member = ChannelMetrics(
+            instruments, driver, log, group_commit=config.group_commit is not None
+        )
     except Exception:  # a broken provider must not stop the run
         logger.warning(
             "run %s: cannot set up metrics; the run goes on without them",

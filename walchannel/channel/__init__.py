@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from walchannel import _killpoints, messages, metrics
 from walchannel.channel.connection import ConnectionLoop
+from walchannel.channel.group_commit import PendingGroup
 from walchannel.channel.reporting import Reporter
 from walchannel.channel.waiters import Waiters
 from walchannel.clock import SYSTEM_CLOCK, Clock
@@ -55,14 +56,17 @@ from walchannel.errors import (
     BacklogFullError,
     ChannelClosedError,
     EngineUnavailableError,
+    GroupCommitError,
     PayloadError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
+    raw_message,
 )
 from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log import RunLog
+from walchannel.log_state import FAILED_GROUP_LOST
 from walchannel.payload import check_text
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
@@ -182,6 +186,10 @@ class GrpcEngineChannel:
                 )
             token_hash = hashlib.sha256(config.run_token.encode("utf-8")).hexdigest()
             meta = log.meta()
+            setting = None if config.group_commit is None else config.group_commit.describe()
+            if meta.group_commit != setting:
+                # inspect and the metrics read the setting the log was last written under.
+                log.update_meta(group_commit=setting)
             # Stored on the first answered handshake instead ("accepted").
             pending_token_hash: str | None = None
             if meta.token_sha256 != token_hash:
@@ -223,6 +231,11 @@ class GrpcEngineChannel:
         self._reporter = Reporter(
             config, log, self._driver, self._clock, self._waiters.state_changed
         )
+        self._group: PendingGroup | None = None
+        if config.group_commit is not None:
+            self._group = PendingGroup(
+                config.group_commit, config.run_id, log, self._clock, self._commit_rows, self._lost
+            )
         socket = os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
         replica: ReplicaGate | None = None
         if socket is not None:
@@ -243,6 +256,7 @@ class GrpcEngineChannel:
             self._wakeup,
             handshake_fields=handshake_fields,
             pending_token_hash=pending_token_hash,
+            commit_pending=None if self._group is None else self._group.commit,
         )
         # A cancelled close() leaves closing the network to a task of its own, kept here.
         self._teardown: asyncio.Task[None] | None = None
@@ -285,14 +299,19 @@ class GrpcEngineChannel:
         return self._driver
 
     def progress(self) -> Mapping[str, Any] | None:
-        """Return the last committed harness progress marker (None for a new run).
+        """Return the last harness progress marker set (None for a new run).
 
-        SPEC "Harness progress": resume a restarted scan from it.
+        SPEC "Harness progress": resume a restarted scan from it. It is
+        committed, except under ``group_commit``: there it is the marker of
+        the last send, durable once that send's group commits (SPEC "Group
+        commit").
 
         Raises:
             ChannelClosedError: the channel's event loop is gone.
         """
         self._check_loop()
+        if self._group is not None and (marker := self._group.marker) is not None:
+            return marker
         return self._log.progress
 
     def stats(self) -> ChannelStats:
@@ -324,6 +343,8 @@ class GrpcEngineChannel:
             protocol_errors=driver.protocol_errors,
             last_error=driver.last_error,
             quarantined=self._log.quarantined_count if not self._log.closed else 0,
+            group_commit=self._config.group_commit,
+            pending=0 if self._group is None else self._group.rows,
         )
 
     def __repr__(self) -> str:
@@ -398,6 +419,8 @@ class GrpcEngineChannel:
         if self._driver.closed:
             return
         self._driver.on_close()
+        if self._group is not None:
+            self._group.commit_or_give_up()
         logger.warning(
             "run %s: the channel's event loop is gone (closed or stopped); the channel is "
             "closed and its log released, the unacked rows stay for a new channel",
@@ -426,18 +449,33 @@ class GrpcEngineChannel:
 
     # -- sending (buffer first) ------------------------------------------------------------
 
-    def _log_rows(
-        self,
-        items: list[tuple[str, bytes]],
-        progress: Mapping[str, Any] | None,
-        *,
-        exempt_from_backlog: bool = False,
+    def _send_rows(
+        self, items: list[tuple[str, bytes]], progress: Mapping[str, Any] | None
     ) -> list[int]:
-        """Commit ``items`` (with ``progress``) and hand them to the writer; return their seqs."""
+        """Log what a ``send_*`` sends: committed now, or handed to the pending group.
+
+        Returns the seqs of ``items`` (SPEC "Buffer first", "Group commit").
+        """
         marker = messages.progress_marker(progress)
-        if self._config.max_unacked_bytes is not None and not exempt_from_backlog:
-            self._check_backlog(sum(len(blob) for _, blob in items))
+        if items:
+            self._check_backlog(items)
+        if self._group is not None:
+            return self._group.add(items, marker)
+        return self._commit_rows(items, marker)
+
+    def _log_now(self, items: list[tuple[str, bytes]]) -> list[int]:
+        """Commit a row its caller then waits on (``Done``, an approval): the group first."""
+        if self._group is not None:
+            self._group.commit()
+        return self._commit_rows(items, None)
+
+    def _commit_rows(
+        self, items: list[tuple[str, bytes]], marker: dict[str, Any] | None
+    ) -> list[int]:
+        """Commit ``items`` (with ``marker``) in one transaction; hand them to the writer."""
         seqs = self._log.append_encoded(items, progress=marker)
+        if not seqs:
+            return seqs  # the marker alone
         _killpoints.reached("after_commit")
         self._rows.on_commit(seqs, items)
         if self._metrics is not None:
@@ -445,13 +483,27 @@ class GrpcEngineChannel:
         self._wakeup.set()
         return seqs
 
-    def _check_backlog(self, added: int) -> None:
+    def _lost(self, error: GroupCommitError) -> None:
+        """The pending group could not be committed (``error`` names its seqs)."""
+        if self._driver.closed:
+            # Closing: nothing runs on; the error stays for stats() and inspect.
+            logger.error("%s", error)
+            self._reporter.record(raw_message(error))
+            return
+        self._reporter.fail(error, reason=FAILED_GROUP_LOST)
+
+    def _check_backlog(self, items: list[tuple[str, bytes]]) -> None:
         limit = self._config.max_unacked_bytes
-        assert limit is not None
+        if limit is None:
+            return
+        added = sum(len(blob) for _, blob in items)
         self._connection.store_ack(force=True)
-        if self._log.unacked_bytes + added > limit:
+        logged = self._log.unacked_bytes
+        pending = 0 if self._group is None else self._group.bytes
+        if logged + pending + added > limit:
+            waiting = f" + {pending} pending" if pending else ""
             raise BacklogFullError(
-                f"run {self._run_id}: {self._log.unacked_bytes} unacked bytes + {added} "
+                f"run {self._run_id}: {logged} unacked bytes{waiting} + {added} "
                 f"would pass max_unacked_bytes {limit}; nothing was logged"
             )
 
@@ -482,18 +534,27 @@ class GrpcEngineChannel:
 
         Returns:
             The row's seq (provisional until the first answered handshake:
-            see ``wait_acked``).
+            see ``wait_acked``). Committed when this returns; under
+            ``group_commit``, by the end of the event loop's turn (SPEC
+            "Group commit").
 
         Raises:
             PayloadError: a bad field or payload, or an encoded message over
                 ``max_message_bytes`` (nothing logged, no seq used).
-            BacklogFullError: ``max_unacked_bytes`` would be passed.
+            BacklogFullError: ``max_unacked_bytes`` would be passed (rows
+                pending under ``group_commit`` count).
             ChannelClosedError: after ``send_done`` or ``close``, or once
                 the channel's event loop is gone.
             RunExpiredError: past ``hard_deadline``.
             EngineBehindError: the channel is ``FAILED``.
             RunCompletedError: the engine said the run is completed.
-            WalWriteError: the commit failed (disk full); retry later.
+            WalWriteError: the commit failed (disk full); retry later. Under
+                ``group_commit``, when this send found the group full and
+                could not commit it (nothing of this call was added).
+            GroupCommitError: under ``group_commit``, a group of rows
+                handed out could not be committed on any try: the channel
+                is ``FAILED``; open a new channel and resume from
+                ``progress()``.
         """
         hooks = self._metrics
         started = hooks.clock_ns() if hooks is not None else 0
@@ -501,7 +562,7 @@ class GrpcEngineChannel:
         if ts is None:
             ts = messages.rfc3339_at(self._clock.wall_s())
         body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
-        seq = self._log_rows([self._rows.prepare("event", body)], progress)[0]
+        seq = self._send_rows([self._rows.prepare("event", body)], progress)[0]
         if hooks is not None:
             hooks.on_send(started)
         return seq
@@ -525,7 +586,7 @@ class GrpcEngineChannel:
         started = hooks.clock_ns() if hooks is not None else 0
         self._check_sendable()
         body = messages.finding_body(finding, max_values=self._max_values)
-        seq = self._log_rows([self._rows.prepare("finding", body)], progress)[0]
+        seq = self._send_rows([self._rows.prepare("finding", body)], progress)[0]
         if hooks is not None:
             hooks.on_send(started)
         return seq
@@ -562,13 +623,9 @@ class GrpcEngineChannel:
                 items.append(self._rows.prepare("finding", body))
             except PayloadError as exc:  # its size: name it as the other rules do
                 raise PayloadError(f"findings[{index}]", exc.reason, index=index) from None
-        if not items:
-            marker = messages.progress_marker(progress)
-            if marker is not None:
-                self._log.append_encoded([], progress=marker)
-            seqs: list[int] = []
-        else:
-            seqs = self._log_rows(items, progress)
+        seqs: list[int] = []
+        if items or progress is not None:
+            seqs = self._send_rows(items, progress)
         if hooks is not None:
             hooks.on_send(started)
         return seqs
@@ -602,6 +659,9 @@ class GrpcEngineChannel:
             ChannelClosedError: after ``close`` or a previous ``send_done``.
             EngineBehindError, RunCompletedError, WalWriteError: as ``send_event``;
                 also when the channel fails while waiting (engine behind).
+                Under ``group_commit`` the pending group is committed first:
+                ``WalWriteError`` when it cannot be, with nothing of ``Done``
+                logged.
 
         SPEC "Shutdown order".
         """
@@ -618,7 +678,7 @@ class GrpcEngineChannel:
             return True
         if driver.done_seq is None:
             body = messages.done_body(status, findings, coverage, exit_reason)
-            self._log_rows([self._rows.prepare("done", body)], None, exempt_from_backlog=True)
+            self._log_now([self._rows.prepare("done", body)])
         driver.on_done_sent()
         _killpoints.reached("in_send_done")
         # No ack wakes it: completion (the tombstone stored) and failures do.
@@ -680,7 +740,9 @@ class GrpcEngineChannel:
         if future is None:
             self._check_sendable()
             body = messages.approval_body(rid, action, details, max_values=self._max_values)
-            self._log_rows([self._rows.prepare("approval_request", body)], None)
+            items = [self._rows.prepare("approval_request", body)]
+            self._check_backlog(items)
+            self._log_now(items)
             future = self._waiters.add_approval(rid)
         try:
             # asyncio.timeout: on Python 3.11 wait_for can swallow a caller's cancel.
@@ -714,7 +776,12 @@ class GrpcEngineChannel:
             raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")
         _check_timeout_ms("wait_acked", timeout_ms)
         driver = self._driver
-        target = driver.high_water if seq is None else seq
+        group = self._group
+        newest = driver.high_water
+        if group is not None:
+            newest += group.rows
+            group.flush()
+        target = newest if seq is None else seq
         return await self._waiters.wait_for(
             lambda: driver.is_acked(target), timeout_ms, lambda: driver.translate(target)
         )
@@ -866,6 +933,8 @@ class GrpcEngineChannel:
         task of their own. The caller closes the log.
         """
         self._driver.on_close()
+        if self._group is not None:
+            self._group.commit_or_give_up()
         self._waiters.over.set()
         self._connection.cancel()
         self._mark_closed()
@@ -892,6 +961,8 @@ class GrpcEngineChannel:
     async def _close(self) -> None:
         self._driver.on_close()
         _killpoints.reached("in_close")
+        if self._group is not None:
+            self._group.commit_or_give_up()
         self._connection.cancel_timers()
         await self._connection.stop()
         self._mark_closed()

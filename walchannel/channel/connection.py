@@ -34,6 +34,8 @@ from walchannel.refusals import down_too_large_text
 from walchannel.transport import StreamEnded
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from walchannel._proto import engine_channel_pb2 as pb
     from walchannel.channel.replica import ReplicaGate
     from walchannel.channel.reporting import Reporter
@@ -80,6 +82,10 @@ class ConnectionLoop:
         pending_token_hash: the token's sha256 to store once an engine
             answers a handshake sent with it (``token_hash_when="accepted"``),
             else None.
+        commit_pending: under ``group_commit``, commits the rows handed out
+            but not yet committed (raises ``WalchannelError`` if it cannot):
+            the verification renumbers the log's rows, so none may wait
+            outside it then (SPEC "Group commit"). None without.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class ConnectionLoop:
         *,
         handshake_fields: tuple[str, str, str] | None,
         pending_token_hash: str | None,
+        commit_pending: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._run_id = config.run_id
@@ -114,6 +121,7 @@ class ConnectionLoop:
         self.handshake_fields = handshake_fields
         """What the handshake sends: set by ``handshake()``, read from the log's meta."""
         self._pending_token_hash = pending_token_hash
+        self._commit_pending = commit_pending
         self.addr = config.grpc_addr
         """The engine's address: the configured one, then what discovery answered."""
         self.stop_callbacks: list[StopCallback] = []
@@ -529,6 +537,8 @@ class ConnectionLoop:
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
             try:
+                if self._commit_pending is not None:
+                    self._commit_pending()
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
                 self._reporter.record(raw_message(exc))
