@@ -83,9 +83,10 @@ class ConnectionLoop:
             answers a handshake sent with it (``token_hash_when="accepted"``),
             else None.
         commit_pending: under ``group_commit``, commits the rows handed out
-            but not yet committed (raises ``WalchannelError`` if it cannot):
-            the verification renumbers the log's rows, so none may wait
-            outside it then (SPEC "Group commit"). None without.
+            but not yet committed (raises ``WalchannelError`` if it cannot),
+            before a handshake answer is judged: the driver reads the log's
+            high-water there and the verification renumbers the log's rows,
+            so none may wait outside them (SPEC "Group commit"). None without.
     """
 
     def __init__(
@@ -513,6 +514,14 @@ class ConnectionLoop:
             The first seq to write on the stream, or None to end the stream.
         """
         driver = self._driver
+        if self._commit_pending is not None:
+            # Rows handed out before the answer are judged and renumbered with
+            # the log's: the driver reads the high-water in on_answer.
+            try:
+                self._commit_pending()
+            except WalWriteError as exc:
+                self._reporter.record(raw_message(exc))
+                return None
         now = self._clock.monotonic_ms()
         plan = driver.on_answer(engine_high, now)
         answer = plan.answer
@@ -537,8 +546,6 @@ class ConnectionLoop:
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
             try:
-                if self._commit_pending is not None:
-                    self._commit_pending()
                 shift = self._log.verify(engine_high)
             except WalWriteError as exc:
                 self._reporter.record(raw_message(exc))
