@@ -2,11 +2,12 @@
 
 Against the real LocalEngine on loopback and the real log file, read from a
 second SQLite connection as a restarted process would: a send returns
-before its row is committed; the group commits at the end of the event
-loop's turn, inline at its caps, and before every call that waits on the
-engine; a batch and its marker are never split; nothing reaches the engine
-before it is committed; a failed commit is tried again, and a group that
-cannot be committed fails the channel, naming the seqs it lost.
+before its row is committed; the group commits at the end of the first
+turn of the event loop that adds nothing to it, inline at its caps, and
+before every call that waits on the engine; a batch and its marker are
+never split; nothing reaches the engine before it is committed; a failed
+commit is tried again, and a group that cannot be committed fails the
+channel, naming the seqs it lost.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from walchannel import (
     WalWriteError,
 )
 from walchannel.cli import main
+from walchannel.log import RunLog
 from walchannel.log_state import FAILED_GROUP_LOST
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -154,6 +156,97 @@ async def test_the_byte_cap_and_the_delay_cap_commit_inline(
         assert on_disk(ch)[0] == [1, 2, 3, 4]
         assert await ch.wait_acked(timeout_ms=10_000)
     assert local_engine.accepted(run_id) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.asyncio
+async def test_a_harness_yielding_after_every_send_still_gets_groups(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # Its next send runs in the next turn of the loop, so the group commits
+    # at the first turn that adds nothing, not at the end of each turn.
+    run_id, token = new_run(local_engine)
+    caps = GroupCommit(max_rows=1000, max_bytes=1 << 20, max_delay_ms=60_000)
+    async with GrpcEngineChannel(
+        config(local_engine, tmp_path, run_id, token, group_commit=caps)
+    ) as ch:
+        await ch.handshake("1", "h", "1")
+        for i in range(20):
+            ch.send_finding(finding(i), progress={"next": i + 1})
+            await asyncio.sleep(0)
+        assert ch.stats().pending == 20 and on_disk(ch) == ([], None)
+        await eventually(lambda: ch.stats().pending == 0, what="a quiet turn commits the group")
+        assert on_disk(ch) == (list(range(1, 21)), {"next": 20})
+        assert commits_of_rows(ch) == 1
+        assert await ch.wait_acked(timeout_ms=10_000)
+    assert local_engine.accepted(run_id) == list(range(1, 21))
+
+
+@pytest.mark.asyncio
+async def test_a_group_still_growing_commits_once_max_delay_ms_old(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # A harness that never leaves a turn quiet: the send that finds the
+    # group max_delay_ms old commits it.
+    run_id, token = new_run(local_engine)
+    caps = GroupCommit(max_rows=1_000_000, max_bytes=1 << 30, max_delay_ms=200)
+    async with GrpcEngineChannel(
+        config(local_engine, tmp_path, run_id, token, group_commit=caps)
+    ) as ch:
+        await ch.handshake("1", "h", "1")
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < 30:
+            ch.send_finding(finding(sent))  # a send in every turn: the group keeps growing
+            sent += 1
+            await asyncio.sleep(0)
+            if on_disk(ch)[0]:
+                break
+        assert on_disk(ch)[0], "the group never committed"
+        assert time.monotonic() - started >= 0.2 - 0.01  # not before it was max_delay_ms old
+        assert sent > 1 and commits_of_rows(ch) == 1
+        assert await ch.wait_acked(timeout_ms=10_000)
+
+
+@pytest.mark.asyncio
+async def test_rows_pending_when_the_answer_moves_the_log_are_moved_with_it(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # The engine holds seqs 1..8 of the run from a log now lost; a new log
+    # takes the run over, and its handshake answer Ack(8) moves the new rows
+    # past 8 (SPEC "Dial", the verification). Rows still pending when the
+    # answer comes are judged and moved with the log's: the seq a send
+    # returned is acked only once the engine holds that row.
+    run_id, token = new_run(local_engine)
+    async with GrpcEngineChannel(
+        local_channel_config(local_engine, tmp_path / "lost", run_id, token)
+    ) as ch:
+        await ch.handshake("1", "h", "1")
+        for i in range(8):
+            ch.send_finding({"old": i})
+        assert await ch.wait_acked(timeout_ms=10_000)
+    wal = tmp_path / "new"
+    with RunLog.open(wal, run_id, correlation_id=f"corr-{run_id}") as log:
+        log.mark_takeover()  # as `walchannel takeover` does
+    caps = GroupCommit(max_rows=1_000_000, max_bytes=1 << 30, max_delay_ms=60_000)
+    async with GrpcEngineChannel(
+        config(local_engine, wal, run_id, token, group_commit=caps)
+    ) as ch:
+        handed: dict[int, int] = {}
+        dialing = asyncio.create_task(ch.handshake("1", "h", "1"))
+        started = time.monotonic()
+        # A send in every turn: the group stays pending while the answer is taken.
+        while ch.state is not ChannelState.STREAMING and time.monotonic() - started < 30:
+            handed[ch.send_finding({"new": len(handed)})] = len(handed)
+            await asyncio.sleep(0)
+        await dialing
+        assert ch.state is ChannelState.STREAMING and handed
+        for seq, n in handed.items():
+            assert await ch.wait_acked(seq, timeout_ms=10_000)
+            held = [b["body"]["fields"] for b in local_engine.bodies(run_id)]
+            assert {"new": n} in held, f"wait_acked({seq}) said True before the engine held it"
+    new = [b["seq"] for b in local_engine.bodies(run_id) if "new" in b["body"]["fields"]]
+    assert new == list(range(9, 9 + len(handed)))
+    assert local_engine.duplicates(run_id) == 0
 
 
 @pytest.mark.asyncio

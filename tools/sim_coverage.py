@@ -86,7 +86,7 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/group_commit.py::PendingGroup._schedule::return": (
         "a send outside any running event loop (above)"
     ),
-    "walchannel/channel/group_commit.py::PendingGroup._at_turn_end::self._lose(exc)": (
+    "walchannel/channel/group_commit.py::PendingGroup._try_commit::self._lose(exc)": (
         "a group the log refuses at its commit for another reason than the disk: "
         "RunLog.check_append refuses such rows before a seq is handed out (closed, Done "
         "logged, a tombstone); the branch names the failure instead of letting it escape "

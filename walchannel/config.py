@@ -181,8 +181,9 @@ class GroupCommit:
     """Commit the rows of many sends in one transaction: an opt-in loss window. SPEC "Group commit".
 
     With it, ``send_*`` hands out seqs and returns before its rows are
-    committed; the group commits at the end of the event loop's current
-    turn, or inline in the send that finds it full or old. A process killed
+    committed; the group commits at the end of the first turn of the event
+    loop that adds nothing to it, or inline in the send that finds it full
+    or old. A process killed
     in that window loses the group's rows and their seqs, which were never
     written to the stream (the engine never saw them); a harness resuming
     from ``progress()`` sends them again, as its marker commits with them.

@@ -46,7 +46,8 @@ def _rows(data: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """``row name -> (client cpu/msg µs of walchannel, throughput ratio)`` of one run."""
     rows = {}
     for result in data["results"]:
-        samples = result.get("samples", {}).get("wal", {})
+        arms = result.get("samples", {})
+        samples = arms.get("wal") or arms.get("group") or {}  # a [group] row's arm is "group"
         cpu = samples.get("cpu_us")
         if not cpu or result.get("ratio") is None:
             continue

@@ -287,9 +287,14 @@ class Result:
     target: Target | None = None
     detail: str = ""
     samples: dict[str, Any] = field(default_factory=dict)
+    #: The median of the repetitions' own ratios (arms alternate, so each
+    #: repetition is a pair); when set, it is the row's ratio, not wal / base.
+    paired: float | None = None
 
     @property
     def ratio(self) -> float | None:
+        if self.paired is not None:
+            return self.paired
         if self.base is None or self.base == 0:
             return None
         return self.wal / self.base

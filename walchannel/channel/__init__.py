@@ -535,8 +535,8 @@ class GrpcEngineChannel:
         Returns:
             The row's seq (provisional until the first answered handshake:
             see ``wait_acked``). Committed when this returns; under
-            ``group_commit``, by the end of the event loop's turn (SPEC
-            "Group commit").
+            ``group_commit``, once a turn of the event loop adds nothing to
+            the group, or at its caps (SPEC "Group commit").
 
         Raises:
             PayloadError: a bad field or payload, or an encoded message over

@@ -3,9 +3,13 @@
 Under ``GrpcChannelConfig.group_commit`` (SPEC "Group commit") ``send_*``
 hands out seqs and returns before its rows are committed. :class:`PendingGroup`
 holds them, with the progress marker last set, and commits them all in one
-transaction of the log: at the end of the event loop's current turn (a
-``call_soon`` callback), or inline, in the send that finds the group full
-(``max_rows``, ``max_bytes``) or its oldest row ``max_delay_ms`` old. A call
+transaction of the log: at the end of the first turn of the event loop
+that added nothing to it (a ``call_soon`` callback that looks once per turn),
+or inline, in the send that finds the group full (``max_rows``,
+``max_bytes``) or its oldest row ``max_delay_ms`` old. Looking for a quiet
+turn, not committing at the end of the first, is what makes groups of a
+harness that yields after every send (``await asyncio.sleep(0)``): its next
+send runs in the next turn. A call
 that waits on the engine (``send_done``, ``request_approval``,
 ``wait_acked``, ``close``) and the log's verification commit it first.
 
@@ -86,6 +90,9 @@ class PendingGroup:
         self._since_ms = 0.0
         self._handle: asyncio.Handle | None = None
         self._failures = 0
+        # Sends added so far, and at the callback's last look (None: not looked yet).
+        self._adds = 0
+        self._looked: int | None = None
 
     # -- read-outs -------------------------------------------------------------------------
 
@@ -145,6 +152,7 @@ class PendingGroup:
         first = self._log.next_seq + len(self._items)
         if not self.pending:
             self._since_ms = now
+        self._adds += 1
         self._items.extend(items)
         self._bytes += size
         if marker is not None:
@@ -172,7 +180,7 @@ class PendingGroup:
         """
         if self.pending and self._failures == 0:
             self.cancel()
-            self._at_turn_end()
+            self._try_commit()
 
     def commit_or_give_up(self) -> None:
         """Commit the group now; if it cannot be, fail the channel with the lost seqs named.
@@ -212,6 +220,7 @@ class PendingGroup:
         self._bytes = 0
         self._marker = None
         self._failures = 0
+        self._looked = None
         self.cancel()
 
     def _schedule(self) -> None:
@@ -227,6 +236,21 @@ class PendingGroup:
         self._handle = loop.call_soon(self._at_turn_end)
 
     def _at_turn_end(self) -> None:
+        """Once per turn of the loop: commit once a turn added nothing to the group.
+
+        A group that keeps growing ends at a cap, in the send that finds it
+        full or ``max_delay_ms`` old (:meth:`add`).
+        """
+        self._handle = None
+        if self._looked != self._adds:
+            # Sends are still adding: look again after the callbacks now ready.
+            self._looked = self._adds
+            self._handle = asyncio.get_running_loop().call_soon(self._at_turn_end)
+            return
+        self._try_commit()
+
+    def _try_commit(self) -> None:
+        """Commit now; after a ``WalWriteError`` try again after each of :data:`RETRY_MS`."""
         self._handle = None
         try:
             self.commit()
@@ -244,7 +268,7 @@ class PendingGroup:
                 delay_ms,
             )
             self._handle = asyncio.get_running_loop().call_later(
-                delay_ms / 1000, self._at_turn_end
+                delay_ms / 1000, self._try_commit
             )
         except WalchannelError as exc:  # a closed or lost log: trying again cannot help
             self._lose(exc)
