@@ -9,7 +9,8 @@ Paths (the walchannel arm of the matching benchmark row, client side only):
 - ``append``: ``RunLog.append`` of ``--n`` findings (``--durability``).
 - ``e2e``: ``send_finding`` (``--batch 1``) or ``send_findings`` (``--batch 64``)
   of ``--n`` findings to an engine process acking every ``--ack-every``,
-  until all are acked; ``--fast``: to the fast engine, which stores nothing.
+  until all are acked; ``--fast``: to the fast engine, which stores nothing;
+  ``--group-commit``: the channel under ``GroupCommit()``.
 - ``replay``: a channel opened on ``--n`` unacked rows, until all are acked.
 
 Prints the total, the top ``--top`` functions by own time (with their share
@@ -49,6 +50,7 @@ from tools.bench.cases import (
 from tools.bench.cli import pin_cpus
 from tools.bench.common import Sizes, finding_pool
 from tools.bench.engine import Engines
+from walchannel.config import GroupCommit
 
 __all__ = ["main", "report"]
 
@@ -123,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", action="store_true", help="profile the baseline arm")
     parser.add_argument(
         "--fast", action="store_true", help="e2e against the fast engine (stores nothing)"
+    )
+    parser.add_argument(
+        "--group-commit", action="store_true", help="e2e with GroupCommit() (its defaults)"
     )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", type=Path, default=None, help="write the raw pstats here")
@@ -252,9 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     profiler.enable()
                     await bare_e2e(ctx, engine, args.n)
                 else:
-                    await wal_e2e(ctx, engine, 200, args.batch, args.durability)
+                    group = GroupCommit() if args.group_commit else None
+                    await wal_e2e(ctx, engine, 200, args.batch, args.durability, group)
                     profiler.enable()
-                    await wal_e2e(ctx, engine, args.n, args.batch, args.durability)
+                    await wal_e2e(ctx, engine, args.n, args.batch, args.durability, group)
                 profiler.disable()
 
             asyncio.run(run())
