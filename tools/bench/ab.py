@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {cpu_a:.1f} µs | {cpu_b:.1f} µs | {cpu_b - cpu_a:+.1f} µs "
             f"| {ratio_a:.2f}x | {ratio_b:.2f}x | {ratio_b / ratio_a:.3f} | {verdict} |"
         )
+    # Rows only this tree has (a new arm): its medians alone, nothing to compare.
+    for name in runs["B"][0]:
+        if name in names or not all(name in r for r in runs["B"]):
+            continue
+        cpu_b = statistics.median(r[name][0] for r in runs["B"])
+        ratio_b = statistics.median(r[name][1] for r in runs["B"])
+        print(f"| {name} | - | {cpu_b:.1f} µs | - | - | {ratio_b:.2f}x | - | new |")
     return 1 if failing else 0
 
 
