@@ -782,3 +782,19 @@ def test_register_refuses_a_missing_token_variable(
         == 2
     )
     assert main(["--bogus"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("reject_tokens_for_handshakes", -1),
+        ("reject_tokens_for_handshakes", True),
+        ("reject_tokens_for_handshakes", "2"),
+        ("max_receive_message_bytes", 0),
+        ("max_receive_message_bytes", 1.5),
+    ],
+)
+def test_a_bad_count_is_refused_naming_the_setting(setting: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{setting} must be an int >= ") as caught:
+        LocalEngine(None, **{setting: value})  # type: ignore[arg-type]
+    assert repr(value) in str(caught.value)

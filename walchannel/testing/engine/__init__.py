@@ -72,6 +72,13 @@ _END_WAIT_S: Final = 5.0
 _NEW_PORT_ATTEMPTS: Final = 10
 
 
+def _check_int(name: str, value: object, low: int, *, or_none: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= ``low`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        also = " or None" if or_none else ""
+        raise ValueError(f"{name} must be an int >= {low}{also}, got {value!r}")
+
+
 class LocalEngine:
     """A real ``grpc.aio`` engine on loopback (its duties: :mod:`walchannel.testing.servicer`).
 
@@ -139,15 +146,7 @@ class LocalEngine:
             raise ValueError(f"ack_idle_ms must be > 0, got {ack_idle_ms!r}")
         if not ack_delay_ms >= 0:
             raise ValueError(f"ack_delay_ms must be >= 0, got {ack_delay_ms!r}")
-        if (
-            isinstance(reject_tokens_for_handshakes, bool)
-            or not isinstance(reject_tokens_for_handshakes, int)
-            or reject_tokens_for_handshakes < 0
-        ):
-            raise ValueError(
-                "reject_tokens_for_handshakes must be an int >= 0, "
-                f"got {reject_tokens_for_handshakes!r}"
-            )
+        _check_int("reject_tokens_for_handshakes", reject_tokens_for_handshakes, 0)
         if ping_policy not in ("permissive", "strict"):
             raise ValueError(f"ping_policy must be 'permissive' or 'strict', got {ping_policy!r}")
         for name, port in (("grpc_port", grpc_port), ("http_port", http_port)):
@@ -156,15 +155,8 @@ class LocalEngine:
         self._credentials = server_credentials
         self._ping_policy: PingPolicy = ping_policy
         self._reject_handshakes = reject_tokens_for_handshakes
-        if max_receive_message_bytes is not None and (
-            isinstance(max_receive_message_bytes, bool)
-            or not isinstance(max_receive_message_bytes, int)
-            or max_receive_message_bytes < 1
-        ):
-            raise ValueError(
-                "max_receive_message_bytes must be an int >= 1 or None, "
-                f"got {max_receive_message_bytes!r}"
-            )
+        if max_receive_message_bytes is not None:
+            _check_int("max_receive_message_bytes", max_receive_message_bytes, 1, or_none=True)
         self._grpc_port = grpc_port
         self._http_port = http_port
         self._max_receive = max_receive_message_bytes
