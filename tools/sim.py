@@ -2995,7 +2995,7 @@ class World:
             proc.handed[seq] = c
             held = rows.get(seq)
             if held is None and grouped and seq > max(max(rows, default=0), st.last_acked):
-                # SPEC "Group commit": handed out, committed by the end of the turn.
+                # SPEC "Group commit": handed out, committed at a quiet turn or a cap.
                 proc.uncommitted[seq] = c
             elif held != c:
                 self.violation(
