@@ -1152,6 +1152,9 @@ class World:
         self.lost_by_engine: set[int] = set()
         self.refused_stop = False  # the harness got RunCompletedError: undeliverable rows stay
         self.acked_to_log = 0  # the highest ack the engine gave the log's harness
+        # ... and the highest it delivered to that harness's transport, read or not yet:
+        # a forgetting engine lost every row it had acked by then.
+        self.acked_sent = 0
         # A second harness on the run, from a random stream of its own (its own log, its
         # own writer id; never with rows over a limit, a backlog bound or a deadline).
         self.rng4 = random.Random(f"walchannel-sim-second:{seed}")
@@ -1649,7 +1652,9 @@ class World:
         k = len(applied) - r2.randint(stored, acked - 1)
         # Acked: the log may delete them before its next handshake says "forgot"
         # or "behind" (final_checks: the engine's loss only if the log lost them).
-        self.lost_by_engine.update(applied[len(applied) - k : acked])
+        # Every ack delivered by now counts, not only the one that armed the fault:
+        # the engine kept acking in the ms before it died (seed 65424).
+        self.lost_by_engine.update(applied[len(applied) - k : max(acked, self.acked_sent)])
         del applied[-k:]
         self.stats["engine_losses"] += 1
         self.stats["engine_forgets"] += 1
@@ -2163,6 +2168,8 @@ class World:
             answer = self.acks_hs and not s.answered
             s.answered = True
             s.marks.append((down, "answer" if answer else "ack", msg[1]))
+            if s.proc.role == "harness" and msg[1] > self.acked_sent:
+                self.acked_sent = msg[1]
             if self.forget_armed and not answer and s.proc is self.proc:
                 stored = self.disk.states[-1].last_acked if self.disk.exists else 0
                 if msg[1] > stored:
