@@ -11,7 +11,8 @@ turn, not committing at the end of the first, is what makes groups of a
 harness that yields after every send (``await asyncio.sleep(0)``): its next
 send runs in the next turn. A call
 that waits on the engine (``send_done``, ``request_approval``,
-``wait_acked``, ``close``) and the log's verification commit it first.
+``wait_acked``, ``close``) and the taking of a handshake answer commit it
+first.
 
 Nothing of a group is handed to the writer before it commits, so nothing
 of it reaches the stream. A group's seqs are the log's next ones at the time
