@@ -1217,6 +1217,8 @@ def test_run_completed_by_another_fences_only_a_log_with_rows_left() -> None:
     empty = with_writer(me, high=10, stored=10)
     assert empty.on_end("FAILED_PRECONDITION", said).end is End.RUN_COMPLETED
     assert empty.on_run_completed() is Completion.NOTHING
+    one = with_writer(me, high=10, stored=9)  # a single row left is a row left
+    assert one.on_end("FAILED_PRECONDITION", said).completion is Completion.FENCED
     d = with_writer(me, high=10, stored=7, path="/wal/r.wal")
     d.on_end("FAILED_PRECONDITION", said)
     assert d.on_run_completed() is Completion.FENCED
@@ -1266,6 +1268,22 @@ def test_the_engines_completion_fails_the_run_with_its_own_words() -> None:
     assert d.failure is error and d.state is S.FAILED
 
 
+def test_a_tombstone_says_every_logged_row_acked_and_no_seq_past_them() -> None:
+    # The Done's own ack stored ...
+    d = driver(high=5)
+    log = log_of(d)
+    log.state = log.state.append(["done"])
+    d.on_ack(6, 0)
+    plan = log.state.ack(6)
+    assert plan is not None
+    log.state = plan.state
+    assert d.completed and d.is_acked(6) and not d.is_acked(7)
+    # ... and the engine's "run completed" standing in for a lost one (SPEC "Completion").
+    e = driver(high=10, acked=3, stored=3, done_seq=10)
+    log_of(e).state = log_of(e).state.complete_by_engine()
+    assert e.completed and e.is_acked(10) and not e.is_acked(11)
+
+
 def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
     d = driver(high=10, acked=3, stored=3)
     error = PayloadError("done", "too big")
@@ -1285,17 +1303,24 @@ TAIL = "raise it in the config; the rows wait in the log and the channel keeps r
 def test_every_end_plan_carries_the_doubled_keepalive_whatever_the_end() -> None:
     pings = 'GOAWAY "too_many_pings"'
     # The engine ending the run fails it in the same call: a fresh driver each.
-    for details, said, end in (
-        ("owned by another writer w2", pings, End.FENCED),
-        ("writer fenced", "", End.FENCED),
-        ("run completed", pings, End.RUN_COMPLETED),
-        ("run completed", "", End.RUN_COMPLETED),
+    for details, said, end, completion in (
+        ("owned by another writer w2", pings, End.FENCED, Completion.FENCED),
+        ("writer fenced", "", End.FENCED, Completion.FENCED),
+        ("run completed", pings, End.RUN_COMPLETED, Completion.UNDELIVERABLE),
+        ("run completed", "", End.RUN_COMPLETED, Completion.UNDELIVERABLE),
     ):
         e = driver(keepalive_ms=25_000)
         plan = e.on_end("FAILED_PRECONDITION", details, said)
         assert (plan.end, plan.keepalive_doubled, plan.refusal) == (end, bool(said), None)
-        assert e.state is S.FAILED and plan.completion is not Completion.TOMBSTONE
+        assert e.state is S.FAILED and plan.completion is completion
         assert plan.failed_reason is not None  # 10 rows here were never applied
+    # A logged Done the engine applied: a tombstone, not a failure; the keepalive still doubles.
+    for said in (pings, ""):
+        t = driver(keepalive_ms=25_000, done_seq=10)
+        assert t.on_end("FAILED_PRECONDITION", "run completed", said) == wd.EndPlan(
+            End.RUN_COMPLETED, bool(said), None, completion=Completion.TOMBSTONE
+        )
+        assert t.failure is None
     d = driver(keepalive_ms=25_000)
     big = es.DownTooLarge(900, 500)
     assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(

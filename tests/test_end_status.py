@@ -10,6 +10,9 @@ from conftest import ROOT
 from walchannel.end_status import (
     PATTERNS,
     Meaning,
+    engine_refusal,
+    parse_receive_limit,
+    parse_size_refusal,
     read_end,
     run_completed_by,
 )
@@ -49,6 +52,17 @@ def test_the_code_comes_first(code: str, details: str, meaning: Meaning) -> None
         assert read_end(other, details).meaning is None, other
     assert read_end(code, "").meaning is None
     assert read_end(code, None).meaning is None
+
+
+@pytest.mark.parametrize(("code", "details", "meaning"), EXAMPLES)
+def test_each_reader_answers_only_for_its_own_meaning(
+    code: str, details: str, meaning: Meaning
+) -> None:
+    # Another row's match (a writer id, a size) is never read as this one's.
+    assert (engine_refusal(code, details) is not None) is (meaning is Meaning.WRITER_REFUSED)
+    assert run_completed_by(code, details)[0] is (meaning is Meaning.RUN_COMPLETED)
+    assert (parse_size_refusal(code, details) is not None) is (meaning is Meaning.SIZE_REFUSAL)
+    assert (parse_receive_limit(code, details) is not None) is (meaning is Meaning.DOWN_TOO_LARGE)
 
 
 def test_the_first_matching_row_wins() -> None:
