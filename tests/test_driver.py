@@ -337,6 +337,7 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
     assert plan is not None and plan.completed
     log.state = plan.state
     assert d.completed and d.unacked == 0
+    assert d.is_acked(6) and not d.is_acked(7)  # every logged row, no seq past them
 
 
 # -- the handshake answer ---------------------------------------------------------------------
@@ -1269,16 +1270,8 @@ def test_the_engines_completion_fails_the_run_with_its_own_words() -> None:
 
 
 def test_a_tombstone_says_every_logged_row_acked_and_no_seq_past_them() -> None:
-    # The Done's own ack stored ...
-    d = driver(high=5)
-    log = log_of(d)
-    log.state = log.state.append(["done"])
-    d.on_ack(6, 0)
-    plan = log.state.ack(6)
-    assert plan is not None
-    log.state = plan.state
-    assert d.completed and d.is_acked(6) and not d.is_acked(7)
-    # ... and the engine's "run completed" standing in for a lost one (SPEC "Completion").
+    # The engine's "run completed" standing in for the Done's lost ack (SPEC "Completion");
+    # the Done's own ack: test_ack_covering_done_is_stored_at_once_and_completes.
     e = driver(high=10, acked=3, stored=3, done_seq=10)
     log_of(e).state = log_of(e).state.complete_by_engine()
     assert e.completed and e.is_acked(10) and not e.is_acked(11)
