@@ -429,6 +429,51 @@ PLANTS: tuple[Plant, ...] = (
         "        newest = driver.high_water\n",
         ("is not committed", "never applied"),
     ),
+    # -- liveness, close and the log's physical state (issue 51) ----------------------
+    Plant(
+        "commit_wakes_no_writer",
+        "channel/__init__.py",
+        "            self._wakeup.set()\n        return seqs\n",
+        "            pass\n        return seqs\n",
+        ("not written within",),
+    ),
+    Plant(
+        "close_leaves_the_received_ack_unstored",
+        "channel/__init__.py",
+        "        self._connection.store_ack(force=True)\n"
+        "        if self._driver.move(ChannelState.CLOSED):\n",
+        "        self._connection.store_ack()\n"
+        "        if self._driver.move(ChannelState.CLOSED):\n",
+        ("clean close",),
+    ),
+    Plant(
+        "timed_out_wait_says_acked",
+        "channel/waiters.py",
+        "            except TimeoutError:\n                return condition()\n",
+        "            except TimeoutError:\n                return True\n",
+        ("wait_acked", "send_done returned"),
+    ),
+    Plant(
+        "ack_keeps_the_acked_row",
+        "log.py",
+        '                "DELETE FROM rows WHERE seq <= ?", (plan.delete_through,)\n',
+        '                "DELETE FROM rows WHERE seq < ?", (plan.delete_through,)\n',
+        ("at or below the stored cursor",),
+    ),
+    Plant(
+        "row_pages_stop_at_a_full_page",
+        "log.py",
+        "            if len(batch) < size:\n                return\n",
+        "            if len(batch) <= size:\n                return\n",
+        ("the log yields",),
+    ),
+    Plant(
+        "recovery_keeps_the_failed_reason",
+        "channel/connection.py",
+        "                self._log.update_meta(failed_at=None, failed_reason=None)\n",
+        "                self._log.update_meta(failed_at=None)\n",
+        ("failed_reason",),
+    ),
 )
 
 

@@ -30,6 +30,7 @@ from walchannel import (
     PayloadError,
     RunCompletedError,
     RunLog,
+    log_state,
 )
 from walchannel.testing import InMemoryEngineChannel
 from walchannel.testing.engine import LocalEngine
@@ -574,10 +575,18 @@ async def test_a_healthy_answer_clears_an_old_failed_mark(
     run_id, token = new_run(local_engine)
     wal = tmp_path / "wal"
     with RunLog.open(wal, run_id, correlation_id="c") as log:
-        log.update_meta(failed_at=1.0, last_error="engine behind")
+        # As the reporter stores a failure: the time and the reason together.
+        log.update_meta(
+            failed_at=1.0,
+            failed_reason=f"{log_state.FAILED_INTERNAL}: the loop was cancelled",
+            last_error="engine behind",
+        )
+        assert log.meta().failed_reason is not None
     async with channel_for(local_engine, wal, run_id, token) as ch:
         await ch.handshake("1", "h", "1")
-        assert ch.log.meta().failed_at is None
+        meta = ch.log.meta()
+        # Both go: a reason left behind would read as a failure in inspect (issue 51).
+        assert (meta.failed_at, meta.failed_reason) == (None, None)
 
 
 @pytest.mark.asyncio

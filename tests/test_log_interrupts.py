@@ -411,3 +411,59 @@ def test_an_exception_around_a_takeover_marks_commit_leaves_memory_and_disk_one_
     landed = when == "after"
     assert (wal.writer.id != before.id) is landed
     wal.close()
+
+
+class _RaiseAfterCommit:
+    """A commit hook that raises ``exc`` once, right after an append's ``COMMIT``."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        self.exc: type[BaseException] | None = None
+        self.armed = exc
+
+    def arm(self) -> None:
+        self.exc = self.armed
+
+    def before_commit(self, what: str) -> None:
+        return None
+
+    def after_commit(self, what: str) -> None:
+        exc, self.exc = self.exc, None
+        if exc is not None and what == "append":
+            raise exc("a signal, after the COMMIT")
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=lambda e: e.__name__)
+@pytest.mark.parametrize("call", ["send_finding", "send_findings with a marker"])
+@pytest.mark.asyncio
+async def test_a_row_committed_by_an_interrupted_send_goes_out_at_once(
+    local_engine: LocalEngine, tmp_path: Path, call: str, exc: type[BaseException]
+) -> None:
+    # Issue 51: the simulator's liveness check found it. An exception after
+    # the COMMIT left the writer unwoken: the committed row waited for the next
+    # heartbeat (keepalive_ms, 25 s here), and a Done sent so timed out.
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    assert config.keepalive_ms >= 25_000
+    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as made:
+        path = made.path
+    hook = _RaiseAfterCommit(exc)
+    conn = sqlite3.connect(path, isolation_level=None)
+    log = RunLog.on_connection(
+        conn, run_id=run_id, correlation_id=config.correlation_id, commit_hook=hook
+    )
+    async with GrpcEngineChannel(config, log=log) as ch:
+        await ch.handshake("1", "interrupts", "1")
+        ch.send_finding({"n": 1})
+        assert await ch.wait_acked(timeout_ms=10_000)
+        hook.arm()
+        if call == "send_finding":
+            interrupted = partial(ch.send_finding, {"n": 2})
+        else:
+            interrupted = partial(ch.send_findings, [{"n": 2}, {"n": 3}], progress={"step": 1})
+        with pytest.raises(exc):
+            interrupted()
+        high = ch.log.high_water
+        assert high > 1  # the interrupted send's rows committed
+        # Nothing else is sent: the writer must take them now, not at its next heartbeat.
+        assert await ch.wait_acked(timeout_ms=3_000), ch.stats()
+    assert local_engine.accepted(run_id) == list(range(1, high + 1))

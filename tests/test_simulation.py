@@ -112,6 +112,14 @@ def test_short_sweep_finds_no_violation() -> None:
         "second_fenced",
         "second_completed",
         "second_takeovers",
+        # Liveness and the log's physical state (issue 51): rows held to their write
+        # bound, stored acks and recoveries checked on disk, clean closes, tiny pages.
+        "write_bounds",
+        "stored_acks",
+        "recoveries",
+        "recoveries_past_a_page",
+        "clean_closes",
+        "small_pages",
     ):
         assert st[key] > 0, key
     assert totals.max_dials_per_s <= 3
@@ -145,6 +153,20 @@ def test_the_same_seed_replays_to_the_same_trace_in_another_process() -> None:
     assert outputs[0] == outputs[1]
     assert "engine applies seq 1" in outputs[0]  # the product's own log lines are in the trace
     assert "[INFO walchannel.channel.connection]" in outputs[0]
+
+
+def test_help_prints_every_option() -> None:
+    # A % in a help string made --help crash (argparse formats help with %).
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "sim.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "--group-commit" in run.stdout
+    assert f"({sim.P_GROUP_COMMIT * 100:.0f}%)" in run.stdout
 
 
 def test_cli_sweep_and_replay(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,6 +80,7 @@ if __package__ in (None, ""):
 
 from walchannel import Backoff, GroupCommit, GrpcChannelConfig, GrpcEngineChannel
 from walchannel import log as _product_log
+from walchannel import row_source as _product_rows
 from walchannel.contract import load_engine_messages
 from walchannel.errors import (
     OWNED_BY_ANOTHER_WRITER,
@@ -122,8 +123,15 @@ FLUSH_TIMEOUT_MS = 300_000.0
 ENGINE_ACK_IDLE_MS = 50.0
 #: A stream up this long resets the backoff attempt (the checker's model of SPEC "Reconnect").
 STABLE_STREAM_MS = 30_000.0
-#: After the chaos window the world must settle within this (virtual ms).
-SETTLE_MS = 3_600_000.0
+#: The world's longest delays, each at its worst (virtual ms): a stall, a replaced
+#: engine refusing tokens or a zombie's late death, a restart, a harness's long
+#: pause between findings, its slow file, an approval's timeout.
+STALL_MAX_MS = 60_000.0
+ENGINE_SLOW_MS = 20_000.0
+RESTART_MAX_MS = 20_010.0
+LONG_PAUSE_MS = 3_200.0
+SLOW_FILE_MS = 2_500.0
+APPROVAL_TIMEOUT_MS = 2_000.0
 #: The trace kept for a violation report.
 TRACE_LEN = 60
 #: The wall clock's value at virtual time 0 (unix seconds).
@@ -147,6 +155,8 @@ P_LOST_UNANSWERED = 0.04
 UNSET: Any = object()
 #: The share of schedules run under group commit (SPEC "Group commit").
 P_GROUP_COMMIT = 0.3
+#: The share of schedules whose log pages, read-ahead and tail are tiny (World.pages).
+P_SMALL_PAGES = 0.1
 #: The share of schedules with a second harness on the run (its own log and writer id).
 P_SECOND = 0.15
 SECOND = "second harness"
@@ -165,6 +175,9 @@ _T = TypeVar("_T")
 CANCEL_BOUND_MS = 100.0
 #: An ack that reaches a waiter's row must wake it within this (virtual ms).
 WAKE_SLACK_MS = 1.0
+#: A row committed while the channel streams is written within this, plus the
+#: link's write time for each row the log holds (virtual ms; docs/reliability.md).
+WRITE_BOUND_MS = 100.0
 #: A stream that carried an impossible answer must be ended within this (virtual ms).
 REDIAL_BOUND_MS = 1_000.0
 #: A process whose event loop ended on an exception (asyncio.run) must stop its tasks within this.
@@ -277,6 +290,25 @@ def _decode(data: bytes) -> Up:
     return found
 
 
+def _set_limits(page_rows: int, readahead_rows: int, tail_bytes: int) -> None:
+    """Set the log's page (rows a read fetches at a time), the writer's read-ahead
+    (rows) and its in-memory tail (bytes): the product's module constants."""
+    setattr(_product_log, "_BATCH", page_rows)  # noqa: B010 - Final to the product, not here
+    setattr(_product_rows, "READAHEAD_ROWS", readahead_rows)  # noqa: B010
+    setattr(_product_rows, "TAIL_BYTES", tail_bytes)  # noqa: B010
+
+
+def _seqs(seqs: list[int]) -> str:
+    """A list of seqs, short: runs of consecutive seqs as ``a..b``."""
+    parts: list[str] = []
+    for q in seqs:
+        if parts and q == int(parts[-1].rsplit(".", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('..')[0]}..{q}"
+        else:
+            parts.append(str(q))
+    return "[" + ", ".join(parts) + "]"
+
+
 def _name(content: int) -> str:
     if content == DONE:
         return "Done"
@@ -304,6 +336,7 @@ class Snap(NamedTuple):
     handshake: bool  # handshake fields stored
     touched: tuple[int, ...]  # contents whose rows this commit inserted, moved or deleted
     progress: Any  # the harness's progress marker (decoded), None for none
+    stale_reason: bool = False  # a failed_reason stored without its failed_at
 
 
 def read_snap(conn: sqlite3.Connection) -> Snap:
@@ -312,9 +345,10 @@ def read_snap(conn: sqlite3.Connection) -> Snap:
     quarantined = tuple(
         _blob_content(k, b) for k, b in conn.execute("SELECT kind, body FROM quarantine")
     )
-    acked, unverified, completed, handshake, progress = conn.execute(
+    acked, unverified, completed, handshake, progress, stale = conn.execute(
         "SELECT last_acked_seq, unverified_from, completed_at IS NOT NULL,"
-        " harness_name IS NOT NULL, progress FROM meta WHERE id = 1"
+        " harness_name IS NOT NULL, progress,"
+        " failed_at IS NULL AND failed_reason IS NOT NULL FROM meta WHERE id = 1"
     ).fetchone()
     return Snap(
         conn.serialize(),
@@ -326,6 +360,7 @@ def read_snap(conn: sqlite3.Connection) -> Snap:
         bool(handshake),
         (),
         _progress_of(progress),
+        bool(stale),
     )
 
 
@@ -518,6 +553,15 @@ class Proc:
         self.in_call = 0
         self.cancel_at: float | None = None  # the world cancelled its main task then,
         self.cancel_call = 0  # during this call (0: outside any)
+        # Rows committed while its channel streamed, not written yet: seq -> when committed.
+        self.unwritten: dict[int, float] = {}
+
+    def wrote(self, seq: int) -> None:
+        """Its channel started writing row ``seq``: the rows up to it went out (seq order)."""
+        unwritten = self.unwritten
+        if unwritten:
+            for q in [q for q in unwritten if q <= seq]:
+                del unwritten[q]
 
     def track(self, task: asyncio.Task[Any]) -> None:
         tasks = self.tasks
@@ -643,6 +687,7 @@ class Link:
     __slots__ = (
         "answer_h",
         "answered",
+        "blocked_until",
         "connect_wait",
         "connected",
         "down_t",
@@ -689,6 +734,8 @@ class Link:
         self.up_t = 0.0
         self.down_t = 0.0
         self.stalled_until = 0.0
+        # When the last write the client made returns (a stall blocks it to its end).
+        self.blocked_until = 0.0
         self.unacked = 0
         self.idle_gen = 0
         self.first_written: int | None = None
@@ -720,6 +767,8 @@ class SimCall:
     async def write(self, message: bytes) -> None:
         w, s = self.w, self.link
         up = _decode(message)
+        if up.kind == "data":
+            s.proc.wrote(up.seq)
         if up.seq > s.proc.max_written:
             # The checker's note of what this channel ever wrote: from the moment
             # a write starts, as the channel bounds acks (a write into a call
@@ -750,6 +799,7 @@ class SimCall:
             s.up_at = w.now  # no answer awaited: the stream is up once this is written
         # The transport takes the bytes a moment later (longer on a stalled path).
         returns_at = max(w.write(s, up), w.now + w.rng.random() * w.write_ms)
+        s.blocked_until = max(s.blocked_until, returns_at)
         s.write_wait = w.loop.create_future()
         w.at(returns_at, w.wake_writer, s)
         await s.write_wait
@@ -934,12 +984,28 @@ class World:
                 "second_fenced",
                 "second_completed",
                 "second_takeovers",
+                # Liveness and the log's physical state (issue 51).
+                "write_bounds",
+                "stored_acks",
+                "recoveries",
+                "recoveries_past_a_page",
+                "clean_closes",
+                "small_pages",
             ),
             0,
         )
         self.max_dials_per_s = 0
         # -- the profile of this schedule --------------------------------------
         self.nf = rng.randint(1, 24)
+        # In a share of schedules the log's page, the writer's read-ahead and its
+        # in-memory tail are tiny and the scan longer, so rows are read from disk
+        # page after page, as a backlog of thousands would be (a stream of its own).
+        r5 = random.Random(f"walchannel-sim-pages:{seed}")
+        self.pages: tuple[int, int, int] | None = None
+        if r5.random() < P_SMALL_PAGES:
+            self.stats["small_pages"] = 1
+            self.pages = (r5.choice((2, 3, 8)), r5.choice((1, 4, 16)), r5.choice((600, 4_096)))
+            self.nf = r5.randint(25, 80)
         self.acks_hs = rng.random() >= 0.2
         # Without the handshake answer there is no verification rule: rollbacks
         # are outside the guarantee (SPEC "Dial"), so only the option plays them.
@@ -1004,7 +1070,6 @@ class World:
         if rng.random() < 0.03:
             deadline_ms = rng.random() * self.chaos_end * 2
         self.deadline_ms = deadline_ms
-        self.limit_ms = self.chaos_end + SETTLE_MS
         self.chaos = True
         # Group commit in its share of schedules, drawn from a stream of its own:
         # a schedule without it plays as it did before it existed.
@@ -1168,6 +1233,34 @@ class World:
             # A fifth of them start first (the run becomes theirs), the rest during the scan.
             early = self.rng4.random() < 0.2
             self.second = Second(self.rng4.random() * (5.0 if early else self.chaos_end))
+        self.limit_ms = self.chaos_end + self.quiet_bound_ms()
+
+    def quiet_bound_ms(self) -> float:
+        """Liveness: once the chaos window closes, the run ends within this (virtual ms).
+
+        From the config and the world's own delays, each at its worst: a stall
+        begun as the window closed and the stalled-stream rule that ends it
+        (``keepalive_ms`` + gRPC's 10 s keepalive timeout); a replaced engine
+        that refuses tokens or a zombie that dies late (20 s); a chain of
+        three processes (a harness that gave up, a flush, the harness again),
+        each a restart delay, the longest backoff with its jitter, a dial's
+        timeout, ``Done``'s ack timeout and ``close``'s; and the scan itself,
+        every finding with its longest pause. A run still going past it waits
+        on something only a timeout would end (docs/reliability.md "Liveness").
+        """
+        c = self.config
+        b = c.backoff
+        stall = STALL_MAX_MS + c.keepalive_ms + KEEPALIVE_TIMEOUT_MS
+        process = (
+            RESTART_MAX_MS
+            + b.max_ms
+            + b.jitter_ms
+            + c.connect_timeout_ms
+            + c.done_ack_timeout_ms
+            + c.close_timeout_ms
+        )
+        scan = self.nf * (self.think + LONG_PAUSE_MS) + SLOW_FILE_MS + APPROVAL_TIMEOUT_MS
+        return stall + ENGINE_SLOW_MS + 3 * process + scan
 
     # -- the scheduler: the loop's virtual time, in ms -------------------------------
 
@@ -1269,6 +1362,10 @@ class World:
         global _CURRENT
         loop = self.loop
         _CURRENT = self
+        limits = (_product_log._BATCH, _product_rows.READAHEAD_ROWS, _product_rows.TAIL_BYTES)
+        if self.pages is not None:
+            # The product's own limits, lowered for this schedule (module constants).
+            _set_limits(*self.pages)
         try:
             main = loop.create_task(self._main())
             while True:
@@ -1288,10 +1385,12 @@ class World:
         finally:
             self._shutdown()
             _CURRENT = None
+            _set_limits(*limits)
         if not self.finished:
             self.violation(
-                f"stuck: the run did not finish (engine h={len(self.applied)}, "
-                f"completed={self.completed}, t={self.now:.0f} ms)"
+                f"stuck: the run did not finish within the quiet bound, "
+                f"{self.limit_ms - self.chaos_end:.0f} ms after the chaos window "
+                f"(engine h={len(self.applied)}, completed={self.completed}, t={self.now:.0f} ms)"
             )
         elif not self.violations:
             self.final_checks()
@@ -1751,7 +1850,7 @@ class World:
 
     def restart_delay(self) -> float:
         rng = self.rng
-        return 10.0 + rng.random() * (20_000.0 if rng.random() < 0.2 else 2_000.0)
+        return 10.0 + rng.random() * (RESTART_MAX_MS - 10.0 if rng.random() < 0.2 else 2_000.0)
 
     def rollback(self, keep: int) -> None:
         d = self.disk
@@ -1780,7 +1879,7 @@ class World:
             self.kill_engine(inst)
         self.at(self.now + rng.random() * (5_000.0 if not zombie else 100.0), self.replace_engine)
         if zombie:
-            self.at(self.now + rng.random() * 20_000.0, self.kill_engine, inst)
+            self.at(self.now + rng.random() * ENGINE_SLOW_MS, self.kill_engine, inst)
 
     def fault_engine_loss(self) -> None:
         """The engine's store goes back to an older backup: it loses its newest rows.
@@ -1822,7 +1921,7 @@ class World:
     def replace_engine(self) -> None:
         self.stats["engine_replacements"] += 1
         r = self.rng.random()
-        reject = self.rng.random() * (3_000.0 if r < 0.15 else 20_000.0) if r < 0.2 else 0.0
+        reject = self.rng.random() * (3_000.0 if r < 0.15 else ENGINE_SLOW_MS) if r < 0.2 else 0.0
         self.new_engine(reject)
 
     def new_engine(self, reject_ms: float) -> None:
@@ -1850,7 +1949,7 @@ class World:
                 self.engine_end(s, "UNAVAILABLE", "GOAWAY received; Debug Error: too_many_pings")
         else:
             self.stats["stalls"] += 1
-            d = rng.choice((200.0, 3_000.0, 15_000.0, 60_000.0, 60_000.0))
+            d = rng.choice((200.0, 3_000.0, 15_000.0, STALL_MAX_MS, STALL_MAX_MS))
             s.stalled_until = self.now + d
             # gRPC's transport keepalive (the world's, not walchannel's) ends it.
             detect = KEEPALIVE_TIMEOUT_MS + rng.random() * s.keepalive
@@ -1931,7 +2030,7 @@ class World:
         else:
             conn.deserialize(d.states[-1].image)
         try:
-            return RunLog.on_connection(
+            log = RunLog.on_connection(
                 conn,
                 run_id=RUN_ID,
                 correlation_id=CORRELATION_ID,
@@ -1941,6 +2040,40 @@ class World:
         except WalWriteError:
             conn.close()
             raise
+        if proc.alive:
+            self.check_recovered(log)
+        return log
+
+    def check_recovered(self, log: RunLog) -> None:
+        """After a recovery (an open): the log's reading of itself is the disk's.
+
+        The rows it yields (what a replay reads, page by page) are exactly the
+        rows on disk above the stored cursor, in seq order; its high-water is
+        at or above every row (FoundationDB checks the state on disk after
+        recovery, not only the answers). The failed mark is checked at every
+        commit (:meth:`committed`).
+        """
+        st = self.disk.states[-1]
+        if log.last_acked_seq != st.last_acked:
+            self.violation(
+                f"the log opened with cursor {log.last_acked_seq}, the disk holds {st.last_acked}"
+            )
+        on_disk = sorted(q for q in st.rows if q > st.last_acked)
+        if on_disk and log.high_water < on_disk[-1]:
+            self.violation(
+                f"the log opened with high-water {log.high_water}, below row seq {on_disk[-1]}"
+            )
+        if log.completed:
+            return
+        yielded = [row.seq for row in log.unacked()]
+        self.stats["recoveries"] += 1
+        if len(on_disk) > _product_log._BATCH:
+            self.stats["recoveries_past_a_page"] += 1
+        if yielded != on_disk:
+            self.violation(
+                f"the log yields rows {_seqs(yielded)} on open, the disk holds {_seqs(on_disk)} "
+                f"above the cursor {st.last_acked} (pages of {_product_log._BATCH} rows)"
+            )
 
     def committed(self, conn: sqlite3.Connection, kind: str, proc: Proc) -> None:
         """A transaction of the real log committed: keep its image and check it."""
@@ -1977,6 +2110,20 @@ class World:
             self.violation(
                 f"stored cursor {st.last_acked} exceeds what the engine has ({self.peak})"
             )
+        # The log's physical state, after every commit (an ack's above all): every
+        # row an ack covered is gone from the file, and a failed mark is whole.
+        if st.last_acked > prev.last_acked:
+            self.stats["stored_acks"] += 1
+        if st.rows and min(st.rows) <= st.last_acked:
+            self.violation(
+                f"row seq {min(st.rows)} is still on disk at or below the stored cursor "
+                f"{st.last_acked} (after the commit of {kind})"
+            )
+        if st.stale_reason:
+            self.violation(
+                f"the log stores a failed_reason without failed_at (after the commit of {kind}): "
+                "a cleared failed mark left its reason behind"
+            )
         if kind == "verify":
             self.tr("db after verify: cursor %d, rows %s", st.last_acked, sorted(st.rows))
         if kind == "set_aside":
@@ -1992,6 +2139,7 @@ class World:
             self.tombstone_at = self.now
         if kind == "append":
             proc.marker_set = UNSET  # a group commits whole, its marker with it
+            self.note_unwritten(proc, sorted(q for q, _ in new - old))
             logged = self.logged
             for _, c in new - old:
                 if c < 0:
@@ -2013,6 +2161,58 @@ class World:
                     self.post_completion.add(c)
         if self.rng.random() < self.p_sync:
             d.synced = len(d.states) - 1
+
+    def note_unwritten(self, proc: Proc, seqs: list[int]) -> None:
+        """Rows ``seqs`` committed: on a streaming channel each must go out within a bound.
+
+        The bound (:data:`WRITE_BOUND_MS`, plus :attr:`write_ms` for every row
+        the log holds, which a replay may write first) is far below the
+        shortest heartbeat (1 s): a writer that only its heartbeat timer
+        wakes is caught (docs/reliability.md "Liveness").
+        """
+        ch = proc.channel
+        s = self.client_link(proc)
+        if (
+            not seqs
+            or ch is None
+            or s is None
+            or s.up_at is None
+            or proc.closing is not None
+            or ch.state.value != "streaming"
+        ):
+            return
+        bound = WRITE_BOUND_MS + self.write_ms * len(self.disk.states[-1].rows)
+        self.stats["write_bounds"] += len(seqs)
+        for q in seqs:
+            proc.unwritten[q] = self.now
+            self.at(self.now + bound, self.check_written, proc, s, q, self.now, bound)
+
+    def check_written(self, proc: Proc, s: Link, seq: int, t0: float, bound: float) -> None:
+        """Liveness: row ``seq``, committed at ``t0`` on streaming ``s``, went out by now."""
+        if proc.unwritten.get(seq) != t0:
+            return  # written (or committed again since)
+        del proc.unwritten[seq]
+        ch = proc.channel
+        st = self.disk.states[-1] if self.disk.exists else None
+        if (
+            not proc.alive
+            or proc.ending
+            or proc.closing is not None
+            or ch is None
+            or ch.state.value != "streaming"
+            or self.client_link(proc) is not s
+            or not s.link
+            # Flow control held the writer meanwhile (a write made in a stall
+            # returns at that stall's end, even if a later, shorter one replaced it).
+            or max(s.stalled_until, s.blocked_until) > t0
+            or st is None
+            or seq not in st.rows
+        ):
+            return
+        self.violation(
+            f"row seq {seq}, committed at {t0:.3f} ms while #{s.sid} streamed, was not written "
+            f"within {bound:.0f} ms (the stream is still up and never stalled)"
+        )
 
     def sync(self) -> None:
         if self.disk.exists:
@@ -3126,8 +3326,10 @@ class World:
     async def close(self, proc: Proc, ch: GrpcEngineChannel, why: str) -> None:
         self.check_stats(proc, ch)
         proc.closing = why
+        t0 = self.now
         try:
             await self.api(proc, ch, "close", ch.close)
+            self.check_closed(proc, ch, t0)
         except Cancelled:
             # A cancelled close: the process ends, and its tasks with it.
             await self.run_down(proc)
@@ -3140,6 +3342,22 @@ class World:
             self.sync()  # closing the last connection checkpoints the WAL
         self.stats["protocol_errors"] += ch.stats().protocol_errors
         self.exit(proc, why)
+
+    def check_closed(self, proc: Proc, ch: GrpcEngineChannel, t0: float) -> None:
+        """A clean ``close()`` (begun at ``t0``) stored the last ack its channel received."""
+        if not proc.alive or not self.disk.exists:
+            return
+        st = self.disk.states[-1]
+        received = ch.last_acked_seq
+        self.stats["clean_closes"] += 1
+        if st.completed or st.last_acked >= received:
+            return
+        if self.disk.full or self.disk_full_until >= t0:
+            return  # the store failed on a full disk: the rows stay, re-sent (harmless)
+        self.violation(
+            f"a clean close() left the received ack {received} unstored "
+            f"(the log's cursor: {st.last_acked})"
+        )
 
     def ended_by(self, proc: Proc, ch: GrpcEngineChannel, error: BaseException) -> str:
         """Why a process exits on ``error`` (a violation when it should never come)."""
@@ -3312,10 +3530,10 @@ class World:
         while proc.alive:
             pause = rng.random() * self.think
             if rng.random() < 0.05:
-                pause += 200.0 + rng.random() * 3_000.0
+                pause += 200.0 + rng.random() * (LONG_PAUSE_MS - 200.0)
             if life.nxt == self.slow_file and self.chaos:
                 self.slow_file = None
-                pause += 2_500.0
+                pause += SLOW_FILE_MS
             await asyncio.sleep(pause / 1000)
             if rng.random() < 0.03:
                 ch.replay_unacked()
@@ -3591,7 +3809,7 @@ class World:
             details["pad"] = "x" * (2 * self.limit)  # refused by the engine, set aside
             self.big_contents.add(self.next_approval)
             proc.padded = True
-        timeout_ms = None if self.rng.random() < 0.3 else 2_000.0
+        timeout_ms = None if self.rng.random() < 0.3 else APPROVAL_TIMEOUT_MS
         try:
             decision = await self.api(
                 proc,
@@ -3603,6 +3821,13 @@ class World:
             )
         except ApprovalTimeoutError:
             self.stats["approval_timeouts"] += 1
+            seen = None if rid is None else proc.decisions_seen.get(rid)
+            if seen is not None and proc.alive and self.now - seen > WAKE_SLACK_MS:
+                # Liveness: a wait that only its timeout ended, though its answer came.
+                self.violation(
+                    f"request_approval({rid}) timed out, though the engine's decision reached "
+                    f"the channel {self.now - seen:.0f} ms before"
+                )
             return not self.stable_approval_id  # a stable id is asked again
         except Cancelled:
             return not self.stable_approval_id  # as a timeout
@@ -3645,6 +3870,8 @@ class World:
             why = await self.deliver(proc, ch)
             self.check_stats(proc, ch)
             proc.closing = why
+            t0 = self.now
+        self.check_closed(proc, ch, t0)
         if proc.alive:
             self.sync()  # closing the last connection checkpoints the WAL
         self.stats["protocol_errors"] += ch.stats().protocol_errors
@@ -3982,7 +4209,9 @@ def main(argv: list[str] | None = None) -> int:
         "--group-commit",
         choices=("share", "on", "off"),
         default="share",
-        help=f"group commit in its share of schedules ({P_GROUP_COMMIT:.0%}), in all, or in none",
+        # (argparse formats help with %: a literal one is %%)
+        help=f"group commit in its share of schedules ({P_GROUP_COMMIT * 100:.0f}%%), in all, "
+        "or in none",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")

@@ -473,14 +473,18 @@ class GrpcEngineChannel:
         self, items: list[tuple[str, bytes]], marker: dict[str, Any] | None
     ) -> list[int]:
         """Commit ``items`` (with ``marker``) in one transaction; hand them to the writer."""
-        seqs = self._log.append_encoded(items, progress=marker)
-        if not seqs:
-            return seqs  # the marker alone
-        _killpoints.reached("after_commit")
-        self._rows.on_commit(seqs, items)
-        if self._metrics is not None:
-            self._metrics.on_commit(seqs[0])
-        self._wakeup.set()
+        try:
+            seqs = self._log.append_encoded(items, progress=marker)
+            if not seqs:
+                return seqs  # the marker alone
+            _killpoints.reached("after_commit")
+            self._rows.on_commit(seqs, items)
+            if self._metrics is not None:
+                self._metrics.on_commit(seqs[0])
+        finally:
+            # Also when a signal's exception leaves the call after the COMMIT
+            # (SPEC "The log"): a committed row must not wait for a heartbeat.
+            self._wakeup.set()
         return seqs
 
     def _lost(self, error: GroupCommitError) -> None:
