@@ -40,7 +40,8 @@ class Plant:
     symptoms: tuple[str, ...]
 
 
-LOST = ("never applied", "applied 0 times", "not in the log", "two contents", "gap")
+# ("is missing": a row the writer wants gone from the log, the run failed as damaged.)
+LOST = ("never applied", "applied 0 times", "not in the log", "is missing", "two contents", "gap")
 
 PLANTS: tuple[Plant, ...] = (
     # -- the log's decisions (walchannel/log_state.py) ------------------------------
@@ -473,6 +474,21 @@ PLANTS: tuple[Plant, ...] = (
         "                self._log.update_meta(failed_at=None, failed_reason=None)\n",
         "                self._log.update_meta(failed_at=None)\n",
         ("failed_reason",),
+    ),
+    # -- nothing returned is lost at the process boundary (issue 52) ------------------
+    Plant(
+        "reentry_refusal_removed",
+        "channel/__init__.py",
+        "        inside = self._guard.holder\n        if inside is None:\n",
+        "        return\n        inside = self._guard.holder\n        if inside is None:\n",
+        ("signal handler's send returned", "refused send", "handed out", *LOST),
+    ),
+    Plant(
+        "removed_files_not_watched",
+        "log.py",
+        "        watch = self._watch\n",
+        "        watch = None\n",
+        ("after the log's files were removed", "no transaction of the log ever committed it"),
     ),
 )
 

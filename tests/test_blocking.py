@@ -76,6 +76,8 @@ def test_sends_from_many_threads_get_unique_seqs_all_delivered(
             seqs = [s for chunk in pool.map(send, range(8)) for s in chunk]
         assert sorted(seqs) == list(range(1, 401))
         assert ch.wait_acked(timeout_ms=10_000)
+        # Every call forgot itself once it ended (none kept for close() to fail).
+        assert not ch._calls
     assert engine.engine.accepted(run_id) == list(range(1, 401))
 
 

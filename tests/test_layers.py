@@ -27,6 +27,7 @@ ORDER = [
     "walchannel._killpoints",
     "walchannel.formatting",
     "walchannel.errors",
+    "walchannel.reentry",
     "walchannel.payload",
     "walchannel.files",
     "walchannel.lock",
@@ -62,6 +63,7 @@ ORDER = [
     "walchannel.channel.connection",
     "walchannel.channel.grpc_transport",
     "walchannel.channel",
+    "walchannel.handoff",
     "walchannel.blocking",
     "walchannel.inspection",
     "walchannel.watch",
@@ -97,6 +99,7 @@ _ABOVE_THEIR_PACKAGE = {"walchannel.testing.engine.__main__": "walchannel.testin
 # Modules that must never import grpc, httpx or the channel (light and sans-I/O).
 NO_NETWORK = {
     "walchannel.errors",
+    "walchannel.reentry",
     "walchannel.payload",
     "walchannel.files",
     "walchannel.lock",

@@ -93,10 +93,12 @@ from walchannel.errors import (
     EngineUnavailableError,
     GroupCommitError,
     PayloadError,
+    ReentrantCallError,
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
+    WalRemovedError,
     WalWriteError,
     WriterFencedError,
 )
@@ -155,6 +157,11 @@ P_LOST_UNANSWERED = 0.04
 UNSET: Any = object()
 #: The share of schedules run under group commit (SPEC "Group commit").
 P_GROUP_COMMIT = 0.3
+#: The share of signal points where the handler sends on the channel instead of raising.
+P_REENTER = 0.35
+#: The share of schedules (where a lost log is within the world) whose log's files are
+#: removed while the harness has them open (a tmp cleaner, a wiped volume).
+P_REMOVED = 0.05
 #: The share of schedules whose log pages, read-ahead and tail are tiny (World.pages).
 P_SMALL_PAGES = 0.1
 #: The share of schedules with a second harness on the run (its own log and writer id).
@@ -202,7 +209,8 @@ class Cancelled(Exception):
     """A public coroutine the world cancelled (``asyncio.timeout`` around it) raised in time."""
 
 
-INTERRUPTS = (Interrupt, KeyboardInterrupt)
+#: (A handler's refused send, let go, reaches the call it interrupted as its own exception.)
+INTERRUPTS = (Interrupt, KeyboardInterrupt, ReentrantCallError)
 #: The errors that end a harness's run (the named error of one writer per run among them).
 ENDINGS = (
     RunCompletedError,
@@ -210,6 +218,7 @@ ENDINGS = (
     RunExpiredError,
     WriterFencedError,
     GroupCommitError,
+    WalRemovedError,
 )
 
 
@@ -459,7 +468,7 @@ class DiskHook:
         self.proc = proc
 
     def before_commit(self, what: str) -> None:
-        if not self.proc.alive:
+        if not self.proc.alive or self.proc.detached:
             return
         if self.w.disk.full:
             if what == "complete":
@@ -470,7 +479,7 @@ class DiskHook:
             self.w.interrupt_point(self.proc, f"before the COMMIT of {what}", after=False)
 
     def after_commit(self, what: str) -> None:
-        if self.proc.alive:
+        if self.proc.alive and not self.proc.detached:
             self.w.committed(self.conn, what, self.proc)
         if self.proc.alive:
             self.w.cp()
@@ -555,6 +564,8 @@ class Proc:
         self.cancel_call = 0  # during this call (0: outside any)
         # Rows committed while its channel streamed, not written yet: seq -> when committed.
         self.unwritten: dict[int, float] = {}
+        # Its log's files were removed while open: its commits reach no file on the disk.
+        self.detached = False
 
     def wrote(self, seq: int) -> None:
         """Its channel started writing row ``seq``: the rows up to it went out (seq order)."""
@@ -991,6 +1002,12 @@ class World:
                 "recoveries_past_a_page",
                 "clean_closes",
                 "small_pages",
+                # A signal handler's send re-entering the channel; the log's files removed.
+                "reentries",
+                "reentries_refused",
+                "reentries_let_go",
+                "files_removed",
+                "removals_named",
             ),
             0,
         )
@@ -1006,6 +1023,9 @@ class World:
             self.stats["small_pages"] = 1
             self.pages = (r5.choice((2, 3, 8)), r5.choice((1, 4, 16)), r5.choice((600, 4_096)))
             self.nf = r5.randint(25, 80)
+        # The log's files removed while open: a stream of its own.
+        self.rng6 = random.Random(f"walchannel-sim-removed:{seed}")
+        self.refused_reentries: set[int] = set()  # contents of refused handler sends
         self.acks_hs = rng.random() >= 0.2
         # Without the handshake answer there is no verification rule: rollbacks
         # are outside the guarantee (SPEC "Dial"), so only the option plays them.
@@ -1453,6 +1473,8 @@ class World:
             self.flaky_until = self.flaky_from + rng.random() * 60_000.0
         if rng.random() < 0.2:
             self.at(rng.random() * end * 1.5, self.fault_stop)
+        if self.rng6.random() < P_REMOVED:
+            self.at(self.rng6.random() * end, self.fault_remove_files)
         self.plan_inside(end)
 
     def plan_inside(self, end: float) -> None:
@@ -1497,6 +1519,10 @@ class World:
         except RuntimeError:
             return
         in_main = task is not None and task is proc.main_task
+        if proc.role == "harness" and proc.channel is not None and r2.random() < P_REENTER:
+            # The handler sends on the channel instead (a progress tick): re-entry.
+            self.reenter(proc, where, in_main=in_main)
+            return
         if not kbd and (not in_main or proc.role != "harness"):
             return
         proc.signals += 1
@@ -1519,6 +1545,54 @@ class World:
         if kbd:
             raise KeyboardInterrupt(f"a signal, {where}")
         raise Interrupt(f"a signal, {where}")
+
+    def reenter(self, proc: Proc, where: str, *, in_main: bool) -> None:
+        """A signal handler sends an event on the channel from inside ``where`` (issue 52).
+
+        The send completes (its seq committed with its row, as any send's) or
+        is refused at once with ``ReentrantCallError``, nothing of it logged.
+        The handler catches the refusal, or (half the time, in the harness's
+        own call) lets it go: it then reaches the interrupted call, which
+        landed whole or not at all, as after any signal's exception.
+        """
+        ch = proc.channel
+        assert ch is not None
+        self.stats["reentries"] += 1
+        c = self.new_event()
+        self.tr(
+            "a signal handler sends %s from inside the %s's %s (%s)",
+            _name(c),
+            proc.role,
+            "call" if in_main else "channel task",
+            where.split("(", 1)[0].strip(),
+        )
+        # Not through sent(): the interrupted call is half done, so progress() and
+        # the rest are judged once it returns; here only the handler's own answer.
+        try:
+            seq = ch.send_event("sim", "info", {"c": c})
+        except ReentrantCallError:
+            self.stats["reentries_refused"] += 1
+            self.refused_reentries.add(c)  # committed() fails the schedule if it lands
+            if in_main and self.rng2.random() < 0.5:
+                self.stats["reentries_let_go"] += 1
+                proc.signals += 1
+                raise
+            return
+        except WalchannelError:
+            self.refused_reentries.add(c)  # refused for its own reason: nothing logged either
+            return
+        if not proc.alive or proc.detached:
+            return
+        proc.handed[seq] = c
+        st = self.disk.states[-1]
+        held = st.rows.get(seq)
+        if held is None and self.group_commit is not None and seq > max(st.rows, default=0):
+            proc.uncommitted[seq] = c
+        elif held != c:
+            self.violation(
+                f"a signal handler's send returned seq {seq} for {_name(c)}, but the committed "
+                f"log holds {'no row' if held is None else _name(held)} there"
+            )
 
     def check_escaped(self, proc: Proc) -> None:
         """A KeyboardInterrupt raised in a task of the channel must leave the event loop."""
@@ -1998,6 +2072,29 @@ class World:
             proc.client_closed = True
             self.tr("the harness closes its http client")
 
+    def fault_remove_files(self) -> None:
+        """``rm -rf $WALCHANNEL_DIR``: the log's files go while the harness has them open.
+
+        Its connection goes on committing into the unlinked file, which no
+        disk holds: to the world the log is lost (a new one starts from
+        nothing, under a new writer id). The product's watch (the storage
+        seam's ``watch``) says so after its next commit: no seq of that commit
+        is returned, and the run fails with ``WalRemovedError``.
+        """
+        proc = self.proc
+        d = self.disk
+        if proc is None or not proc.alive or proc.ending or not self.chaos or not d.exists:
+            return
+        self.stats["files_removed"] += 1
+        proc.detached = True
+        for st in d.states:
+            self.lost_contents.update(st.touched)
+        d.exists = False
+        d.states = []
+        self.tombstone_at = None
+        self.pos_of = {}
+        self.tr("the log's files are removed while the %s has them open", proc.role)
+
     def fault_budget(self) -> None:
         s = self.live
         if s is not None:
@@ -2036,6 +2133,8 @@ class World:
                 correlation_id=CORRELATION_ID,
                 commit_hook=DiskHook(self, conn, proc),
                 clock=self.clock,
+                # The storage seam's "are the files still there": gone once removed.
+                watch=lambda: "the log file :memory: is gone" if proc.detached else None,
             )
         except WalWriteError:
             conn.close()
@@ -2088,6 +2187,8 @@ class World:
             pos = self.pos_of
             waiting = proc.uncommitted
             for q, c in new - old:
+                if c in self.refused_reentries:
+                    self.violation(f"a refused send logged its row: {_name(c)} at seq {q}")
                 pos[c] = q  # where the row of content c lives now
                 self.ever_committed.add((q, c))
                 if q in waiting and kind == "append":
@@ -2174,6 +2275,7 @@ class World:
         s = self.client_link(proc)
         if (
             not seqs
+            or proc.detached
             or ch is None
             or s is None
             or s.up_at is None
@@ -3073,7 +3175,7 @@ class World:
 
     def check_stats(self, proc: Proc, ch: GrpcEngineChannel) -> None:
         """What the channel says of itself agrees with the world (its public ``stats()``)."""
-        if not proc.alive:
+        if not proc.alive or proc.detached:
             return
         st = ch.stats()
         if ch.config.run_id != RUN_ID or (ch.last_acked_seq, ch.unacked_count, ch.state) != (
@@ -3095,7 +3197,8 @@ class World:
                 f"received cursor {st.acked} above every ack and answer the engine gave this "
                 f"channel ({proc.max_truth}): an impossible answer was applied"
             )
-        if st.last_error and "is not in the log" in st.last_error:
+        missing = ("is not in the log", "is missing")
+        if st.last_error and any(text in st.last_error for text in missing):
             self.violation(f"the writer asked for a row the log does not hold: {st.last_error}")
         age = st.oldest_unacked_age_s
         # Every row of a schedule that never rebooted was written in this
@@ -3122,7 +3225,7 @@ class World:
     def check_progress(self, proc: Proc, ch: GrpcEngineChannel) -> None:
         """``progress()`` is the marker of the last committed transaction (or, under
         group commit, the marker last set, while its group waits)."""
-        if not proc.alive or ch.log.closed:
+        if not proc.alive or proc.detached or ch.log.closed:
             return
         self.note_group_lost(proc, ch)
         marker = ch.progress()
@@ -3170,7 +3273,7 @@ class World:
         """
         # The markers the log may hold if the call logged nothing: the stored one,
         # or, under group commit, the pending group's, which the call may commit first.
-        before = [self.disk.states[-1].progress]
+        before = [self.disk.states[-1].progress if self.disk.exists else None]
         if proc.marker_set is not UNSET:
             before.append(proc.marker_set)
         proc.pending = (contents, marker, before)
@@ -3187,6 +3290,16 @@ class World:
         proc.pending = None
         if not proc.alive:
             return seqs
+        grouped = self.group_commit is not None
+        if proc.detached:
+            if seqs and not grouped:
+                # SPEC "The log": committed only into a file no path names: never returned.
+                self.violation(
+                    f"a send returned seqs {seqs} after the log's files were removed: only "
+                    "the unlinked file holds them"
+                )
+            proc.uncommitted.update(zip(seqs, contents, strict=False))
+            return seqs
         if state in ("failed", "expired", "closed") or done_sent or closed:
             # SPEC "Buffer first": such a send raises, it logs nothing.
             self.violation(
@@ -3197,7 +3310,6 @@ class World:
         rows = st.rows
         if len(seqs) != len(contents):
             self.violation(f"a send of {len(contents)} rows returned {len(seqs)} seqs: {seqs}")
-        grouped = self.group_commit is not None
         for seq, c in zip(seqs, contents, strict=False):
             proc.handed[seq] = c
             held = rows.get(seq)
@@ -3216,7 +3328,7 @@ class World:
 
     def check_interrupted(self, proc: Proc, ch: GrpcEngineChannel, exc: BaseException) -> None:
         """After a signal's exception in a call: the log usable, the call's rows all or none."""
-        if not proc.alive:
+        if not proc.alive or proc.detached:
             return
         if _in_transaction(proc.conn):
             self.violation(
@@ -3345,7 +3457,7 @@ class World:
 
     def check_closed(self, proc: Proc, ch: GrpcEngineChannel, t0: float) -> None:
         """A clean ``close()`` (begun at ``t0``) stored the last ack its channel received."""
-        if not proc.alive or not self.disk.exists:
+        if not proc.alive or proc.detached or not self.disk.exists:
             return
         st = self.disk.states[-1]
         received = ch.last_acked_seq
@@ -3376,6 +3488,14 @@ class World:
             if ch.state.value != "failed":
                 self.violation(f"GroupCommitError raised, but the channel is {ch.state.value}")
             return "group lost"
+        if isinstance(error, WalRemovedError):
+            # SPEC "The log": its files removed while open; the run fails, named.
+            if not proc.detached:
+                self.violation(f"WalRemovedError raised, but the log's files are there: {error}")
+            elif ch.state.value != "failed":
+                self.violation(f"WalRemovedError raised, but the channel is {ch.state.value}")
+            self.stats["removals_named"] += 1
+            return "log removed"
         if isinstance(error, WriterFencedError):
             self.stats["fenced_errors"] += 1
             self.check_fenced(proc, error)
@@ -3589,6 +3709,7 @@ class World:
                 RowRefusedError,
                 PayloadError,
                 WriterFencedError,
+                WalRemovedError,
             ) as exc:
                 await self.failed(proc, ch, exc)
                 return
@@ -3725,6 +3846,8 @@ class World:
         the log's newest, or, under group commit, the newest of its pending group."""
         if proc.uncommitted:
             return proc.uncommitted[max(proc.uncommitted)]
+        if proc.detached:
+            return None
         rows = self.disk.states[-1].rows
         if not rows:
             return None
@@ -3759,7 +3882,7 @@ class World:
         ok: bool,
     ) -> None:
         """``wait_acked``: True when the engine holds the row; False early only once final."""
-        if not proc.alive:
+        if not proc.alive or proc.detached:
             return
         what = f"wait_acked({'' if seq is None else seq})"
         pos = None if c is None else self.pos_of.get(c)

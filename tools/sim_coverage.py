@@ -58,6 +58,11 @@ _READ_FAILS = (
     "tests/test_catalogue.py corrupt real files"
 )
 _BUG = "only a bug in walchannel reaches it (the planted bugs of tests/plants.py do)"
+_GAP = (
+    "a row the writer wants missing from the log: acked meanwhile (a race the writer's "
+    "own ack handling prevents) or a gap in a damaged file, which the simulated disk never "
+    "has; only a bug reaches it (tests/plants.py's), tests/test_log_gap.py damages real files"
+)
 _TRANSPORT_CLOSE = (
     "closing the production transport (its discovery client) failing: the simulated "
     "transport's aclose never fails"
@@ -86,11 +91,10 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/group_commit.py::PendingGroup._schedule::return": (
         "a send outside any running event loop (above)"
     ),
-    "walchannel/channel/group_commit.py::PendingGroup._try_commit::self._lose(exc)": (
-        "a group the log refuses at its commit for another reason than the disk: "
-        "RunLog.check_append refuses such rows before a seq is handed out (closed, Done "
-        "logged, a tombstone); the branch names the failure instead of letting it escape "
-        "into the event loop"
+    "walchannel/channel/group_commit.py::PendingGroup.commit_or_give_up::"
+    "pass  # given up already, its seqs named": (
+        "close() after a removal of the log's files gave the group up in the commit that "
+        "found it, before the group's own turn: tests/test_log_removed.py"
     ),
     # -- channel/__init__.py --------------------------------------------------------------
     "walchannel/channel/__init__.py::_check_timeout_ms::raise ValueError(": _MISUSE,
@@ -139,12 +143,6 @@ ALLOWED: dict[str, str] = {
     'raise ChannelClosedError(f"run {self._run_id}: the channel is closed")': _MISUSE,
     "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::return": (
         "a second handshake() while streaming: tests/test_channel.py"
-    ),
-    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
-    'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
-        "a full disk at the very instant a healthy answer clears an earlier failure mark "
-        "(some corpora reach it, some not); the mark and its clearing are "
-        "tests/test_failed_reason.py's"
     ),
     "walchannel/channel/connection.py::ConnectionLoop.start::return": (
         "a second handshake(): tests/test_channel.py"
@@ -228,8 +226,8 @@ ALLOWED: dict[str, str] = {
     'logger.exception("run %s: writing the stream failed", self._run_id)': _BUG,
     "walchannel/channel/stream.py::Stream.teardown::logger.warning(": _BUG,
     # -- row_source.py --------------------------------------------------------------------
-    "walchannel/row_source.py::RowSource.row_bytes::"
-    'raise RowMissingError(f"row seq {seq} is not in the log")': _BUG,
+    "walchannel/row_source.py::RowSource.row_bytes::raise self._missing(seq)": _GAP,
+    "walchannel/row_source.py::RowSource._missing": _GAP,
 }
 
 

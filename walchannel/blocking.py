@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
-import contextlib
 import random
 import threading
 import time
@@ -37,6 +35,7 @@ from walchannel.config import GrpcChannelConfig
 from walchannel.driver import ChannelState
 from walchannel.errors import ChannelClosedError, RunningLoopError
 from walchannel.formatting import get_logger
+from walchannel.handoff import Handoff
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 
 __all__ = ["BlockingEngineChannel"]
@@ -89,12 +88,14 @@ class BlockingEngineChannel:
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"walchannel-callbacks-{config.run_id}", daemon=True
         )
-        self._closed = False
-        self._close_lock = threading.Lock()
-        # The calls submitted to the loop and not finished; under _calls_lock,
-        # with _accepting, so none is queued once close() has begun draining.
-        self._calls: set[concurrent.futures.Future[Any]] = set()
-        self._calls_lock = threading.Lock()
+        # Taken once, by the first close(), and never given back: a test-and-set
+        # that neither another thread nor a signal handler's close() can block on.
+        self._close_once = threading.Lock()
+        # The calls submitted to the loop and not finished. No lock guards them:
+        # a signal handler's call on a thread inside _submit must never wait on
+        # one (issue 52); set.add and set.discard are atomic, and _submit checks
+        # the loop again after adding (see there).
+        self._calls: set[Handoff[Any]] = set()
         self._accepting = True
 
         async def build() -> GrpcEngineChannel:
@@ -116,22 +117,22 @@ class BlockingEngineChannel:
                 f"run {self._run_id}: BlockingEngineChannel called from its own loop thread "
                 "(it would wait on itself)"
             )
-        with self._calls_lock:
-            if not (self._accepting or closing) or self._loop.is_closed():
-                coro.close()
-                raise ChannelClosedError("the blocking channel is closed")
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-            self._calls.add(future)
-        future.add_done_callback(self._call_done)
+        if not (self._accepting or closing) or self._loop.is_closed():
+            coro.close()
+            raise ChannelClosedError("the blocking channel is closed")
+        call: Handoff[_T] = Handoff()
+        self._calls.add(call)  # before it runs: its end discards it
         try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            # Only close() cancels a call (one that outlived the drain).
-            raise ChannelClosedError("the blocking channel was closed during the call") from None
-
-    def _call_done(self, future: concurrent.futures.Future[Any]) -> None:
-        with self._calls_lock:
-            self._calls.discard(future)
+            asyncio.run_coroutine_threadsafe(call.run(coro, self._calls), self._loop)
+        except RuntimeError:  # closed meanwhile, by another thread
+            self._calls.discard(call)
+            coro.close()
+            raise ChannelClosedError("the blocking channel is closed") from None
+        if self._loop.is_closed():
+            # _stop_loop closes the loop before it fails the calls left: one
+            # added after that look is failed here (the other side of the race).
+            call.finish(error=ChannelClosedError("the blocking channel is closed"))
+        return call.wait()
 
     def _refuse_in_loop(self, call: str) -> None:
         """Raise :class:`~walchannel.RunningLoopError` when this thread runs an event loop.
@@ -191,8 +192,7 @@ class BlockingEngineChannel:
 
     def _stop_loop(self) -> None:
         """Refuse new calls, let queued ones finish, stop and close the loop, fail leftovers."""
-        with self._calls_lock:
-            self._accepting = False
+        self._accepting = False
         if self._loop.is_running() and threading.current_thread() is not self._loop_thread:
             # Runs after every call queued so far (the loop is FIFO): each one
             # gets its result or the closed channel's ChannelClosedError.
@@ -208,13 +208,8 @@ class BlockingEngineChannel:
         if not self._loop.is_running() and not self._loop.is_closed():
             self._loop.close()
         # Nothing left can run now: a caller still waiting gets an answer.
-        with self._calls_lock:
-            leftover = list(self._calls)
-            self._calls.clear()
-        for future in leftover:
-            if not future.done():
-                with contextlib.suppress(concurrent.futures.InvalidStateError):
-                    future.set_exception(ChannelClosedError("the blocking channel is closed"))
+        for call in self._calls.copy():
+            call.finish(error=ChannelClosedError("the blocking channel is closed"))
 
     async def _drain(self) -> None:
         """Wait for the other tasks on the loop (the callers' calls), then cancel stragglers."""
@@ -384,13 +379,10 @@ class BlockingEngineChannel:
         ):
             raise ValueError(f"close: timeout_ms must be a finite number >= 0, got {timeout_ms!r}")
         deadline = time.monotonic() + timeout_ms / 1000
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._close_once.acquire(blocking=False):
+            return  # closed, or being closed (by another thread, or the call a handler interrupted)
         self._stop_dispatching()
-        with self._calls_lock:
-            self._accepting = False
+        self._accepting = False
         try:
             self._submit(self._channel.close(), closing=True)
         finally:

@@ -21,11 +21,13 @@ keeps the message as built (SPEC "The channel", "Text from outside").
     ├── WalLockedError                   another owner holds the run's log
     ├── WalCorruptError                  the log file is not a usable walchannel log
     ├── WalWriteError                    a commit failed (disk full, I/O error)
+    ├── WalRemovedError                  the log's files were removed while open (FAILED)
     ├── GroupCommitError                 a group of rows handed out never committed (FAILED)
     ├── BacklogFullError                 max_unacked_bytes would be passed
     ├── EngineUnavailableError           no answered handshake within the timeout
     ├── DiscoveryError                   GET /grpc-address gave no usable address
     ├── ApprovalTimeoutError             no decision within timeout_ms
+    ├── ReentrantCallError (also RuntimeError)  a call made inside another (a signal handler's)
     └── RunningLoopError (also RuntimeError)  a blocking wait on a thread running an event loop
 """
 
@@ -47,12 +49,14 @@ __all__ = [
     "GroupCommitError",
     "InsecureDiscoveryWarning",
     "PayloadError",
+    "ReentrantCallError",
     "RowRefusedError",
     "RunCompletedError",
     "RunExpiredError",
     "RunningLoopError",
     "WalCorruptError",
     "WalLockedError",
+    "WalRemovedError",
     "WalWriteError",
     "WalchannelError",
     "WriterFencedError",
@@ -231,6 +235,27 @@ class WalWriteError(WalchannelError):
         super().__init__(message if path in message else f"{path}: {message}")
 
 
+class WalRemovedError(WalchannelError):
+    """The log's file, its ``-wal`` or its lock file was removed or replaced while open.
+
+    A tmp cleaner, ``rm -rf $WALCHANNEL_DIR/*``, a wiped volume: SQLite goes
+    on committing into the unlinked file, which a crash then takes with it,
+    and a second opener would take a fresh lock beside this one. So after
+    every commit the log checks that its path still names the files it has
+    open; on a mismatch no seq of that commit is returned, the channel is
+    ``FAILED`` and every later call raises this. Not a :class:`WalWriteError`,
+    whose "retry later" would go on writing into the unlinked file. SPEC
+    "The log" ("Its files removed while open").
+
+    Attributes:
+        path: the log file.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(message if path in message else f"{path}: {message}")
+
+
 class GroupCommitError(WalchannelError):
     """Under ``group_commit``, a group of rows handed out could not be committed, on every try.
 
@@ -322,6 +347,25 @@ class RunningLoopError(WalchannelError, RuntimeError):
     blocking channel from another thread (``asyncio.to_thread``). Also a
     :class:`RuntimeError`, as asyncio's own "cannot be called from a running
     event loop". SPEC "The channel".
+    """
+
+
+class ReentrantCallError(WalchannelError, RuntimeError):
+    """A call of the channel was made while another one was inside the channel's state.
+
+    A signal handler runs on the main thread between two bytecodes of
+    whatever ran there: inside a ``send_*``, or inside the channel's own
+    work on the event loop (a group commit, an ack stored). A send made
+    from it then would interleave with the half-done call; it is refused
+    at once instead, before its payload is checked and before any seq is
+    handed out: nothing of it was logged. Raised out of the handler it
+    reaches the call the handler interrupted, whose rows and marker then
+    landed whole or not at all (``progress()`` says which). Schedule the
+    call with ``loop.add_signal_handler`` (async harnesses: the handler
+    runs between the loop's callbacks, never inside a call), or use
+    :class:`~walchannel.BlockingEngineChannel`, whose work runs on a thread
+    no signal lands on. Also a :class:`RuntimeError`. SPEC "Signal handlers
+    and the channel".
     """
 
 

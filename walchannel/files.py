@@ -16,6 +16,8 @@ import os
 import re
 import resource
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -37,14 +39,19 @@ __all__ = [
     "ensure_wal_dir",
     "file_kind",
     "file_size",
+    "identity",
     "is_temporary_for",
     "lock_path",
     "log_path",
     "open_failure",
     "sqlite_uri",
     "temporary_path",
+    "watch_files",
 ]
 
+#: A folder's mtime is dated from the kernel's coarse clock (a tick: 1-10 ms):
+#: watch_files trusts one older than this (ns) to show every change since.
+_COARSE_CLOCK_NS: Final = 50_000_000
 LOG_SUFFIX = ".wal.sqlite3"
 LOCK_SUFFIX = ".lock"
 MAX_RUN_ID_BYTES = 200
@@ -144,6 +151,71 @@ def sqlite_uri(path: Path, query: str) -> str:
         query: the URI parameters, such as ``"mode=ro&immutable=1"``.
     """
     return f"file://{quote_from_bytes(os.fsencode(path.resolve()))}?{query}"
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file ``path`` names now (not following a symlink), or None."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def watch_files(
+    folder: Path, files: dict[str, tuple[Path, tuple[int, int]]]
+) -> Callable[[], str | None]:
+    """A check that each path still names the file that was open under it.
+
+    One ``stat`` of ``folder`` a call while it stays as it was at the last
+    full look: every unlink, rename or create inside it changes its mtime.
+    Only when it changed are the files stat'ed, one ``stat`` each. Its
+    mtime is trusted once older than :data:`_COARSE_CLOCK_NS`: the kernel
+    dates it from a coarse clock, so a change within the same tick as the
+    last look could leave it as it was. It never opens a descriptor on the
+    log (closing one would drop SQLite's POSIX locks).
+
+    Args:
+        folder: the folder the files are in.
+        files: what each file is (``"the log file"``) -> its path and the
+            ``(st_dev, st_ino)`` of the file open under it.
+
+    Returns:
+        A function of no arguments: None while every path names its file,
+        else what changed (``"the log file /x/r.wal.sqlite3 is gone"``).
+    """
+    where = os.fspath(folder)
+    watched = [(what, os.fspath(path), ident) for what, (path, ident) in files.items()]
+    unchanged: list[tuple[int, int, int] | None] = [None]  # the folder at the last full look
+
+    def look() -> str | None:
+        for what, path, ident in watched:
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                return f"{what} {path} is gone"
+            except OSError as exc:
+                return f"{what} {path} cannot be looked at ({describe_os_error(exc)})"
+            if (st.st_dev, st.st_ino) != ident:
+                return f"{what} {path} is another file now"
+        return None
+
+    def moved() -> str | None:
+        try:
+            st = os.stat(where)
+        except FileNotFoundError:
+            return f"its folder {where} is gone"
+        except OSError as exc:
+            return f"its folder {where} cannot be looked at ({describe_os_error(exc)})"
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if key == unchanged[0]:
+            return None
+        found = look()
+        if found is None and time.time_ns() - st.st_mtime_ns > _COARSE_CLOCK_NS:
+            unchanged[0] = key
+        return found
+
+    return moved
 
 
 def lock_path(log: Path) -> Path:

@@ -133,6 +133,13 @@ class OwnerLock:
         _LIVE_LOCKS.add(lock)
         return lock
 
+    def identity(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the sidecar this lock holds (``fstat``), None once released."""
+        if self._fd is None:
+            return None
+        st = os.fstat(self._fd)
+        return st.st_dev, st.st_ino
+
     @property
     def held(self) -> bool:
         """True while this process holds the lock (False after release or in a forked child)."""

@@ -24,6 +24,7 @@ survives power loss too. The folder must be on a local file system.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -33,17 +34,19 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol, Self, TypeVar
+from typing import Any, Concatenate, Final, Literal, ParamSpec, Protocol, Self, TypeVar
 
 from walchannel import files
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import (
     ChannelClosedError,
     PayloadError,
+    ReentrantCallError,
     RunCompletedError,
     WalchannelError,
     WalCorruptError,
     WalLockedError,
+    WalRemovedError,
     WalWriteError,
 )
 from walchannel.formatting import get_logger
@@ -72,6 +75,7 @@ from walchannel.log_format import (
     row_time,
 )
 from walchannel.log_state import FAILED_FENCED, AckPlan, LogState, Writer
+from walchannel.reentry import FREE, Guard
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -88,6 +92,9 @@ logger = get_logger(__name__)
 Durability = Literal["process", "power"]
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: A write method of RunLog (its self, then its arguments).
+_Write = Callable[Concatenate["RunLog", _P], _T]
 
 #: ``PRAGMA synchronous`` for each durability.
 SYNCHRONOUS: Final = {"process": "NORMAL", "power": "FULL"}
@@ -149,6 +156,19 @@ def _encode_progress(progress: Mapping[str, Any]) -> str:
         return json.dumps(progress, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError("progress", f"not JSON-like: {exc}") from None
+
+
+def _guarded(label: str) -> Callable[[_Write[_P, _T]], _Write[_P, _T]]:
+    """Run the decorated write of :class:`RunLog` holding its guard (:meth:`RunLog._write`)."""
+
+    def wrap(method: _Write[_P, _T]) -> _Write[_P, _T]:
+        @functools.wraps(method)
+        def guarded(self: RunLog, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            return self._write(label, lambda: method(self, *args, **kwargs))
+
+        return guarded
+
+    return wrap
 
 
 class RunLog:
@@ -259,6 +279,7 @@ class RunLog:
         create: bool = False,
         commit_hook: CommitHook | None = None,
         clock: Clock | None = None,
+        watch: Callable[[], str | None] | None = None,
     ) -> Self:
         """Run the log's transactions on a given connection: the storage seam, without the file.
 
@@ -276,6 +297,9 @@ class RunLog:
             create: lay out a new log first (:meth:`initialize`).
             commit_hook: called around every commit (see :class:`CommitHook`).
             clock: the clocks its records are dated with (default the system's).
+            watch: called after every commit: what of the log's files its
+                path no longer names, or None (:meth:`open` watches the
+                file, its ``-wal`` and its lock file; here the caller's world).
 
         Raises:
             WalCorruptError: the database is not this run's log.
@@ -288,6 +312,7 @@ class RunLog:
         meta = read_meta(conn, path)
         wal = cls(conn, path, None, meta, "process", clock or SYSTEM_CLOCK, commit_hook)
         wal._claim(meta, correlation_id)
+        wal._watch = watch
         return wal
 
     @staticmethod
@@ -355,6 +380,12 @@ class RunLog:
         self._unacked_bytes: int | None = None
         self._quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
         self._closed = False
+        # Held by the transaction in progress (its label): see _commit.
+        self._guard = Guard()
+        # After each commit: does the path still name the files open? (what changed, or None)
+        self._watch: Callable[[], str | None] | None = None
+        self._removed: str | None = None
+        self._removed_listeners: list[Callable[[WalRemovedError], None]] = []
 
     @classmethod
     def _open_locked(
@@ -396,6 +427,7 @@ class RunLog:
             meta = read_meta(conn, path)
             wal = cls(conn, path, lock, meta, durability, clock)
             wal._claim(meta, correlation_id)
+            wal._watch = cls._watch_for(path, lock)
             return wal
         except sqlite3.Error as exc:
             conn.close()
@@ -405,6 +437,24 @@ class RunLog:
         except BaseException:
             conn.close()
             raise
+
+    @staticmethod
+    def _watch_for(path: Path, lock: OwnerLock) -> Callable[[], str | None]:
+        """The check, after each commit, that ``path`` still names the files open under it.
+
+        The log file, its ``-wal`` and the lock's sidecar, each by its
+        ``(st_dev, st_ino)`` now (SPEC "The log": its files removed while open).
+        """
+        wal_file = Path(f"{path}-wal")
+        named: dict[str, tuple[Path, tuple[int, int]]] = {}
+        for what, where, ident in (
+            ("the log file", path, files.identity(path)),
+            ("its -wal", wal_file, files.identity(wal_file)),
+            ("its lock file", lock.path, lock.identity()),
+        ):
+            if ident is not None:
+                named[what] = (where, ident)
+        return files.watch_files(path.parent, named)
 
     @staticmethod
     def _check_wal_is_its_own(path: Path) -> None:
@@ -427,6 +477,7 @@ class RunLog:
         size = files.file_size(Path(f"{path}-wal"))
         if size == 0:
             return
+
         def file_id(query: str) -> str | None:
             conn = sqlite3.connect(files.sqlite_uri(path, query), uri=True)
             try:
@@ -684,6 +735,16 @@ class RunLog:
         return self._closed
 
     @property
+    def busy(self) -> str | None:
+        """The name of the transaction in progress (``"append"``, ``"ack"``, ...), or None.
+
+        Set only while a transaction runs: a call that sees it set was made
+        from inside one (a signal handler's), SPEC "Signal handlers and the
+        channel".
+        """
+        return self._guard.holder
+
+    @property
     def writable(self) -> bool:
         """True while open and owned by this process (False in a forked child)."""
         return not self._closed and not self._forked
@@ -721,6 +782,8 @@ class RunLog:
 
     def _check_writable(self) -> None:
         self._check_open()
+        if self._removed is not None:
+            raise self._removed_error()
         if self._lock is not None and self._lock.forked:
             raise WalLockedError(
                 f"{self._path}: this process is a forked child of the log's owner "
@@ -729,6 +792,35 @@ class RunLog:
                 pid=self._lock.owner.pid,
                 host=self._lock.owner.host,
             )
+
+    def _write(self, label: str, op: Callable[[], _T]) -> _T:
+        """Run the write ``op`` (named ``label``) holding the log's guard; refuse a nested one.
+
+        A write reads the log's state to plan its transaction, then commits
+        it: a signal handler's write between the two would make the plan
+        stale (a seq handed out twice). So the guard is held from before the
+        state is read to after the log's memory follows the commit, and a
+        write begun while it is held (only a handler's can be) is refused.
+        SPEC "Signal handlers and the channel".
+
+        Raises:
+            ReentrantCallError: another write is in progress; nothing begun.
+        """
+        busy = self._guard.holder
+        if busy is not None:
+            raise ReentrantCallError(
+                f"run {self._run_id}: the log's {label} was begun while its {busy} was in "
+                "progress (a signal handler re-entering the channel or the log?): refused, "
+                "nothing written; send from a handler installed with loop.add_signal_handler, "
+                "which runs between the event loop's callbacks"
+            )
+        held = FREE
+        try:
+            # Taken inside the try: an exception on any line after it releases it.
+            held = self._guard.take(label)
+            return op()
+        finally:
+            self._guard.release(held)
 
     def _commit(
         self,
@@ -784,7 +876,35 @@ class RunLog:
                     path=str(self._path),
                 ) from None
             raise
+        watch = self._watch
+        if watch is not None and (moved := watch()) is not None:
+            # Committed, but into a file no path names any more: nothing of it
+            # is returned, and nothing more is written (SPEC "The log").
+            self._removed = moved
+            error = self._removed_error()
+            logger.error("%s", error)
+            for listener in self._removed_listeners:
+                listener(error)
+            raise error
         return result
+
+    def on_removed(self, callback: Callable[[WalRemovedError], None]) -> None:
+        """Call ``callback(error)`` once, when a commit finds the log's files removed.
+
+        The owner (the channel) fails its run there, whichever of its
+        commits (a send, an ack, a meta update) met it.
+        """
+        self._removed_listeners.append(callback)
+
+    def _removed_error(self) -> WalRemovedError:
+        return WalRemovedError(
+            f"run {self._run_id}: the log's files were removed or replaced while open: "
+            f"{self._removed}; what it committed since lives only in the unlinked file, "
+            "lost when this process ends, and nothing more is written to it. Find what "
+            "removed them (a tmp cleaner, a wiped volume), then restart the harness: the "
+            'engine holds what it acked (SPEC "The log")',
+            path=str(self._path),
+        )
 
     def _after_failed_commit(self, exc: BaseException, what: str | Callable[[], str]) -> None:
         """Roll back what is still open, then follow the disk; say so when the commit landed."""
@@ -909,6 +1029,7 @@ class RunLog:
         self._check_writable()
         self._state.append(kinds)
 
+    @_guarded("append")
     def append_encoded(
         self,
         items: Sequence[tuple[str, bytes]],
@@ -985,6 +1106,7 @@ class RunLog:
         self._commit("append", what, work, then=follow_rows)
         return list(range(first, state.next_seq))
 
+    @_guarded("ack")
     def ack(self, seq: int) -> int:
         """Store a cumulative ack: delete every row ``<= seq`` and the cursor, in one transaction.
 
@@ -1008,6 +1130,7 @@ class RunLog:
             return 0  # at or below the stored cursor; a tombstone takes no more writes
         return self._carry_out(plan, "ack", f"store ack {seq}")
 
+    @_guarded("verification")
     def verify(self, engine_high: int) -> int:
         """Apply the verification rule for the first answered handshake ``Ack(h)``.
 
@@ -1099,6 +1222,7 @@ class RunLog:
 
         return self._commit(label, what, work, then=follow)[0]
 
+    @_guarded("completion")
     def complete_by_engine(self) -> int:
         """Turn a log holding an unacked ``Done`` into a tombstone on the engine's word.
 
@@ -1136,7 +1260,8 @@ class RunLog:
 
         return self._commit("complete", "mark the run completed", work, then=follow)
 
-    def update_meta(self, **values: Any) -> None:
+    @_guarded("meta update")
+    def update_meta(self, /, **values: Any) -> None:
         """Store meta fields (one transaction); names as in :class:`RunMeta`.
 
         Only the caller-owned fields may be set: the handshake fields,
@@ -1168,6 +1293,7 @@ class RunLog:
             single=True,
         )
 
+    @_guarded("takeover mark")
     def mark_takeover(self) -> Writer:
         """Mark the log to take its run over from whichever writer has it (``walchannel takeover``).
 
@@ -1213,6 +1339,7 @@ class RunLog:
 
     # -- the quarantine: damaged rows and rows set aside -----------------------------------
 
+    @_guarded("quarantine")
     def _quarantine(self, raw: tuple[Any, ...], substitute: Row, reason: str) -> Row:
         seq = raw[0]
         logger.error(
@@ -1254,7 +1381,8 @@ class RunLog:
             return substitute
         return Row(seq, "event", substitute.body, substitute.appended_at, len(blob))
 
-    def set_aside(self, seq: int, reason: str, **details: str | int) -> Row:
+    @_guarded("set-aside")
+    def set_aside(self, /, seq: int, reason: str, **details: str | int) -> Row:
         """Move a good row that can never be delivered into the quarantine.
 
         For a row the engine refuses for its size (docs/design.md): in one

@@ -88,6 +88,13 @@ FAILED_GROUP_LOST: Final = (
     "they are not in the log and were never sent: resume the harness from its "
     "progress marker once the disk takes writes again"
 )
+#: ``failed_reason``: the log's files were removed or replaced while the channel
+#: had them open (``WalRemovedError``). Stored into the open, unlinked file:
+#: it shows only where that file is still read (a restored copy).
+FAILED_LOG_REMOVED: Final = (
+    "log removed: the log's files were removed or replaced while the channel had them open; "
+    "rows committed since live only in the unlinked file"
+)
 #: ``failed_reason``: the engine refuses the run's ``Done`` for its size (docs/design.md).
 FAILED_DONE_REFUSED: Final = (
     "Done refused: the engine refuses the run's Done for its size; raise the engine's "

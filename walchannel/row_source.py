@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from walchannel import wire
-from walchannel.errors import PayloadError
+from walchannel.errors import PayloadError, WalCorruptError
 from walchannel.log_format import encode_body
+from walchannel.reentry import FREE, Guard
 
 if TYPE_CHECKING:
     from walchannel.log import RunLog
@@ -82,6 +83,8 @@ class RowSource:
         self.tail: deque[tuple[int, str, bytes]] = deque()
         self.tail_bytes = 0
         self._readahead: deque[tuple[int, str, dict[str, Any]]] = deque()
+        self.guard = Guard()
+        """Held while :meth:`row_bytes` reads: a send then can only be a signal handler's."""
         # What an UpMessage adds around its body, for the size bound below.
         self._envelope = 64 + len(run_id) + len(correlation_id)
 
@@ -160,27 +163,53 @@ class RowSource:
             RowMissingError: the log holds no row ``seq`` (it was acked meanwhile).
             WalchannelError: the log cannot be read (``WalCorruptError`` among them).
         """
-        tail = self.tail
-        if tail and tail[0][0] <= seq <= tail[-1][0]:
-            _, kind, blob = tail[seq - tail[0][0]]
-            body = msgpack.unpackb(blob, raw=False)
-        else:
-            ahead = self._readahead
-            if not ahead or ahead[0][0] != seq:
-                # (Also after an ack moved the writer past rows read ahead: rare.)
-                ahead.clear()
-                budget = TAIL_BYTES
-                for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
-                    ahead.append((row.seq, row.kind, row.body))
-                    budget -= row.size
-                    # Stop where the tail takes over, or at the memory budget.
-                    if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
-                        break
-            if not ahead or ahead[0][0] != seq:
-                raise RowMissingError(f"row seq {seq} is not in the log")
-            _, kind, body = ahead.popleft()
+        # A send now could only be a signal handler's, between two of our
+        # bytecodes: it would change the tail under the read (see the channel).
+        held = FREE
+        try:
+            held = self.guard.take("the stream writer's read of the log")
+            tail = self.tail
+            if tail and tail[0][0] <= seq <= tail[-1][0]:
+                _, kind, blob = tail[seq - tail[0][0]]
+                body = msgpack.unpackb(blob, raw=False)
+            else:
+                ahead = self._readahead
+                if not ahead or ahead[0][0] != seq:
+                    # (Also after an ack moved the writer past rows read ahead: rare.)
+                    ahead.clear()
+                    budget = TAIL_BYTES
+                    for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
+                        ahead.append((row.seq, row.kind, row.body))
+                        budget -= row.size
+                        # Stop where the tail takes over, or at the memory budget.
+                        if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
+                            break
+                if not ahead or ahead[0][0] != seq:
+                    raise self._missing(seq)
+                _, kind, body = ahead.popleft()
+        finally:
+            self.guard.release(held)
         msg = wire.up_message(self._run_id, self._correlation_id, seq, kind, body)
         return msg.SerializeToString()
+
+    def _missing(self, seq: int) -> RowMissingError | WalCorruptError:
+        """Why row ``seq`` is not in the log: acked meanwhile, or a gap in the file.
+
+        A row goes only when a stored ack covers it; one above the stored
+        cursor and at or below the high-water that the log lacks is a gap
+        (a damaged file, an older writer's bug): re-dialing cannot mend it,
+        and the writer would ask for it for ever.
+        """
+        log = self._log
+        if log.last_acked_seq < seq <= log.high_water:
+            return WalCorruptError(
+                str(log.path),
+                f"row seq {seq} is missing: the log holds rows above the stored cursor "
+                f"{log.last_acked_seq} up to seq {log.high_water} but not this one (run "
+                f"{self._run_id}); keep the file for 'walchannel export', which salvages "
+                "the rows it holds",
+            )
+        return RowMissingError(f"row seq {seq} is not in the log")
 
     def in_flight_sizes(self, after: int, top: int) -> Iterator[tuple[int, int]]:
         """``(seq, encoded size)`` of the rows in ``(after, top]``, in seq order, lazily.

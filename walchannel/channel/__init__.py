@@ -58,6 +58,7 @@ from walchannel.errors import (
     EngineUnavailableError,
     GroupCommitError,
     PayloadError,
+    ReentrantCallError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
@@ -68,6 +69,7 @@ from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats,
 from walchannel.log import RunLog
 from walchannel.log_state import FAILED_GROUP_LOST
 from walchannel.payload import check_text
+from walchannel.reentry import FREE, Guard
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
 
@@ -232,6 +234,8 @@ class GrpcEngineChannel:
             config, log, self._driver, self._clock, self._waiters.state_changed
         )
         self._group: PendingGroup | None = None
+        # Held by the public call inside the channel now ("send_event()"): see _refuse_reentry.
+        self._guard = Guard()
         if config.group_commit is not None:
             self._group = PendingGroup(
                 config.group_commit, config.run_id, log, self._clock, self._commit_rows, self._lost
@@ -258,6 +262,8 @@ class GrpcEngineChannel:
             pending_token_hash=pending_token_hash,
             commit_pending=None if self._group is None else self._group.commit,
         )
+        # Its files removed while open (a commit finds it): the run fails, whoever committed.
+        log.on_removed(self._connection.log_removed)
         # A cancelled close() leaves closing the network to a task of its own, kept here.
         self._teardown: asyncio.Task[None] | None = None
         # The event loop of the first await; the tasks, events, timers and the
@@ -511,6 +517,36 @@ class GrpcEngineChannel:
                 f"would pass max_unacked_bytes {limit}; nothing was logged"
             )
 
+    def _refuse_reentry(self, call: str) -> None:
+        """Refuse ``call`` if another call or the channel's own work is inside the channel.
+
+        Only a signal handler gets here so: it runs on this thread between two
+        bytecodes of what ran (SPEC "Signal handlers and the channel"). The
+        caller then takes :attr:`_guard` first thing in a ``try`` whose
+        ``finally`` releases it.
+
+        Raises:
+            ReentrantCallError: before anything is checked or logged.
+        """
+        inside = self._guard.holder
+        if inside is None:
+            busy = self._log.busy
+            if busy is not None:
+                inside = f"the log's {busy} transaction"
+            elif self._group is not None:
+                inside = self._group.guard.holder
+            if inside is None:
+                inside = self._rows.guard.holder
+            if inside is None:
+                return
+        raise ReentrantCallError(
+            f"run {self._run_id}: {call}() was called while {inside} was in progress on this "
+            "channel, as a signal handler does when it interrupts one: refused, nothing was "
+            "logged. Send from a handler installed with loop.add_signal_handler (it runs "
+            "between the event loop's callbacks, never inside a call), or use "
+            'BlockingEngineChannel (SPEC "Signal handlers and the channel")'
+        )
+
     def _check_sendable(self) -> None:
         self._check_loop()
         self._admit(Call.SEND)
@@ -560,16 +596,22 @@ class GrpcEngineChannel:
                 is ``FAILED``; open a new channel and resume from
                 ``progress()``.
         """
-        hooks = self._metrics
-        started = hooks.clock_ns() if hooks is not None else 0
-        self._check_sendable()
-        if ts is None:
-            ts = messages.rfc3339_at(self._clock.wall_s())
-        body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
-        seq = self._send_rows([self._rows.prepare("event", body)], progress)[0]
-        if hooks is not None:
-            hooks.on_send(started)
-        return seq
+        self._refuse_reentry("send_event")
+        held = FREE
+        try:
+            held = self._guard.take("send_event()")  # (in the try: released whatever comes)
+            hooks = self._metrics
+            started = hooks.clock_ns() if hooks is not None else 0
+            self._check_sendable()
+            if ts is None:
+                ts = messages.rfc3339_at(self._clock.wall_s())
+            body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
+            seq = self._send_rows([self._rows.prepare("event", body)], progress)[0]
+            if hooks is not None:
+                hooks.on_send(started)
+            return seq
+        finally:
+            self._guard.release(held)
 
     def send_finding(
         self, finding: Mapping[str, Any], *, progress: Mapping[str, Any] | None = None
@@ -586,14 +628,20 @@ class GrpcEngineChannel:
         Raises:
             As :meth:`send_event`.
         """
-        hooks = self._metrics
-        started = hooks.clock_ns() if hooks is not None else 0
-        self._check_sendable()
-        body = messages.finding_body(finding, max_values=self._max_values)
-        seq = self._send_rows([self._rows.prepare("finding", body)], progress)[0]
-        if hooks is not None:
-            hooks.on_send(started)
-        return seq
+        self._refuse_reentry("send_finding")
+        held = FREE
+        try:
+            held = self._guard.take("send_finding()")  # (in the try: released whatever comes)
+            hooks = self._metrics
+            started = hooks.clock_ns() if hooks is not None else 0
+            self._check_sendable()
+            body = messages.finding_body(finding, max_values=self._max_values)
+            seq = self._send_rows([self._rows.prepare("finding", body)], progress)[0]
+            if hooks is not None:
+                hooks.on_send(started)
+            return seq
+        finally:
+            self._guard.release(held)
 
     def send_findings(
         self,
@@ -617,22 +665,28 @@ class GrpcEngineChannel:
             (``findings[3].x``, and ``PayloadError.index``), whichever rule
             refused it, and nothing of the batch is logged.
         """
-        hooks = self._metrics
-        started = hooks.clock_ns() if hooks is not None else 0
-        self._check_sendable()
-        bodies = messages.finding_bodies(findings, max_values=self._max_values)
-        items = []
-        for index, body in enumerate(bodies):
-            try:
-                items.append(self._rows.prepare("finding", body))
-            except PayloadError as exc:  # its size: name it as the other rules do
-                raise PayloadError(f"findings[{index}]", exc.reason, index=index) from None
-        seqs: list[int] = []
-        if items or progress is not None:
-            seqs = self._send_rows(items, progress)
-        if hooks is not None:
-            hooks.on_send(started)
-        return seqs
+        self._refuse_reentry("send_findings")
+        held = FREE
+        try:
+            held = self._guard.take("send_findings()")  # (in the try: released whatever comes)
+            hooks = self._metrics
+            started = hooks.clock_ns() if hooks is not None else 0
+            self._check_sendable()
+            bodies = messages.finding_bodies(findings, max_values=self._max_values)
+            items = []
+            for index, body in enumerate(bodies):
+                try:
+                    items.append(self._rows.prepare("finding", body))
+                except PayloadError as exc:  # its size: name it as the other rules do
+                    raise PayloadError(f"findings[{index}]", exc.reason, index=index) from None
+            seqs: list[int] = []
+            if items or progress is not None:
+                seqs = self._send_rows(items, progress)
+            if hooks is not None:
+                hooks.on_send(started)
+            return seqs
+        finally:
+            self._guard.release(held)
 
     async def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str
@@ -797,11 +851,17 @@ class GrpcEngineChannel:
         duplicates by seq). Without a live stream nothing moves: the next
         dial replays from the cursor anyway.
         """
-        self._check_loop()
-        self._rows.clear_readahead()
-        count = self._driver.rewind()
-        self._wakeup.set()
-        return count
+        self._refuse_reentry("replay_unacked")
+        held = FREE
+        try:
+            held = self._guard.take("replay_unacked()")  # (in the try: released whatever comes)
+            self._check_loop()
+            self._rows.clear_readahead()
+            count = self._driver.rewind()
+            self._wakeup.set()
+            return count
+        finally:
+            self._guard.release(held)
 
     # -- the handshake and the connection loop ---------------------------------------------
 

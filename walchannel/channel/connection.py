@@ -26,10 +26,22 @@ from walchannel.channel.refused_rows import RefusedRows
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
 from walchannel.driver import AckKind, Answer, ChannelState, Completion, End
 from walchannel.end_status import DownTooLarge, describe_end
-from walchannel.errors import DiscoveryError, WalchannelError, WalWriteError, raw_message
+from walchannel.errors import (
+    DiscoveryError,
+    GroupCommitError,
+    WalchannelError,
+    WalRemovedError,
+    WalWriteError,
+    raw_message,
+)
 from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, StopCallback
-from walchannel.log_state import FAILED_CORRUPT, FAILED_DONE_REFUSED, FAILED_INTERNAL
+from walchannel.log_state import (
+    FAILED_CORRUPT,
+    FAILED_DONE_REFUSED,
+    FAILED_INTERNAL,
+    FAILED_LOG_REMOVED,
+)
 from walchannel.refusals import down_too_large_text
 from walchannel.transport import StreamEnded
 
@@ -327,6 +339,8 @@ class ConnectionLoop:
                     async with asyncio.timeout(delay / 1000):
                         await self._waiters.over.wait()
                 rediscover = self._config.http_addr is not None
+        except WalRemovedError:
+            pass  # the log's listener failed the run (log_removed)
         except Exception as exc:
             # Errors from outside walchannel are failed attempts at their
             # boundary (discovery, the dial): what reaches here is walchannel's
@@ -389,6 +403,14 @@ class ConnectionLoop:
         fields = (self._run_id, self._config.correlation_id)
         ts = messages.rfc3339_at(self._clock.wall_s())
         return wire.heartbeat_message(*fields, ts).SerializeToString()
+
+    def log_removed(self, error: WalRemovedError) -> None:
+        """The log's files were removed while open: nothing more can be logged; the run fails.
+
+        The log's listener (``RunLog.on_removed``), called by the commit that found it.
+        """
+        if not self._driver.final:
+            self._reporter.fail(error, reason=FAILED_LOG_REMOVED)
 
     def _log_damaged(self, error: WalchannelError) -> None:
         """The writer found the log file damaged: re-dialing cannot mend it; stop, keep the rows."""
@@ -522,6 +544,8 @@ class ConnectionLoop:
             except WalWriteError as exc:
                 self._reporter.record(raw_message(exc))
                 return None
+            except GroupCommitError:
+                return None  # given up, the run failed naming its seqs (its files removed)
         now = self._clock.monotonic_ms()
         plan = driver.on_answer(engine_high, now)
         answer = plan.answer
@@ -790,6 +814,8 @@ class ConnectionLoop:
             return
         try:
             self._log.ack(seq)
+        except WalRemovedError:
+            return  # the log's listener failed the run (log_removed)
         except WalchannelError as exc:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
             # The error names the run, the ack and the file already.

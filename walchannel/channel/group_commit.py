@@ -36,8 +36,15 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from walchannel.errors import GroupCommitError, WalchannelError, WalWriteError, raw_message
+from walchannel.errors import (
+    GroupCommitError,
+    WalchannelError,
+    WalRemovedError,
+    WalWriteError,
+    raw_message,
+)
 from walchannel.formatting import get_logger
+from walchannel.reentry import FREE, Guard
 
 if TYPE_CHECKING:
     from walchannel.clock import Clock
@@ -94,6 +101,8 @@ class PendingGroup:
         # Sends added so far, and at the callback's last look (None: not looked yet).
         self._adds = 0
         self._looked: int | None = None
+        self.guard = Guard()
+        """Held while the group commits: a send then can only be a signal handler's."""
 
     # -- read-outs -------------------------------------------------------------------------
 
@@ -190,6 +199,8 @@ class PendingGroup:
         """
         try:
             self.commit()
+        except GroupCommitError:
+            pass  # given up already, its seqs named
         except WalchannelError as exc:
             self._lose(exc)
 
@@ -207,12 +218,20 @@ class PendingGroup:
         there, the group is forgotten too, so it is never committed twice.
         """
         first = self._log.next_seq
+        held = FREE
         try:
+            held = self.guard.take("a group commit")
             seqs = self._commit(items, marker)
+        except WalRemovedError as exc:
+            # Committed only into a file no path names any more: as lost as if
+            # never committed (SPEC "The log"); named, and given up at once.
+            raise self._lose(exc, first=first) from None
         except BaseException:
             if self._log.next_seq != first:
                 self._reset()
             raise
+        finally:
+            self.guard.release(held)
         self._reset()
         return seqs
 
@@ -268,28 +287,33 @@ class PendingGroup:
                 raw_message(exc),
                 delay_ms,
             )
-            self._handle = asyncio.get_running_loop().call_later(
-                delay_ms / 1000, self._try_commit
-            )
+            self._handle = asyncio.get_running_loop().call_later(delay_ms / 1000, self._try_commit)
+        except GroupCommitError:
+            pass  # given up already, its seqs named
         except WalchannelError as exc:  # a closed or lost log: trying again cannot help
             self._lose(exc)
 
-    def _lose(self, cause: WalchannelError) -> None:
-        """The group cannot be committed: drop it, and fail the channel naming its seqs."""
+    def _lose(self, cause: WalchannelError, *, first: int | None = None) -> GroupCommitError:
+        """The group cannot be committed: drop it, fail the channel naming its seqs; return why.
+
+        ``first``: the group's first seq, when a commit of it landed where no
+        path names it (else the log's next seq: nothing of it committed).
+        """
         rows = len(self._items)
-        first = self._log.next_seq
+        if first is None:
+            first = self._log.next_seq
         last = first + rows - 1
         what = f"{rows} row(s) handed out as seqs {first}..{last}" if rows else ""
         marker = "the progress marker set with them" if self._marker is not None else ""
         lost = " and ".join(part for part in (what, marker) if part)
         self._reset()
-        self._give_up(
-            GroupCommitError(
-                f"run {self._run_id}: {lost} could not be committed ({raw_message(cause)}); "
-                "they are not in the log and were never sent: a harness resuming from "
-                "progress() in a new channel sends them again",
-                path=str(self._log.path),
-                first_seq=first if rows else None,
-                last_seq=last if rows else None,
-            )
+        error = GroupCommitError(
+            f"run {self._run_id}: {lost} could not be committed ({raw_message(cause)}); "
+            "they are not in the log and were never sent: a harness resuming from "
+            "progress() in a new channel sends them again",
+            path=str(self._log.path),
+            first_seq=first if rows else None,
+            last_seq=last if rows else None,
         )
+        self._give_up(error)
+        return error

@@ -1,0 +1,172 @@
+"""A public call re-entered from a signal handler: it completes, or is refused at once (issue 52).
+
+A harness's signal handler (a ``SIGALRM`` per-item timer, a ``SIGUSR1``
+status tick from another process) runs on the main thread between two
+bytecodes of whatever the harness was doing — possibly inside a send's
+transaction, or inside the channel's own work on the event loop. Real
+processes, real signal timers, a real engine: every seq a call returned
+reaches the engine, none twice, no gap, no deadlock (SPEC "Signal handlers
+and the channel").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import new_run
+from walchannel import GrpcEngineChannel, ReentrantCallError, RunLog
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
+
+CHILD = str(Path(__file__).parent / "helpers" / "reentry_child.py")
+#: How long the child scans under the signals (s), and the bound on the whole run.
+SCAN_S = 2.0
+BOUND_S = 90.0
+
+
+async def run_child(
+    engine: LocalEngine, tmp_path: Path, mode: str, interval_ms: float, usr1_every_ms: float
+) -> dict[str, Any]:
+    run_id, token = new_run(engine)
+    env = {**os.environ, "HARNESS_TOKEN": token}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        CHILD,
+        mode,
+        str(tmp_path / "wal"),
+        run_id,
+        engine.grpc_addr,
+        str(SCAN_S),
+        str(interval_ms),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    sender: asyncio.Task[None] | None = None
+    try:
+        async with asyncio.timeout(BOUND_S):
+            line = await proc.stdout.readline()
+            assert line.strip() == b"ready", line + await proc.stderr.read()
+            if usr1_every_ms:
+
+                async def send_usr1() -> None:
+                    # Another process's status ticks, as long as the scan runs.
+                    loop = asyncio.get_running_loop()
+                    end = loop.time() + SCAN_S
+                    while loop.time() < end and proc.returncode is None:
+                        os.kill(proc.pid, signal.SIGUSR1)
+                        await asyncio.sleep(usr1_every_ms / 1000)
+
+                sender = asyncio.create_task(send_usr1())
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        pytest.fail(f"the {mode} harness did not end within {BOUND_S:.0f} s: a deadlock")
+    finally:
+        if sender is not None:
+            sender.cancel()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    result["run_id"] = run_id
+    result["stderr"] = err.decode()
+    return result
+
+
+def check_delivered(engine: LocalEngine, result: dict[str, Any]) -> None:
+    """Every seq a call returned reached the engine; no gap, none twice; all acked."""
+    returned: list[int] = result["returned"]
+    accepted = engine.accepted(result["run_id"])
+    assert result["acked"], result["stderr"][-3000:]
+    assert len(returned) == len(set(returned)), "a seq returned twice"
+    assert accepted == list(range(1, len(accepted) + 1))
+    missing = sorted(set(returned) - set(accepted))
+    assert not missing, f"{len(missing)} returned seqs never applied: {missing[:10]}"
+    # Nothing went out that no call returned (a refused call logged nothing).
+    assert set(accepted) == set(returned)
+    assert "Traceback" not in result["stderr"], result["stderr"][-3000:]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["async", "blocking"])
+async def test_a_sigalrm_timer_every_2_ms_sending_beside_the_scan_loses_nothing(
+    local_engine: LocalEngine, tmp_path: Path, mode: str
+) -> None:
+    result = await run_child(local_engine, tmp_path, mode, interval_ms=2.0, usr1_every_ms=0)
+    check_delivered(local_engine, result)
+    # The handler ran many times, and some of its sends landed.
+    assert len(result["returned"]) > 100
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["async", "blocking"])
+async def test_sigusr1_from_another_process_sending_beside_the_scan_loses_nothing(
+    local_engine: LocalEngine, tmp_path: Path, mode: str
+) -> None:
+    result = await run_child(local_engine, tmp_path, mode, interval_ms=0, usr1_every_ms=2.0)
+    check_delivered(local_engine, result)
+
+
+# -- the guard itself, deterministic ---------------------------------------------------
+
+
+class _ReenteringConnection(sqlite3.Connection):
+    """A real connection that, once armed, runs ``inside`` before its next statement."""
+
+    inside: Any = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        fn = self.inside
+        if fn is not None and self.in_transaction:
+            self.inside = None
+            fn()
+        return super().execute(sql, parameters)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["a send's transaction", "the channel's ack store"])
+async def test_a_send_re_entered_inside_a_transaction_of_the_log_is_refused_and_logs_nothing(
+    local_engine: LocalEngine, tmp_path: Path, where: str
+) -> None:
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as made:
+        path = made.path
+    conn = sqlite3.connect(path, factory=_ReenteringConnection, isolation_level=None)
+    log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+    async with GrpcEngineChannel(config, log=log) as ch:
+        await ch.handshake("1", "reentry", "1")
+        seen: list[BaseException] = []
+
+        def handler() -> None:
+            try:
+                ch.send_event("tick", "info", {"n": 1})
+            except ReentrantCallError as exc:
+                seen.append(exc)
+
+        if where == "a send's transaction":
+            conn.inside = handler
+            seqs = ch.send_findings([{"n": 1}, {"n": 2}], progress={"i": 2})
+        else:
+            seqs = ch.send_findings([{"n": 1}, {"n": 2}], progress={"i": 2})
+            conn.inside = handler  # the next transaction is the received ack's store
+            assert await ch.wait_acked(timeout_ms=10_000)
+            await ch.close()  # (stores the last ack, if the timer did not yet)
+        assert len(seen) == 1, where
+        text = str(seen[0])
+        assert run_id in text and "send_event" in text and "add_signal_handler" in text
+        assert ch.log.high_water == len(seqs) if not ch.log.closed else True
+        if not ch.log.closed:
+            assert await ch.wait_acked(timeout_ms=10_000)
+    # The refused event took no seq and reached nobody.
+    assert local_engine.accepted(run_id) == seqs
