@@ -490,6 +490,21 @@ PLANTS: tuple[Plant, ...] = (
         "        watch = None\n",
         ("after the log's files were removed", "no transaction of the log ever committed it"),
     ),
+    # -- the engine's lies the client can see (issue 53) -----------------------------------
+    Plant(
+        "answer_above_the_written_bound_taken",
+        "driver.py",
+        "        if written is not None and engine_high > written:\n",
+        "        if False:\n",
+        ("did not end the stream", "an impossible answer was applied"),
+    ),
+    Plant(
+        "contradiction_retried",
+        "driver.py",
+        "            if expected - 1 < self.stored:\n",
+        "            if False:\n",
+        ("dialed again after the engine said it expects seq",),
+    ),
 )
 
 

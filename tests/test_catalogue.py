@@ -194,8 +194,11 @@ async def test_discovery_address_outside_allowed_hosts_is_never_dialled(
             await ch.handshake("1", "catalogue", "1")
             for i in range(3):
                 await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
-                # Each end makes a rediscovery; the next cut waits for the re-dial.
-                await eventually(lambda i=i: ch.stats().reconnects > i, what=f"reconnect {i + 1}")
+                # Each end makes a rediscovery; the next cut waits for the re-dial's stream.
+                await eventually(
+                    lambda i=i: ch.stats().reconnects > i and ch.state is ChannelState.STREAMING,
+                    what=f"reconnect {i + 1}",
+                )
             ch.send_finding({"n": 1})
             assert await ch.wait_acked(timeout_ms=10_000)
     with pytest.raises(BlockingIOError):

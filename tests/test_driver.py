@@ -351,7 +351,7 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
         (5, Answer.RESUME, 6, 5, S.CONNECTING, 0),
         (8, Answer.RESUME, 9, 8, S.CONNECTING, 0),
         (10, Answer.RESUME, 11, 10, S.CONNECTING, 0),
-        (11, Answer.AHEAD, 6, 5, S.CONNECTING, 1),  # above the high-water: replay from the cursor
+        (11, Answer.AHEAD, None, 5, S.CONNECTING, 1),  # above anything logged: the stream ends
     ],
 )
 def test_a_verified_logs_answer_is_applied_in_one_call(
@@ -370,7 +370,8 @@ def test_a_verified_logs_answer_is_applied_in_one_call(
         assert plan.failed_reason == FAILED_ENGINE_BEHIND
     if kind is Answer.AHEAD:
         assert plan.problem == d.last_error == (
-            "protocol error: handshake answer Ack(11) is above the high-water 10; not applied"
+            "protocol error: handshake answer Ack(11) is above seq 10, the highest this log "
+            "can have written; not applied"
         )
 
 
@@ -587,14 +588,19 @@ def test_a_write_at_or_below_the_highest_written_seq_is_a_replay() -> None:
     assert d.is_replay(4) and not d.is_replay(5)
 
 
-def test_every_stream_after_the_first_is_a_reconnect() -> None:
+def test_every_dial_after_the_first_is_a_reconnect() -> None:
+    # Issue 53: whether its stream came up or not (a dial refused, a stream cut
+    # for a missing handshake answer): streams up alone counted none of those.
     d = driver()
+    d.on_dial()
     up(d, 1)
     assert d.reconnects == 0
     for _ in range(2):
         d.move(S.BACKOFF)
-        up(d, 1)
-    assert d.reconnects == 2
+        d.on_dial()  # refused, or never answered
+    d.on_dial()
+    up(d, 1)
+    assert d.reconnects == 3
 
 
 def test_a_held_done_is_never_written_and_stops_once_the_rows_before_it_are_acked() -> None:
@@ -1640,15 +1646,17 @@ def test_an_answer_applied_as_an_ack_waits_to_be_stored_from_the_answers_time() 
     assert d.ack_timer_ms(timer_armed=False) is None  # handed out: the window starts again
 
 
-def test_an_ack_at_an_answer_above_the_high_water_is_above_it_not_never_written() -> None:
+def test_an_answer_above_the_high_water_raises_no_ack_bound() -> None:
+    # Issue 53: the refused answer is never the bound (it was: acks up to it were
+    # then taken as "above the high-water", and after a restart as rows).
     d = driver(high=10)
     d.move(S.CONNECTING)
-    assert d.on_answer(11, 0.0).answer is Answer.AHEAD  # the bound is 11 now
+    assert d.on_answer(11, 0.0).answer is Answer.AHEAD
     up(d, 1)
-    assert d.on_ack(11, 0.0) is AckKind.ABOVE_HIGH_WATER  # at the bound: logged never
-    assert d.last_error == "protocol error: Ack(11) is above the high-water 10; not applied"
-    assert d.on_ack(12, 0.0) is AckKind.NEVER_WRITTEN  # past it
-    assert d.protocol_errors == 3 and d.acked == 0
+    assert d.on_ack(11, 0.0) is AckKind.NEVER_WRITTEN
+    d.on_writing(1)
+    assert d.on_ack(1, 0.0) is AckKind.ADVANCE  # what this channel wrote may be acked
+    assert d.protocol_errors == 2 and d.acked == 1
 
 
 def test_the_error_of_the_runs_end_is_built_in_one_place() -> None:
@@ -1688,3 +1696,62 @@ def test_run_completed_is_decided_in_the_end_and_a_tombstone_needs_the_log_first
     assert e.on_end("FAILED_PRECONDITION", "run completed").completion is Completion.TOMBSTONE
     assert e.tombstone_not_stored() == FAILED_UNDELIVERABLE
     assert e.state is S.FAILED and isinstance(e.failure, RunCompletedError)
+
+
+# -- what the engine contradicts, and answers above what was written (issue 53) ----------
+
+
+def test_expected_seq_below_the_stored_cursor_fails_the_run_as_engine_behind() -> None:
+    d = driver(high=20, stored=15)
+    up(d, 16)
+    plan = d.on_end("FAILED_PRECONDITION", "expected seq 11, got seq 16")
+    assert plan.end is wd.End.CONTRADICTED
+    assert plan.failed_reason == FAILED_ENGINE_BEHIND
+    assert d.state is S.FAILED
+    assert isinstance(d.failure, EngineBehindError)
+    assert "expects seq 11" in str(d.failure) and "below the cursor 15" in str(d.failure)
+
+
+@pytest.mark.parametrize("expected", [16, 19])
+def test_expected_seq_at_or_above_the_stored_cursor_is_re_sent(expected: int) -> None:
+    # The FORGOT rule: acks received but not stored may be lost; the rows are still here.
+    d = driver(high=20, acked=18, stored=15)
+    up(d, 19)
+    plan = d.on_end("FAILED_PRECONDITION", f"expected seq {expected}, got seq 19")
+    assert plan.end is wd.End.RECONNECT
+    assert d.state is S.STREAMING and d.failure is None
+
+
+def _trusted(written: int | None, *, high: int = 10, unverified: int | None = 11) -> Driver:
+    """A driver over a log reopened on the same boot (``written``: RunLog.written_bound)."""
+    log = SimpleNamespace(state=LogState("r", high + 1, high, unverified, None, False))
+    base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
+    return Driver(
+        GrpcChannelConfig(**base), log, failed_mark=False, now_ms=0.0, written_bound=written
+    )
+
+
+@pytest.mark.parametrize("answer", [11, 60, 2**62])
+def test_an_answer_above_the_written_bound_is_refused_and_bounds_no_ack(answer: int) -> None:
+    d = _trusted(10)
+    plan = d.on_answer(answer, 0.0)
+    assert plan.answer is Answer.AHEAD
+    assert d.protocol_errors == 1
+    assert f"Ack({answer}) is above seq 10" in (d.last_error or "")
+    assert d.ack_bound == 0  # the refused answer raises nothing: only writes will
+    assert d.on_ack(answer, 0.0) is AckKind.NEVER_WRITTEN
+
+
+def test_an_answer_within_the_written_bound_is_verified_as_before() -> None:
+    d = _trusted(10)
+    assert d.on_answer(10, 0.0).answer is Answer.VERIFY
+
+
+@pytest.mark.parametrize("answer", [11, 60])
+def test_without_a_written_bound_an_answer_above_is_the_verification_path(answer: int) -> None:
+    # A takeover, a restored log, another boot: the engine may hold more than this log.
+    d = _trusted(None)
+    assert d.on_answer(answer, 0.0).answer is Answer.VERIFY
+    d.on_verified(answer, answer + 1 - 11)
+    assert d.written_bound == answer  # from now on, above it is no engine's word
+    assert d.on_answer(answer + 5, 0.0).answer is Answer.AHEAD

@@ -22,6 +22,7 @@ EXAMPLES = [
     ("FAILED_PRECONDITION", " Owned by another writer w-2 (epoch 3)", Meaning.WRITER_REFUSED),
     ("FAILED_PRECONDITION", "run completed by writer w-2", Meaning.RUN_COMPLETED),
     ("FAILED_PRECONDITION", "Run Completed", Meaning.RUN_COMPLETED),
+    ("FAILED_PRECONDITION", "expected seq 11, got seq 16", Meaning.EXPECTED_SEQ),
     (
         "RESOURCE_EXHAUSTED",
         "CLIENT: Received message larger than max (900 vs. 500)",

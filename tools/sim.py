@@ -168,7 +168,21 @@ P_SMALL_PAGES = 0.1
 P_SECOND = 0.15
 SECOND = "second harness"
 #: What a lying engine does (World.fault_lie).
-LIES = ("ack", "ack", "heartbeat", "flood", "backwards", "answer", "down_big", "control")
+LIES = (
+    "ack",
+    "ack",
+    "heartbeat",
+    "flood",
+    "backwards",
+    "answer",
+    "down_big",
+    "control",
+    # Issue 53: answers above the engine's truth, above anything the log holds
+    # or within what it wrote (then "expected seq N" below the stored cursor).
+    "ahead",
+    "within",
+    "within",
+)
 
 RUN_ID = "sim"
 CORRELATION_ID = "sim-c"
@@ -438,6 +452,25 @@ def fresh_image() -> bytes:
     return _FRESH
 
 
+class LockFile:
+    """The log's lock file beside it: what its owners keep there (a ``WrittenStore``).
+
+    It outlives crashes and a copy of the log put back (a restore); a lost
+    log (its volume gone) and removed files take it with them.
+    """
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept: tuple[str | None, int | None] = (None, None)
+
+    def written(self) -> tuple[str | None, int | None]:
+        return self.kept
+
+    def keep_written(self, boot_id: str | None, seq: int) -> None:
+        self.kept = (boot_id, seq)
+
+
 class Disk:
     """The log file: its committed images since it was created, and how many are synced."""
 
@@ -566,6 +599,9 @@ class Proc:
         self.unwritten: dict[int, float] = {}
         # Its log's files were removed while open: its commits reach no file on the disk.
         self.detached = False
+        # The engine ended its stream "expected seq N" below the stored cursor S: (N, S).
+        self.contradicted: tuple[int, int] | None = None
+        self.lied_to = False  # the engine answered it above its truth (issue 53)
 
     def wrote(self, seq: int) -> None:
         """Its channel started writing row ``seq``: the rows up to it went out (seq order)."""
@@ -701,6 +737,7 @@ class Link:
         "blocked_until",
         "connect_wait",
         "connected",
+        "contradiction",
         "down_t",
         "downq",
         "e_open",
@@ -755,6 +792,8 @@ class Link:
         self.end_t: float | None = None
         self.answered = False  # the handshake's answer was delivered
         self.answer_h: int | None = None  # its value (a true answer)
+        # The engine ended it "expected seq N" below the stored cursor S: (N, S).
+        self.contradiction: tuple[int, int] | None = None
         # Down messages the checker reads as the client reads them: (message, what, value).
         self.marks: deque[tuple[Any, str, Any]] = deque()
         # The client's side: what its reads and writes wait on.
@@ -975,6 +1014,9 @@ class World:
                 "ack_lies",
                 "heartbeat_lies",
                 "answer_lies",
+                "ahead_lies",
+                "within_lies",
+                "contradictions",
                 "ack_floods",
                 "backward_acks",
                 "down_too_large",
@@ -1147,6 +1189,7 @@ class World:
         self.post_completion: set[int] = set()
         # -- disk --------------------------------------------------------------------
         self.disk = Disk()
+        self.lock_file = LockFile()
         self.affected: set[int] = set()
         self.logged = [0] * self.nf
         self.events_logged: list[int] = []
@@ -1206,6 +1249,10 @@ class World:
         # An engine that lies: impossible acks and answers, floods, oversize and hostile ends.
         self.liar = r2.random() < P_LIAR
         self.lie_answers_until = -1.0
+        # Answers above the engine's truth, until then, of the kind ("ahead"/"within").
+        self.false_answers_until = -1.0
+        self.false_answer_kind = ""
+        self.answer_lied = False  # it told one: a gap it meets is its own doing
         self.lies_armed: list[str] = []  # told as the engine next acks (World.tell_lie)
         self.lies: list[str] = []
         if self.liar:
@@ -1668,6 +1715,14 @@ class World:
                 # shift that would carry a row past 2**63 - 1.
                 self.lie_answers_until = self.now + 200.0 + self.rng2.random() * 8_000.0
             return
+        if kind in ("ahead", "within"):
+            if self.acks_hs:
+                # Every answer for a while is above the engine's truth (issue 53): long
+                # enough for a "within" one to meet a verification, which stores it.
+                span = 8_000.0 if kind == "ahead" else 60_000.0
+                self.false_answers_until = self.now + 200.0 + self.rng2.random() * span
+                self.false_answer_kind = kind
+            return
         self.lies_armed.append(kind)
 
     def tell_lie(self, s: Link, heartbeat: bool) -> bool:
@@ -1724,6 +1779,55 @@ class World:
             )
         return False
 
+    def false_answer(self, s: Link) -> None:
+        """Answer ``s``'s handshake above the engine's truth ``h`` (issue 53).
+
+        ``ahead``: above anything the log holds (its high-water), so above
+        anything it wrote. ``within``: above ``h`` but within what the channel
+        wrote, with rows of the log above it still to send (so the stream's
+        next row meets the engine's "expected seq h + 1"), and no ``Done`` at
+        or below it. Either way it is as if the engine lost rows: the run may
+        end engine-behind; the rows a stored lie deleted were never applied.
+        Told only where it is one: otherwise the truth.
+        """
+        h = len(self.applied)
+        st = self.disk.states[-1] if self.disk.exists else None
+        proc = s.proc
+        ch = proc.channel
+        value: int | None = None
+        if st is not None and proc.alive and ch is not None:
+            top = max(max(st.rows, default=0), st.last_acked)
+            r2 = self.rng2
+            if self.false_answer_kind == "ahead":
+                # Only where the log knows what it wrote (verified, same boot, no
+                # restore): elsewhere an answer above is an honest engine's word
+                # (the verification path), and no client could tell the lie.
+                bound = ch.driver.written_bound
+                if bound is not None:
+                    value = max(h, top, bound) + r2.choice((1, 2, 50))
+            else:
+                above = sorted(q for q in st.rows if q > h)
+                done = self.pos_of.get(DONE)
+                room = [q for q in above[:-1] if q <= proc.max_written]
+                if room and (done is None or done > room[-1]):
+                    value = r2.choice(room)
+        if value is None:
+            self.send_down(s, ("ack", h))
+            return
+        kind = self.false_answer_kind
+        self.stats[f"{kind}_lies"] += 1
+        self.answer_lied = True
+        self.engine_lost = True  # (a lie the log believes is a loss to it)
+        proc.lied_to = True
+        if value > self.peak:
+            self.peak = value
+        if st is not None:
+            self.lost_by_engine.update(c for q, c in st.rows.items() if h < q <= value)
+        self.tr("the engine answers #%d Ack(%d), above its %d: %s", s.sid, value, h, kind)
+        # Above what the log wrote, it is impossible to the client (refused, the
+        # stream ended: checked as any impossible answer); within, it is taken.
+        self.send_down(s, ("ahead", value) if kind == "ahead" else ("ack", value))
+
     def impossible_answer(self) -> int:
         """A handshake answer no engine can give: >= 2**63, or a shift past 2**63 - 1."""
         r2 = self.rng2
@@ -1759,6 +1863,11 @@ class World:
                 proc.max_truth = value
             if proc.role == "harness" and value > self.acked_to_log:
                 self.acked_to_log = value
+            return msg
+        if what == "ahead":
+            # An answer above anything the log wrote: a protocol error, the stream ended.
+            proc.lies_read += 1
+            self.at(self.now + REDIAL_BOUND_MS, self.check_redialed, s, value)
             return msg
         if what == "answer":
             s.answer_h = value
@@ -1910,6 +2019,7 @@ class World:
                 self.lost_contents.update(st.touched)
             d.exists = False
             d.states = []
+            self.lock_file = LockFile()
             self.tombstone_at = None
             self.pos_of = {}
             what += ", log lost"
@@ -1917,6 +2027,8 @@ class World:
             self.stats["restores"] += 1
             keep = rng.randrange(1, len(d.states))
             self.rollback(keep)
+            # As `walchannel restore` leaves it: no boot id, so its high-water
+            # bounds nothing it wrote (the engine may hold more).
             d.synced = len(d.states) - 1
             what += f", older copy restored ({keep} commits)"
         self.tr("%s of the %s (%s)", what, proc.role, "timed" if timed else "at a crash point")
@@ -2087,6 +2199,7 @@ class World:
             return
         self.stats["files_removed"] += 1
         proc.detached = True
+        self.lock_file = LockFile()  # (the process keeps writing to its old one)
         for st in d.states:
             self.lost_contents.update(st.touched)
         d.exists = False
@@ -2135,6 +2248,7 @@ class World:
                 clock=self.clock,
                 # The storage seam's "are the files still there": gone once removed.
                 watch=lambda: "the log file :memory: is gone" if proc.detached else None,
+                written_store=self.lock_file,
             )
         except WalWriteError:
             conn.close()
@@ -2482,6 +2596,10 @@ class World:
                 s.answered = True
             down = _Lie()
             s.marks.append((down, "lie", msg[1]))
+        elif what == "ahead":
+            s.answered = True
+            down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
+            s.marks.append((down, "ahead", msg[1]))
         elif what == "stop":
             s.proc.stops_delivered += 1
             down = pb.DownMessage(stop=pb.Stop(reason=msg[1]))
@@ -2505,6 +2623,9 @@ class World:
 
     def deliver_end(self, s: Link, code: str | None, details: str) -> None:
         """The client learns that its call ended with this status."""
+        if s.contradiction is not None and "expected seq" in details:
+            self.stats["contradictions"] += 1
+            s.proc.contradicted = s.contradiction  # it must not dial again
         s.link = False
         if code is not None:
             s.status = (code, details)
@@ -2708,6 +2829,8 @@ class World:
             # (The lies are made from the first harness's log: told to its streams only.)
             if self.now < self.lie_answers_until and s.proc.role != SECOND:
                 self.at(self.now + delay, self.send_down, s, ("lie", "answer"))
+            elif self.now < self.false_answers_until and s.proc.role != SECOND:
+                self.at(self.now + delay, self.false_answer, s)
             else:
                 self.at(self.now + delay, self.send_down, s, ("ack", len(self.applied)))
         # After every handshake: the run's Stop and every decision again.
@@ -2738,7 +2861,13 @@ class World:
                     f"{_name(applied[seq - 1])} applied, {_name(content)} re-sent"
                 )
         elif seq > h + 1:
-            self.violation(f"gap: the engine expected seq {h + 1}, got {seq}")
+            if not self.answer_lied:
+                self.violation(f"gap: the engine expected seq {h + 1}, got {seq}")
+            stored = self.disk.states[-1].last_acked if self.disk.exists else 0
+            if h < stored and s.proc is self.proc:
+                # It contradicts the cursor its own word made the log store: once
+                # the client reads it, it fails as engine behind (issue 53).
+                s.contradiction = (h + 1, stored)
             self.engine_end(s, "FAILED_PRECONDITION", f"expected seq {h + 1}, got seq {seq}")
             return
         elif self.completed:
@@ -2832,6 +2961,13 @@ class World:
 
     def note_dial(self, proc: Proc) -> None:
         self.stats["dials"] += 1
+        if proc.contradicted is not None:
+            expected, stored = proc.contradicted
+            self.violation(
+                f"dialed again after the engine said it expects seq {expected}, below the "
+                f"cursor {stored} the log stored from its word: engine behind, not a retry"
+            )
+            proc.contradicted = None
         dq = proc.dials
         dq.append(self.now)
         while self.now - dq[0] > 1000.0:
@@ -3888,7 +4024,7 @@ class World:
         pos = None if c is None else self.pos_of.get(c)
         if ok and c is not None and pos is None and c in proc.uncommitted.values():
             self.violation(f"{what} returned True, but the row of {_name(c)} is not committed")
-        if ok and c is not None and pos is not None:
+        if ok and c is not None and pos is not None and not proc.lied_to:
             held = self.ever_at.get(pos, ())
             # A power loss under "process" rolled back a commit of it: the engine may
             # hold it under an earlier seq (SPEC "Durability": by content).

@@ -155,7 +155,7 @@ class Answer(enum.Enum):
     # meets an engine holding rows of the run: another writer's. FAILED, WriterFencedError.
     FOREIGN = "foreign"
     FORGOT = "forgot"  # h below an ack received, not stored: re-send from h + 1
-    AHEAD = "ahead"  # h above the high-water of a verified log: a protocol error
+    AHEAD = "ahead"  # h above anything this log wrote: a protocol error, the stream ends
     # h past SQLite's range, or its verification shift would carry a row past
     # it: a protocol error, never applied; the stream ends and is dialed again.
     IMPOSSIBLE = "impossible"
@@ -183,6 +183,9 @@ class End(enum.Enum):
     SIZE_REFUSAL = "size_refusal"  # the engine refused an up-message for its size
     DOWN_TOO_LARGE = "down_too_large"  # a down message over max_receive_message_bytes
     ALREADY_OVER = "already_over"  # the channel was FAILED/EXPIRED: nothing to record
+    # FAILED_PRECONDITION "expected seq N" below the stored cursor: the engine
+    # contradicts what it acked; the run has failed (engine behind)
+    CONTRADICTED = "contradicted"
 
 
 class Completion(enum.Enum):
@@ -300,6 +303,7 @@ class Driver:
         writer: Writer | None = None,
         failed_reason: str | None = None,
         path: str = "",
+        written_bound: int | None = None,
     ) -> None:
         self._log = log
         self._run_id = config.run_id
@@ -343,7 +347,12 @@ class Driver:
         # h (no bound without answers: engine_acks_handshake=False).
         self._max_started = 0
         self._ack_bound = _NO_BOUND
-        self._streams_up = 0
+        # The highest seq this log can have written before this channel
+        # (RunLog.written_bound: its high-water at open, when nothing can have
+        # rolled it back since it was last verified), or the h a verification
+        # took; None until one of them is known (the verification path).
+        self._written_bound = written_bound
+        self._dials = 0
         self._reconnects = 0
         self._protocol_errors = 0
         self._last_error: str | None = None
@@ -666,10 +675,11 @@ class Driver:
         - ``BEHIND``, ``FOREIGN``: the run has failed (:attr:`failure`);
           the caller stores :attr:`AnswerPlan.failed_reason` and ends.
         - ``AHEAD``, ``IMPOSSIBLE``: a protocol error, counted and kept as
-          :attr:`last_error`, never applied (:attr:`AnswerPlan.problem`);
-          after ``IMPOSSIBLE`` (``h`` past SQLite's range, or a shift that
-          would carry a row past it,
-          :func:`~walchannel.log_state.impossible_answer`) the stream ends.
+          :attr:`last_error`, never applied (:attr:`AnswerPlan.problem`),
+          and the stream ends: ``h`` above anything this log wrote
+          (:attr:`written_bound`), or past SQLite's range, or a shift that
+          would carry a row past it
+          (:func:`~walchannel.log_state.impossible_answer`).
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake`` (no
@@ -686,7 +696,6 @@ class Driver:
         if problem is not None:
             said = self.protocol_error(f"{problem}; not applied")
             return AnswerPlan(Answer.IMPOSSIBLE, None, problem=said)
-        self._ack_bound = max(engine_high, self._max_started)
         if engine_high < self.stored:
             reason = self.fail(self._behind(engine_high))
             return AnswerPlan(Answer.BEHIND, None, failed_reason=reason)
@@ -704,16 +713,23 @@ class Driver:
             return AnswerPlan(Answer.FOREIGN, None, failed_reason=reason)
         clear = self._failed_mark
         self._failed_mark = False
+        written = self.written_bound
+        if written is None and unverified is None:
+            written = self.high_water  # verified, bound not known: nothing above was logged
+        if written is not None and engine_high > written:
+            # No engine can hold a seq this log never wrote (SPEC "Acks"): not
+            # applied, and no bound for acks either (never the answer itself).
+            said = self.protocol_error(
+                f"handshake answer Ack({engine_high}) is above seq {written}, the highest "
+                "this log can have written; not applied"
+            )
+            self._ack_bound = self._max_started  # never the answer itself
+            return AnswerPlan(Answer.AHEAD, None, clear, problem=said)
+        self._ack_bound = max(engine_high, self._max_started)
         if unverified is not None:
             # After the log's verification the high-water is at least h.
             self._verifying = (unverified, self.high_water + 1)
             return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)
-        if engine_high > self.high_water:
-            said = self.protocol_error(
-                f"handshake answer Ack({engine_high}) is above the high-water "
-                f"{self.high_water}; not applied"
-            )
-            return AnswerPlan(Answer.AHEAD, self._acked + 1, clear, problem=said)
         if engine_high < self._acked:
             forgot_from = self._acked
             # Re-send what it forgot; what the log stores is gone from it.
@@ -724,6 +740,14 @@ class Driver:
             )
         moved = self.on_ack(engine_high, now_ms) is AckKind.ADVANCE
         return AnswerPlan(Answer.RESUME, engine_high + 1, clear, acked_moved=moved)
+
+    def _contradicted(self, expected: int) -> EngineBehindError:
+        return EngineBehindError(
+            f"run {self._run_id}: engine behind: it expects seq {expected}, so it holds seqs "
+            f"only up to {expected - 1}, below the cursor {self.stored} this log stored from "
+            "its acks and answers; it lost rows it acked (or answered above what it held), "
+            "and this log deleted them: they cannot be re-sent"
+        )
 
     def _behind(self, engine_high: int) -> EngineBehindError:
         return EngineBehindError(
@@ -758,6 +782,9 @@ class Driver:
         self._verifying = None
         if engine_high > self._acked:
             self._acked = engine_high
+        # The engine's h is this log's numbering from now on: a later answer
+        # above it (and above every write) is no engine's word.
+        self._written_bound = max(self._written_bound or 0, engine_high)
         self._clear_pending()
 
     def translate(self, seq: int) -> int:
@@ -894,18 +921,24 @@ class Driver:
         """The handshake was answered (or written, without answers): the stream is up.
 
         The writer starts at ``replay_from`` (never below the received ack);
-        every stream after the channel's first counts as a reconnect; the
-        backoff attempt resets once the stream lives :data:`STABLE_STREAM_MS`
+        the backoff attempt resets once the stream lives :data:`STABLE_STREAM_MS`
         or an ack covers a row written on it. Moves to ``STREAMING``.
         """
         self._write_pos = max(replay_from, self._acked + 1)
         self._up_since_ms = now_ms
         self._first_written = None
         self._repeated_end = None
-        self._streams_up += 1
-        if self._streams_up > 1:
-            self._reconnects += 1
         self.move(ChannelState.STREAMING)
+
+    def on_dial(self) -> None:
+        """A dial begins: every one after the channel's first is a reconnect (``stats()``).
+
+        Whether or not its stream comes up: a dial refused, or a stream cut
+        for a missing handshake answer, was a re-dial too.
+        """
+        self._dials += 1
+        if self._dials > 1:
+            self._reconnects += 1
 
     def next_to_write(self) -> int | None:
         """Return the next seq to write on the live stream, or None when caught up.
@@ -927,6 +960,18 @@ class Driver:
             self._max_started = seq
             if seq > self._ack_bound:
                 self._ack_bound = seq
+
+    @property
+    def written_bound(self) -> int | None:
+        """The highest seq this log can have written to any engine, or None while unknown.
+
+        Its high-water at open when nothing can have rolled it back since its
+        last verification (``RunLog.written_bound``), or the ``h`` a
+        verification took, and every seq written since. A handshake answer
+        above it is a protocol error, never applied (SPEC "Acks").
+        """
+        written = self._written_bound
+        return None if written is None else max(written, self._max_started)
 
     @property
     def ack_bound(self) -> int:
@@ -1001,6 +1046,11 @@ class Driver:
             return self._ended_by_engine(End.RUN_COMPLETED, doubled)
         if self.final:
             return EndPlan(End.ALREADY_OVER, doubled, None)
+        if meaning is Meaning.EXPECTED_SEQ and read.match is not None:
+            expected = int(read.match.group(1))
+            if expected - 1 < self.stored:
+                reason = self.fail(self._contradicted(expected))
+                return EndPlan(End.CONTRADICTED, doubled, None, failed_reason=reason)
         too_large = parse_receive_limit(code, details)
         kept = too_large is None and meaning is Meaning.STATUS_LOST
         if kept:

@@ -57,6 +57,9 @@ class Meaning(enum.Enum):
     #: INTERNAL "Internal error from Core": grpc.aio's stand-in for a status
     #: it lost to a write in flight (grpc/grpc#36066).
     STATUS_LOST = "status_lost"
+    #: FAILED_PRECONDITION "... expected seq N ...": the engine refused a seq
+    #: above the one it takes next (SPEC "Engine duties"); group 1 is N.
+    EXPECTED_SEQ = "expected_seq"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
         re.compile(r"run completed by writer ([0-9A-Za-z_.:-]+)", re.I),
     ),
     Pattern("FAILED_PRECONDITION", Meaning.RUN_COMPLETED, re.compile(r"run completed", re.I)),
+    Pattern("FAILED_PRECONDITION", Meaning.EXPECTED_SEQ, re.compile(r"expected seq (\d+)", re.I)),
     # grpcio's own text (C-core, "CLIENT: " in front since about 1.60; grpcio
     # >= 1.85.1 is required): "Received message larger than max (N vs. M)".
     Pattern(

@@ -62,7 +62,8 @@ class ChannelStats:
         sent: data messages this channel wrote to streams, re-sends included.
         acked: the highest seq received in an ack, for the whole run.
         replayed: data messages written again after a reconnect or rewind.
-        reconnects: streams established after the first.
+        reconnects: dials after the channel's first, whether their stream came up
+            or not (a dial refused, a stream cut for a missing handshake answer).
         unacked_count: logged rows not covered by a received ack.
         unacked_bytes: their msgpack size (bytes).
         oldest_unacked_age_s: age of the oldest of them (seconds; None if none).

@@ -58,6 +58,24 @@ def _flock(kind: int) -> bytes:
     return struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0)
 
 
+#: The sidecar's JSON is written at this width (spaces after it): one ``pwrite``
+#: replaces it whole, with no truncation between (JSON ignores the spaces).
+_SIDECAR_BYTES = 512
+
+
+def _read_written(fd: int) -> tuple[str | None, int | None]:
+    """The ``(boot, written)`` an earlier owner kept in the sidecar (None, None: none)."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+        data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+        boot, written = data.get("boot"), data.get("written")
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    if not isinstance(boot, str) or not isinstance(written, int) or isinstance(written, bool):
+        return None, None
+    return (boot, written) if written >= 0 else (None, None)
+
+
 def _read_owner(fd: int) -> LockOwner:
     try:
         raw = os.pread(fd, 4096, 0)
@@ -79,6 +97,38 @@ class OwnerLock:
         self._fd: int | None = fd
         self._forked = False
         self.owner = LockOwner(os.getpid(), socket.gethostname())
+        self._written: tuple[str | None, int | None] = (None, None)
+
+    def _write_sidecar(self) -> None:
+        if self._fd is None:
+            raise OSError(f"{self.path}: the lock is released")
+        boot, written = self._written
+        fields: dict[str, object] = {"pid": self.owner.pid, "host": self.owner.host}
+        if boot is not None and written is not None:
+            fields.update(boot=boot, written=written)
+        data = json.dumps(fields).encode()
+        os.pwrite(self._fd, data.ljust(_SIDECAR_BYTES), 0)
+
+    def written(self) -> tuple[str | None, int | None]:
+        """``(boot id, highest seq)`` this log's owners kept here (``RunLog.written_bound``)."""
+        return self._written
+
+    def keep_written(self, boot_id: str | None, seq: int) -> None:
+        """Keep ``seq``, the bound of every seq written on ``boot_id``, in the sidecar.
+
+        One ``pwrite`` of the whole record (no fsync: a power loss changes the
+        boot id, and a kept bound of another boot is not trusted).
+
+        Raises:
+            OSError: the sidecar could not be written (or the lock is released).
+        """
+        before = self._written
+        self._written = (boot_id, seq)
+        try:
+            self._write_sidecar()
+        except OSError:
+            self._written = before
+            raise
 
     @classmethod
     def acquire(cls, path: Path, *, log: Path) -> OwnerLock:
@@ -123,10 +173,11 @@ class OwnerLock:
         else:
             raise OSError(f"{path}: the lock file keeps being replaced")
         lock = cls(path, fd)
+        # What earlier owners kept (RunLog.note_writing) goes on, under our name.
+        lock._written = _read_written(fd)
         try:
-            data = json.dumps({"pid": lock.owner.pid, "host": lock.owner.host}).encode()
             os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            lock._write_sidecar()
         except OSError:
             lock.release()
             raise

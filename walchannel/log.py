@@ -93,6 +93,10 @@ Durability = Literal["process", "power"]
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
+#: How far ahead of its writer a log keeps the highest seq written (rows): one
+#: record a step; an engine's answer up to this far above what was written
+#: is not caught as impossible (SPEC "Acks").
+WRITTEN_STEP: Final = 16
 #: A write method of RunLog (its self, then its arguments).
 _Write = Callable[Concatenate["RunLog", _P], _T]
 
@@ -169,6 +173,22 @@ def _guarded(label: str) -> Callable[[_Write[_P, _T]], _Write[_P, _T]]:
         return guarded
 
     return wrap
+
+
+class WrittenStore(Protocol):
+    """Where the highest seq written is kept beside a log (the lock file: ``OwnerLock``)."""
+
+    def written(self) -> tuple[str | None, int | None]:
+        """``(boot id, highest seq)`` kept by this log's owners (None, None: nothing)."""
+        ...
+
+    def keep_written(self, boot_id: str | None, seq: int) -> None:
+        """Keep ``seq`` (written on ``boot_id``) before a row at or below it goes out.
+
+        Raises:
+            OSError: it could not be kept.
+        """
+        ...
 
 
 class RunLog:
@@ -280,6 +300,7 @@ class RunLog:
         commit_hook: CommitHook | None = None,
         clock: Clock | None = None,
         watch: Callable[[], str | None] | None = None,
+        written_store: WrittenStore | None = None,
     ) -> Self:
         """Run the log's transactions on a given connection: the storage seam, without the file.
 
@@ -300,6 +321,9 @@ class RunLog:
             watch: called after every commit: what of the log's files its
                 path no longer names, or None (:meth:`open` watches the
                 file, its ``-wal`` and its lock file; here the caller's world).
+            written_store: where the highest seq written is kept beside the
+                log (:meth:`open`: its lock file); None: nowhere, and
+                :attr:`written_bound` is None.
 
         Raises:
             WalCorruptError: the database is not this run's log.
@@ -310,7 +334,9 @@ class RunLog:
             cls.initialize(conn, run_id, correlation_id)
         check_header(conn, path, run_id)
         meta = read_meta(conn, path)
-        wal = cls(conn, path, None, meta, "process", clock or SYSTEM_CLOCK, commit_hook)
+        wal = cls(
+            conn, path, None, meta, "process", clock or SYSTEM_CLOCK, commit_hook, written_store
+        )
         wal._claim(meta, correlation_id)
         wal._watch = watch
         return wal
@@ -355,6 +381,7 @@ class RunLog:
         durability: Durability,
         clock: Clock,
         hook: CommitHook | None = None,
+        written_store: WrittenStore | None = None,
     ) -> None:
         self._conn = conn
         self._path = path
@@ -377,6 +404,19 @@ class RunLog:
             top_seq=top[0] if top else None,
             top_is_done=bool(top) and top[1] == "done",
         )
+        # The highest seq any owner of this log wrote, in steps ahead of its
+        # writer, kept beside the log (its lock file: a copy of the log put
+        # back does not carry it), trusted on the boot that kept it, never for
+        # a takeover (SPEC "Acks").
+        self._written_store = written_store
+        self._written_saved = 0
+        self._written_bound: int | None = None
+        if written_store is not None:
+            boot, written = written_store.written()
+            if written is not None and boot == self._boot_id and boot is not None:
+                self._written_saved = written
+                if meta.takeover_at is None:
+                    self._written_bound = written
         self._unacked_bytes: int | None = None
         self._quarantined = int(conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
         self._closed = False
@@ -425,7 +465,7 @@ class RunLog:
             conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
             meta = read_meta(conn, path)
-            wal = cls(conn, path, lock, meta, durability, clock)
+            wal = cls(conn, path, lock, meta, durability, clock, written_store=lock)
             wal._claim(meta, correlation_id)
             wal._watch = cls._watch_for(path, lock)
             return wal
@@ -733,6 +773,43 @@ class RunLog:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
+
+    @property
+    def written_bound(self) -> int | None:
+        """The highest seq this log can have written to an engine, known at open; else None.
+
+        What the owners of this log kept beside it (:meth:`note_writing`,
+        in steps ahead of their writers: at least every seq they wrote), on
+        this boot (a power loss may lose what was kept), unless the log is
+        marked to take the run over. A handshake answer above it is no
+        engine's honest word (SPEC "Acks"). None otherwise: the first
+        answer is judged by the verification rule (SPEC "Dial").
+        """
+        return self._written_bound
+
+    def note_writing(self, seq: int) -> None:
+        """Row ``seq`` is about to be written to a stream: keep the bound ahead of it.
+
+        When ``seq`` passes what was kept, keeps ``seq`` +
+        :data:`WRITTEN_STEP` beside the log before the row goes out, so one
+        record covers many writes, and what is kept is at least every seq
+        ever written (SPEC "Acks").
+
+        Raises:
+            WalWriteError: it cannot be kept; the row must not be written.
+        """
+        if seq <= self._written_saved or self._written_store is None:
+            return
+        ahead = seq + WRITTEN_STEP
+        try:
+            self._written_store.keep_written(self._boot_id, ahead)
+        except OSError as exc:
+            raise WalWriteError(
+                f"run {self._run_id}: cannot keep the highest seq written beside "
+                f"{self._path}: {files.describe_os_error(exc)}",
+                path=str(self._path),
+            ) from None
+        self._written_saved = ahead
 
     @property
     def busy(self) -> str | None:

@@ -172,12 +172,14 @@ class FastEngineProcess(EngineChild):
 
     _ids = itertools.count(1)
 
-    def __init__(self, folder: Path, ack_every: int, cpus: set[int] | None = None) -> None:
+    def __init__(
+        self, folder: Path, ack_every: int, cpus: set[int] | None = None, *, flood: bool = False
+    ) -> None:
         self.ack_every = ack_every
         super().__init__(
             "tools.bench.fast_engine",
-            ["--ack-every", str(ack_every)],
-            folder / f"fast-engine-ack{ack_every}.stderr",
+            ["--ack-every", str(ack_every), *(["--flood"] if flood else [])],
+            folder / f"fast-engine-ack{ack_every}{'-flood' if flood else ''}.stderr",
             cpus,
         )
 

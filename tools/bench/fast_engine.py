@@ -27,7 +27,7 @@ from typing import Any
 __all__ = ["main", "serve"]
 
 
-async def serve(ack_every: int) -> None:
+async def serve(ack_every: int, flood: bool = False) -> None:
     """Serve until SIGTERM; print the address line once listening."""
     import grpc
     import grpc.aio
@@ -60,6 +60,9 @@ async def serve(ack_every: int) -> None:
             if unacked >= ack_every or msg.WhichOneof("body") == "done":
                 unacked = 0
                 await context.write(ack(seq))
+                if flood:  # an engine that lost its way: a duplicate, then a step back
+                    await context.write(ack(seq))
+                    await context.write(ack(max(0, seq - 1)))
 
     handler = grpc.method_handlers_generic_handler(
         "EngineChannel",
@@ -83,8 +86,11 @@ async def serve(ack_every: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ack-every", type=int, default=1, help="ack every N-th message")
+    parser.add_argument(
+        "--flood", action="store_true", help="after every ack, a duplicate and a step back"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(serve(max(1, args.ack_every)))
+    asyncio.run(serve(max(1, args.ack_every), args.flood))
     return 0
 
 

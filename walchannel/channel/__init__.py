@@ -224,6 +224,7 @@ class GrpcEngineChannel:
             writer=log.writer,
             failed_reason=meta.failed_reason,
             path=str(log.path),
+            written_bound=log.written_bound,
         )
         # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
         self._max_values = config.max_message_bytes // 2

@@ -418,6 +418,7 @@ class ConnectionLoop:
 
     async def _stream_once(self, addr: str) -> None:
         """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
+        self._driver.on_dial()
         try:
             call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
         except Exception as exc:  # channel creation, a malformed proxy variable
@@ -435,6 +436,7 @@ class ConnectionLoop:
             heartbeat=self._heartbeat,
             acks_handshake=self._config.engine_acks_handshake,
             replica=self._replica,
+            note_writing=self._log.note_writing,
         )
         self._stream = stream
         try:
@@ -558,8 +560,10 @@ class ConnectionLoop:
                 logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
         if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
             logger.error("run %s: %s", self._run_id, plan.problem)
-            if answer is Answer.IMPOSSIBLE and self._stream is not None:
-                # Nothing applied; the stream ends, and a fresh handshake re-syncs.
+            if self._stream is not None:
+                # Nothing applied, nothing written: an engine that holds seqs this
+                # log never wrote would drop rows sent under them as duplicates.
+                # The stream ends, and a fresh handshake re-syncs.
                 self._stream.finish(
                     StreamEnded(f"{plan.problem}; the stream is ended and dialed again")
                 )
@@ -630,6 +634,9 @@ class ConnectionLoop:
             )
         if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
             self._on_run_completed(plan.completion, plan.failed_reason)
+            return
+        if plan.end is End.CONTRADICTED:
+            self._reporter.failed(plan.failed_reason)  # engine behind, both numbers named
             return
         if plan.end is End.ALREADY_OVER:
             return
@@ -767,7 +774,10 @@ class ConnectionLoop:
         if kind is AckKind.ADVANCE:
             _killpoints.reached("after_ack_received")
             self._after_ack(now)
-        elif kind is not AckKind.STALE:  # a protocol error, counted, never applied
+        elif kind is AckKind.STALE:
+            if self._stream is not None:
+                self._stream.stale_ack(seq, driver.acked)
+        else:  # a protocol error, counted, never applied
             logger.error("run %s: %s", self._run_id, driver.last_error)
             if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
                 # Rows never written: a fresh handshake re-syncs.

@@ -41,6 +41,11 @@ logger = get_logger(__name__)
 
 #: Bound on waiting for a dead stream's tasks and connection to go (seconds).
 TEARDOWN_TIMEOUT_S: Final = 2.0
+#: Acks on one stream that moved nothing, past which it is said once at WARNING:
+#: duplicates beyond the heartbeats' answers (which repeat Ack(h) by design),
+#: and acks going backwards, which a correct engine never sends (SPEC "Acks").
+DUPLICATE_ACKS_WARN: Final = 64
+BACKWARD_ACKS_WARN: Final = 8
 
 
 class Stream:
@@ -60,6 +65,8 @@ class Stream:
         heartbeat: builds the serialized heartbeat ``UpMessage`` (seq 0).
         acks_handshake: the first ack answers the handshake (``engine_acks_handshake``).
         replica: with ``durability="replicated"``, the Litestream gate.
+        note_writing: ``RunLog.note_writing``: called before a seq is first
+            written on this stream (the bound kept beside the log).
 
     Attributes:
         answer: the engine's answer ``h`` to the handshake.
@@ -88,6 +95,7 @@ class Stream:
         heartbeat: Callable[[], bytes],
         acks_handshake: bool,
         replica: ReplicaGate | None,
+        note_writing: Callable[[int], None],
     ) -> None:
         self.call = call
         self.addr = addr
@@ -100,6 +108,7 @@ class Stream:
         self._heartbeat = heartbeat
         self._acks_handshake = acks_handshake
         self._replica = replica
+        self._note_writing = note_writing
         self._run_id = driver.run_id
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -116,6 +125,11 @@ class Stream:
         self.next_beat_ms = float("inf")
         self.top_written = 0
         self.status: tuple[str, str] | None = None
+        # Acks that moved nothing, against the heartbeats written (stale_ack).
+        self.beats = 0
+        self.duplicate_acks = 0
+        self.backward_acks = 0
+        self._flood_said = False
 
     @property
     def route(self) -> str:
@@ -140,6 +154,35 @@ class Stream:
         if self.write_since_ms is None:
             return head
         return max(head, self.write_bytes)
+
+    def stale_ack(self, seq: int, acked: int) -> None:
+        """An ``Ack(seq)`` that moved nothing (``acked`` received already): count it.
+
+        A duplicate beyond the heartbeats' answers, or an ack going backwards,
+        is no correct engine's; past :data:`DUPLICATE_ACKS_WARN` or
+        :data:`BACKWARD_ACKS_WARN` on this stream it is said once, at
+        WARNING, with the counts: it can be the only live sign of an engine
+        that lost its store. Nothing else is done with it (SPEC "Acks").
+        """
+        if seq < acked:
+            self.backward_acks += 1
+        else:
+            self.duplicate_acks += 1
+        if self._flood_said:
+            return
+        beyond = self.duplicate_acks - self.beats
+        if beyond > DUPLICATE_ACKS_WARN or self.backward_acks > BACKWARD_ACKS_WARN:
+            self._flood_said = True
+            logger.warning(
+                "run %s: the engine at %s sent %d duplicate acks beyond its %d heartbeat "
+                "answers and %d acks going backwards on this stream; a correct engine sends "
+                "neither (an engine that lost its store may): nothing is applied from them",
+                self._run_id,
+                self.addr,
+                max(0, beyond),
+                self.beats,
+                self.backward_acks,
+            )
 
     def start(self) -> None:
         """The handshake is answered: start the writer and the watchdog."""
@@ -187,6 +230,7 @@ class Stream:
         next_to_write = driver.next_to_write
         on_written = driver.on_written
         on_writing = driver.on_writing
+        note_writing = self._note_writing
         row_bytes = self._rows.row_bytes
         now_ms = self._clock.monotonic_ms
         replica = self._replica
@@ -229,6 +273,7 @@ class Stream:
                         unacked.popleft()  # what acks covered: the deque stays short
                     unacked.append((seq, size))
                     if seq > self.top_written:
+                        note_writing(seq)  # kept beside the log before it goes out
                         self.top_written = seq
                         on_writing(seq)  # the engine may ack it from now on
                     await call.write(data)
@@ -239,6 +284,7 @@ class Stream:
                         continue  # the common case: no heartbeat due, no clock read
                 if now_ms() >= next_beat_ms:
                     self.heartbeats_since_down += 1
+                    self.beats += 1
                     beat = self._heartbeat()
                     self.write_since_ms = now_ms()
                     self.write_bytes = len(beat)
