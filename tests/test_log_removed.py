@@ -128,3 +128,53 @@ def test_the_log_alone_refuses_to_write_on_once_its_file_is_replaced(tmp_path: P
 
 def test_the_failed_reason_names_the_removal() -> None:
     assert FAILED_LOG_REMOVED.startswith("log removed: ")
+
+
+class _RaiseAfterCommit:
+    """A commit hook that raises once, after the next COMMIT (a signal's exception)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def before_commit(self, what: str) -> None:
+        return None
+
+    def after_commit(self, what: str) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt("a signal, after the COMMIT")
+
+
+@pytest.mark.parametrize("exc_after_commit", [False, True])
+def test_a_commit_into_removed_files_fails_the_run_also_when_an_exception_leaves_it(
+    tmp_path: Path, exc_after_commit: bool
+) -> None:
+    # Found by the simulator (seed 63454): a signal's exception after the COMMIT
+    # left the commit before the files were looked at, and the rows it landed in
+    # the unlinked file went to the stream.
+    import sqlite3
+
+    gone: list[str] = []
+    with RunLog.open(tmp_path, "run", correlation_id="c") as made:
+        path = made.path
+    hook = _RaiseAfterCommit()
+    conn = sqlite3.connect(path, isolation_level=None)
+    log = RunLog.on_connection(
+        conn,
+        run_id="run",
+        correlation_id="c",
+        commit_hook=hook,
+        watch=lambda: "the log file is gone" if gone else None,
+    )
+    failed: list[WalRemovedError] = []
+    log.on_removed(failed.append)
+    log.append("finding", {"fields": {"n": 1}})
+    gone.append("rm")
+    hook.armed = exc_after_commit
+    expected: type[BaseException] = KeyboardInterrupt if exc_after_commit else WalRemovedError
+    with pytest.raises(expected):
+        log.append("finding", {"fields": {"n": 2}})
+    assert len(failed) == 1  # the owner is told, whichever exception left the commit
+    with pytest.raises(WalRemovedError, match="the log file is gone"):
+        log.append("finding", {"fields": {"n": 3}})
+    log.close()

@@ -230,6 +230,17 @@ def test_the_seeds_a_million_run_found_hold(capsys: pytest.CaptureFixture[str]) 
     assert sim.main(later) == 0, capsys.readouterr().out[-3000:]
 
 
+def test_the_seeds_the_issues_51_to_53_runs_found_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    # 547: a signal's exception after a send's COMMIT left the writer unwoken
+    # (the new liveness check). 17186, 91393: a handler's refused call, let go
+    # inside close()'s ack store, was taken for a failed store and swallowed
+    # (the clean-close check). 63454: the log's files removed, then a signal's
+    # exception after a COMMIT: the removal went unseen and the unlinked file's
+    # rows went out. All of the product, fixed.
+    seeds = "547,17186,63454,91393"
+    assert sim.main(["--seed-list", seeds, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
+
+
 def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> None:
     # tools/sim_corpus.txt: few seeds that reach every reachable line; the
     # allowlist of tools/sim_coverage.py names why each other line is not.

@@ -946,6 +946,9 @@ class RunLog:
                 then(result)
         except BaseException as exc:
             self._after_failed_commit(exc, what)
+            # It may have landed before the exception (a signal's, after the COMMIT):
+            # into a file no path names any more, the run fails all the same.
+            self._files_moved()
             if isinstance(exc, sqlite3.Error):
                 raise WalWriteError(
                     f"run {self._run_id}: cannot {what if isinstance(what, str) else what()} "
@@ -953,17 +956,31 @@ class RunLog:
                     path=str(self._path),
                 ) from None
             raise
-        watch = self._watch
-        if watch is not None and (moved := watch()) is not None:
+        error = self._files_moved()
+        if error is not None:
             # Committed, but into a file no path names any more: nothing of it
             # is returned, and nothing more is written (SPEC "The log").
-            self._removed = moved
-            error = self._removed_error()
-            logger.error("%s", error)
-            for listener in self._removed_listeners:
-                listener(error)
             raise error
         return result
+
+    def _files_moved(self) -> WalRemovedError | None:
+        """After a commit: do the paths still name the files open? The error, once, if not.
+
+        The first time they do not, the log refuses every later write and
+        its listeners (the channel: :meth:`on_removed`) fail the run.
+        """
+        watch = self._watch
+        if watch is None or self._removed is not None:
+            return None
+        moved = watch()
+        if moved is None:
+            return None
+        self._removed = moved
+        error = self._removed_error()
+        logger.error("%s", error)
+        for listener in self._removed_listeners:
+            listener(error)
+        return error
 
     def on_removed(self, callback: Callable[[WalRemovedError], None]) -> None:
         """Call ``callback(error)`` once, when a commit finds the log's files removed.

@@ -87,7 +87,7 @@ SENT: Final = "messaging.client.sent.messages"
 ACKED: Final = "walchannel.acked.messages"
 #: Data messages written again after a reconnect or rewind. Counter, ``{message}``.
 REPLAYED: Final = "walchannel.replayed.messages"
-#: Streams established after the channel's first. Counter, ``{reconnect}``.
+#: Dials after the channel's first, whether their stream came up or not. Counter, ``{reconnect}``.
 RECONNECTS: Final = "walchannel.reconnects"
 #: Engine messages that broke the protocol (ignored). Counter, ``{error}``.
 PROTOCOL_ERRORS: Final = "walchannel.protocol.errors"
@@ -393,7 +393,7 @@ class _Instruments:
              ChannelMetrics.acked),
             (REPLAYED, "{message}", "Data messages written again after a reconnect or rewind.",
              lambda m, d: d.replayed),
-            (RECONNECTS, "{reconnect}", "Streams established after the channel's first.",
+            (RECONNECTS, "{reconnect}", "Dials after the channel's first.",
              lambda m, d: d.reconnects),
             (PROTOCOL_ERRORS, "{error}", "Engine messages that broke the protocol (ignored).",
              lambda m, d: d.protocol_errors),

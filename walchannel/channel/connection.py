@@ -29,6 +29,7 @@ from walchannel.end_status import DownTooLarge, describe_end
 from walchannel.errors import (
     DiscoveryError,
     GroupCommitError,
+    ReentrantCallError,
     WalchannelError,
     WalRemovedError,
     WalWriteError,
@@ -826,6 +827,10 @@ class ConnectionLoop:
             self._log.ack(seq)
         except WalRemovedError:
             return  # the log's listener failed the run (log_removed)
+        except ReentrantCallError:
+            # A signal handler's refused call, let go: it reaches the call the
+            # handler interrupted (close(), a send), as any signal's exception.
+            raise
         except WalchannelError as exc:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
             # The error names the run, the ack and the file already.
