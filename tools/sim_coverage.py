@@ -92,7 +92,7 @@ ALLOWED: dict[str, str] = {
         "a send outside any running event loop (above)"
     ),
     "walchannel/channel/group_commit.py::PendingGroup.commit_or_give_up::"
-    "pass  # given up already, its seqs named": (
+    "return  # given up already, its seqs named": (
         "close() after a removal of the log's files gave the group up in the commit that "
         "found it, before the group's own turn: tests/test_log_removed.py"
     ),

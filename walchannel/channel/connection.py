@@ -341,7 +341,7 @@ class ConnectionLoop:
                         await self._waiters.over.wait()
                 rediscover = self._config.http_addr is not None
         except WalRemovedError:
-            pass  # the log's listener failed the run (log_removed)
+            return  # the log's listener failed the run (log_removed)
         except Exception as exc:
             # Errors from outside walchannel are failed attempts at their
             # boundary (discovery, the dial): what reaches here is walchannel's

@@ -200,7 +200,7 @@ class PendingGroup:
         try:
             self.commit()
         except GroupCommitError:
-            pass  # given up already, its seqs named
+            return  # given up already, its seqs named
         except WalchannelError as exc:
             self._lose(exc)
 
@@ -287,9 +287,11 @@ class PendingGroup:
                 raw_message(exc),
                 delay_ms,
             )
-            self._handle = asyncio.get_running_loop().call_later(delay_ms / 1000, self._try_commit)
+            self._handle = asyncio.get_running_loop().call_later(
+                delay_ms / 1000, self._try_commit
+            )
         except GroupCommitError:
-            pass  # given up already, its seqs named
+            return  # given up already, its seqs named
         except WalchannelError as exc:  # a closed or lost log: trying again cannot help
             self._lose(exc)
 
