@@ -255,8 +255,15 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "tail_read_off_by_one",
         "row_source.py",
-        "            _, kind, blob = tail[seq - tail[0][0]]\n",
-        "            _, kind, blob = tail[max(0, seq - tail[0][0] - 1)]\n",
+        "            entry = tail[seq - tail[0][0]] if tail and tail[0][0] <= seq else None\n"
+        "        except IndexError:\n"
+        "            entry = None\n"
+        "        if entry is not None and entry[0] == seq:\n",
+        "            entry = tail[max(0, seq - tail[0][0] - 1)]"
+        " if tail and tail[0][0] <= seq else None\n"
+        "        except IndexError:\n"
+        "            entry = None\n"
+        "        if entry is not None:\n",
         ("two contents", "applied 2 times", "ever committed it there", *LOST),
     ),
     # -- what the channel tells the harness (its answers, checked as they are given) ---

@@ -1,8 +1,8 @@
 """Who is inside a piece of the channel's state now: the guard against a signal handler's call.
 
 A Python signal handler runs on the main thread between two bytecodes of
-whatever ran there: inside a ``send_*``, inside a transaction of the log,
-inside the stream writer's read. A call it makes into the channel would
+whatever ran there: inside a ``send_*``, inside a write of the log, inside
+a group commit. A call it makes into the channel would
 interleave with the half-done one, so each piece holds a :class:`Guard`
 while it works and a public call refuses to enter one that is held
 (SPEC "Signal handlers and the channel").

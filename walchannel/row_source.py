@@ -23,7 +23,6 @@ import msgpack
 from walchannel import wire
 from walchannel.errors import PayloadError, WalCorruptError
 from walchannel.log_format import encode_body
-from walchannel.reentry import FREE, Guard
 
 if TYPE_CHECKING:
     from walchannel.log import RunLog
@@ -83,8 +82,6 @@ class RowSource:
         self.tail: deque[tuple[int, str, bytes]] = deque()
         self.tail_bytes = 0
         self._readahead: deque[tuple[int, str, dict[str, Any]]] = deque()
-        self.guard = Guard()
-        """Held while :meth:`row_bytes` reads: a send then can only be a signal handler's."""
         # What an UpMessage adds around its body, for the size bound below.
         self._envelope = 64 + len(run_id) + len(correlation_id)
 
@@ -163,34 +160,46 @@ class RowSource:
             RowMissingError: the log holds no row ``seq`` (it was acked meanwhile).
             WalchannelError: the log cannot be read (``WalCorruptError`` among them).
         """
-        # A send now could only be a signal handler's, between two of our
-        # bytecodes: it would change the tail under the read (see the channel).
-        held = FREE
+        # No guard: a signal handler's send may append to the tail (and drop its
+        # oldest) between two of these bytecodes, or its replay_unacked() clear
+        # the read-ahead. An entry counts only when it is the row asked for;
+        # else the row comes from disk (SPEC "Signal handlers and the channel").
+        tail = self.tail
         try:
-            held = self.guard.take("the stream writer's read of the log")
-            tail = self.tail
-            if tail and tail[0][0] <= seq <= tail[-1][0]:
-                _, kind, blob = tail[seq - tail[0][0]]
-                body = msgpack.unpackb(blob, raw=False)
-            else:
-                ahead = self._readahead
-                if not ahead or ahead[0][0] != seq:
-                    # (Also after an ack moved the writer past rows read ahead: rare.)
-                    ahead.clear()
-                    budget = TAIL_BYTES
-                    for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
-                        ahead.append((row.seq, row.kind, row.body))
-                        budget -= row.size
-                        # Stop where the tail takes over, or at the memory budget.
-                        if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
-                            break
-                if not ahead or ahead[0][0] != seq:
-                    raise self._missing(seq)
-                _, kind, body = ahead.popleft()
-        finally:
-            self.guard.release(held)
+            entry = tail[seq - tail[0][0]] if tail and tail[0][0] <= seq else None
+        except IndexError:
+            entry = None
+        if entry is not None and entry[0] == seq:
+            kind, body = entry[1], msgpack.unpackb(entry[2], raw=False)
+        else:
+            kind, body = self._read_ahead(seq)
         msg = wire.up_message(self._run_id, self._correlation_id, seq, kind, body)
         return msg.SerializeToString()
+
+    def _read_ahead(self, seq: int) -> tuple[str, dict[str, Any]]:
+        """Row ``seq`` from the rows read ahead from disk, reading them when needed."""
+        ahead = self._readahead
+        for _ in range(2):  # (once more if a handler's replay_unacked() cleared them)
+            if not ahead or ahead[0][0] != seq:
+                # (Also after an ack moved the writer past rows read ahead: rare.)
+                ahead.clear()
+                budget = TAIL_BYTES
+                tail = self.tail
+                for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
+                    ahead.append((row.seq, row.kind, row.body))
+                    budget -= row.size
+                    # Stop where the tail takes over, or at the memory budget.
+                    if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
+                        break
+                if not ahead or ahead[0][0] != seq:
+                    raise self._missing(seq)
+            try:
+                got, kind, body = ahead.popleft()
+            except IndexError:
+                continue
+            if got == seq:
+                return kind, body
+        raise self._missing(seq)
 
     def _missing(self, seq: int) -> RowMissingError | WalCorruptError:
         """Why row ``seq`` is not in the log: acked meanwhile, or a gap in the file.

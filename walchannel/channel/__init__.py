@@ -537,8 +537,6 @@ class GrpcEngineChannel:
             elif self._group is not None:
                 inside = self._group.guard.holder
             if inside is None:
-                inside = self._rows.guard.holder
-            if inside is None:
                 return
         raise ReentrantCallError(
             f"run {self._run_id}: {call}() was called while {inside} was in progress on this "
