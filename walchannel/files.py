@@ -49,9 +49,9 @@ __all__ = [
     "watch_files",
 ]
 
-#: A folder's mtime is dated from the kernel's coarse clock (a tick: 1-10 ms):
+#: A folder's mtime is dated from the kernel's coarse clock (a tick: 1 to 10 ms):
 #: watch_files trusts one older than this (ns) to show every change since.
-_COARSE_CLOCK_NS: Final = 50_000_000
+_COARSE_CLOCK_NS: Final = 20_000_000
 LOG_SUFFIX = ".wal.sqlite3"
 LOCK_SUFFIX = ".lock"
 MAX_RUN_ID_BYTES = 200

@@ -885,12 +885,7 @@ class RunLog:
         """
         busy = self._guard.holder
         if busy is not None:
-            raise ReentrantCallError(
-                f"run {self._run_id}: the log's {label} was begun while its {busy} was in "
-                "progress (a signal handler re-entering the channel or the log?): refused, "
-                "nothing written; send from a handler installed with loop.add_signal_handler, "
-                "which runs between the event loop's callbacks"
-            )
+            raise self._nested(label, busy)
         held = FREE
         try:
             # Taken inside the try: an exception on any line after it releases it.
@@ -898,6 +893,14 @@ class RunLog:
             return op()
         finally:
             self._guard.release(held)
+
+    def _nested(self, label: str, busy: str) -> ReentrantCallError:
+        return ReentrantCallError(
+            f"run {self._run_id}: the log's {label} was begun while its {busy} was in "
+            "progress (a signal handler re-entering the channel or the log?): refused, "
+            "nothing written; send from a handler installed with loop.add_signal_handler, "
+            "which runs between the event loop's callbacks"
+        )
 
     def _commit(
         self,
@@ -1123,7 +1126,6 @@ class RunLog:
         self._check_writable()
         self._state.append(kinds)
 
-    @_guarded("append")
     def append_encoded(
         self,
         items: Sequence[tuple[str, bytes]],
@@ -1145,6 +1147,20 @@ class RunLog:
         Raises:
             As :meth:`append_many`.
         """
+        # The guard of _write, inline: the send path's one commit (no wrapper).
+        busy = self._guard.holder
+        if busy is not None:
+            raise self._nested("append", busy)
+        held = FREE
+        try:
+            held = self._guard.take("append")
+            return self._append_encoded(items, progress)
+        finally:
+            self._guard.release(held)
+
+    def _append_encoded(
+        self, items: Sequence[tuple[str, bytes]], progress: Mapping[str, Any] | None
+    ) -> list[int]:
         self._check_writable()
         old = self._state
         first = old.next_seq
