@@ -348,9 +348,9 @@ class Driver:
         self._max_started = 0
         self._ack_bound = _NO_BOUND
         # The highest seq this log can have written before this channel
-        # (RunLog.written_bound: its high-water at open, when nothing can have
-        # rolled it back since it was last verified), or the h a verification
-        # took; None until one of them is known (the verification path).
+        # (RunLog.written_bound: what its owners kept in its lock file, ahead
+        # of their writers, on this boot), or the h a verification took; None
+        # until one of them is known (the verification path).
         self._written_bound = written_bound
         self._dials = 0
         self._reconnects = 0
@@ -965,10 +965,10 @@ class Driver:
     def written_bound(self) -> int | None:
         """The highest seq this log can have written to any engine, or None while unknown.
 
-        Its high-water at open when nothing can have rolled it back since its
-        last verification (``RunLog.written_bound``), or the ``h`` a
-        verification took, and every seq written since. A handshake answer
-        above it is a protocol error, never applied (SPEC "Acks").
+        What the log's owners kept beside it, ahead of their writers, on this
+        boot (``RunLog.written_bound``), or the ``h`` a verification took,
+        and every seq written since. A handshake answer above it is a
+        protocol error, never applied (SPEC "Acks").
         """
         written = self._written_bound
         return None if written is None else max(written, self._max_started)

@@ -594,6 +594,11 @@ class GrpcEngineChannel:
                 handed out could not be committed on any try: the channel
                 is ``FAILED``; open a new channel and resume from
                 ``progress()``.
+            WalRemovedError: the log's files were removed or replaced while
+                open; the channel is ``FAILED`` (SPEC "The log").
+            ReentrantCallError: called from a signal handler while another
+                call or the channel's own work was inside it; nothing logged
+                (SPEC "Signal handlers and the channel").
         """
         self._refuse_reentry("send_event")
         held = FREE
