@@ -226,7 +226,7 @@ ALLOWED: dict[str, str] = {
     'logger.exception("run %s: writing the stream failed", self._run_id)': _BUG,
     "walchannel/channel/stream.py::Stream.teardown::logger.warning(": _BUG,
     # -- row_source.py --------------------------------------------------------------------
-    "walchannel/row_source.py::RowSource.row_bytes::raise self._missing(seq)": _GAP,
+    "walchannel/row_source.py::RowSource._read_ahead::raise self._missing(seq)": _GAP,
     "walchannel/row_source.py::RowSource._missing": _GAP,
 }
 

@@ -179,27 +179,32 @@ class RowSource:
     def _read_ahead(self, seq: int) -> tuple[str, dict[str, Any]]:
         """Row ``seq`` from the rows read ahead from disk, reading them when needed."""
         ahead = self._readahead
-        for _ in range(2):  # (once more if a handler's replay_unacked() cleared them)
-            if not ahead or ahead[0][0] != seq:
-                # (Also after an ack moved the writer past rows read ahead: rare.)
-                ahead.clear()
-                budget = TAIL_BYTES
-                tail = self.tail
-                for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
-                    ahead.append((row.seq, row.kind, row.body))
-                    budget -= row.size
-                    # Stop where the tail takes over, or at the memory budget.
-                    if budget <= 0 or (tail and row.seq + 1 >= tail[0][0]):
-                        break
-                if not ahead or ahead[0][0] != seq:
-                    raise self._missing(seq)
-            try:
-                got, kind, body = ahead.popleft()
-            except IndexError:
-                continue
-            if got == seq:
-                return kind, body
-        raise self._missing(seq)
+        try:
+            got, kind, body = ahead.popleft()
+        except IndexError:  # none read ahead, or a handler's replay_unacked() cleared them
+            got = 0
+        if got == seq:
+            return kind, body
+        # Read from disk (also after an ack moved the writer past the rows read
+        # ahead: rare). Decided from a list of our own: a handler may clear the
+        # read-ahead, or change the tail, at any bytecode.
+        try:
+            tail_from = self.tail[0][0]
+        except IndexError:
+            tail_from = 0
+        rows: list[tuple[int, str, dict[str, Any]]] = []
+        budget = TAIL_BYTES
+        for row in self._log.unacked(after_seq=seq - 1, limit=READAHEAD_ROWS):
+            rows.append((row.seq, row.kind, row.body))
+            budget -= row.size
+            # Stop where the tail takes over, or at the memory budget.
+            if budget <= 0 or row.seq + 1 >= tail_from > 0:
+                break
+        if not rows or rows[0][0] != seq:
+            raise self._missing(seq)
+        ahead.clear()
+        ahead.extend(rows[1:])
+        return rows[0][1], rows[0][2]
 
     def _missing(self, seq: int) -> RowMissingError | WalCorruptError:
         """Why row ``seq`` is not in the log: acked meanwhile, or a gap in the file.

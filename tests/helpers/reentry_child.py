@@ -87,8 +87,10 @@ async def run_async(args: list[str]) -> None:
     interval = float(args[4]) if len(args) > 4 else 2.0
     async with GrpcEngineChannel(config(wal_dir, run_id, grpc_addr)) as channel:
         await channel.handshake("1", "reentry", "1")
-        print("ready", flush=True)
         install(channel, interval)
+        # Only now: the parent's first SIGUSR1 follows this line, and one
+        # before the handler is installed would kill the process.
+        print("ready", flush=True)
         try:
             end = time.monotonic() + float(seconds)
             i = 0
@@ -108,8 +110,10 @@ def run_blocking(args: list[str]) -> None:
     interval = float(args[4]) if len(args) > 4 else 2.0
     with BlockingEngineChannel(config(wal_dir, run_id, grpc_addr)) as channel:
         channel.handshake("1", "reentry", "1")
-        print("ready", flush=True)
         install(channel, interval)
+        # Only now: the parent's first SIGUSR1 follows this line, and one
+        # before the handler is installed would kill the process.
+        print("ready", flush=True)
         try:
             end = time.monotonic() + float(seconds)
             i = 0
