@@ -52,11 +52,22 @@ _EXPORTS: dict[str, str] = {
     "WalWriteError": "walchannel.errors",
     "WalchannelError": "walchannel.errors",
     "WriterFencedError": "walchannel.errors",
+    "AsyncItemContext": "walchannel.runner.context",
+    "ItemContext": "walchannel.runner.context",
+    "ExitCode": "walchannel.runner.exits",
+    "Harness": "walchannel.runner.run",
+    "HarnessError": "walchannel.runner.run",
+    "Manifest": "walchannel.runner.manifest",
+    "ManifestError": "walchannel.runner.manifest",
+    "WorkListChangedError": "walchannel.runner.run",
+    "run_harness": "walchannel.runner.run",
+    "run_harness_async": "walchannel.runner.run",
 }
 
 __all__ = [
     "ApprovalDecision",
     "ApprovalTimeoutError",
+    "AsyncItemContext",
     "BacklogFullError",
     "Backoff",
     "BlockingEngineChannel",
@@ -69,12 +80,18 @@ __all__ = [
     "EngineBehindError",
     "EngineChannel",
     "EngineUnavailableError",
+    "ExitCode",
     "GracePeriod",
     "GroupCommit",
     "GroupCommitError",
     "GrpcChannelConfig",
     "GrpcEngineChannel",
+    "Harness",
+    "HarnessError",
     "InsecureDiscoveryWarning",
+    "ItemContext",
+    "Manifest",
+    "ManifestError",
     "PayloadError",
     "ReentrantCallError",
     "Row",
@@ -90,7 +107,10 @@ __all__ = [
     "WalRemovedError",
     "WalWriteError",
     "WalchannelError",
+    "WorkListChangedError",
     "WriterFencedError",
+    "run_harness",
+    "run_harness_async",
 ]
 
 if TYPE_CHECKING:
@@ -129,6 +149,16 @@ if TYPE_CHECKING:
     )
     from walchannel.log import RunLog
     from walchannel.log_format import Row, RunMeta
+    from walchannel.runner.context import AsyncItemContext, ItemContext
+    from walchannel.runner.exits import ExitCode
+    from walchannel.runner.manifest import Manifest, ManifestError
+    from walchannel.runner.run import (
+        Harness,
+        HarnessError,
+        WorkListChangedError,
+        run_harness,
+        run_harness_async,
+    )
 
 
 def __getattr__(name: str) -> Any:

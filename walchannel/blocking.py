@@ -278,10 +278,13 @@ class BlockingEngineChannel:
         self,
         findings: Iterable[Mapping[str, Any]],
         *,
+        events: Iterable[tuple[str, str, Mapping[str, Any]]] = (),
         progress: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """As :meth:`GrpcEngineChannel.send_findings` (one transaction)."""
-        return self._call(self._channel.send_findings, list(findings), progress=progress)
+        return self._call(
+            self._channel.send_findings, list(findings), events=list(events), progress=progress
+        )
 
     def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str

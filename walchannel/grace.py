@@ -150,6 +150,19 @@ class GracePeriod:
         self._saved.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop(signum)
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """Start the period as signal ``signum`` would: for a handler installed another way.
+
+        The runner installs it with ``loop.add_signal_handler`` (which works
+        off the main thread and never runs inside a call of the channel)
+        instead of entering this object. A second request changes nothing.
+
+        Args:
+            signum: the signal that asked for the stop (its number makes the
+                exit code: 128 + ``signum``).
+        """
         if self._stopping.is_set():
             return
         self._signalled_at = time.monotonic()

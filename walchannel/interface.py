@@ -128,9 +128,10 @@ class EngineChannel(Protocol):
         self,
         findings: Iterable[Mapping[str, Any]],
         *,
+        events: Iterable[tuple[str, str, Mapping[str, Any]]] = (),
         progress: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Log several findings in one transaction (all or none); return their seqs."""
+        """Log several findings and events in one transaction (all or none); return their seqs."""
         raise NotImplementedError
 
     async def send_done(
@@ -179,9 +180,10 @@ class SyncEngineChannel(Protocol):
         self,
         findings: Iterable[Mapping[str, Any]],
         *,
+        events: Iterable[tuple[str, str, Mapping[str, Any]]] = (),
         progress: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Log several findings in one transaction; return their seqs."""
+        """Log several findings and events in one transaction; return their seqs."""
         raise NotImplementedError
 
     def send_done(

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_PROGRESS_BYTES",
     "approval_body",
     "done_body",
+    "event_bodies",
     "event_body",
     "finding_body",
     "now_rfc3339",
@@ -232,6 +233,35 @@ def finding_bodies(
         except PayloadError as exc:
             exc.index = index
             raise
+    return bodies
+
+
+def event_bodies(
+    events: Iterable[tuple[str, str, Mapping[str, Any]]],
+    ts: object,
+    *,
+    max_values: int = MAX_VALUES,
+) -> list[dict[str, Any]]:
+    """Return the ``event`` bodies of a batch (``send_findings(events=...)``), all at ``ts``.
+
+    Raises:
+        PayloadError: ``events`` is not a list of ``(type, severity, payload)``,
+            or a bad field, naming its index in the path (``events[2].payload.x``).
+    """
+    if isinstance(events, (Mapping, str, bytes)) or not isinstance(events, Iterable):
+        raise PayloadError(
+            "events", f"expected a list of (type, severity, payload), got {type(events).__name__}"
+        )
+    bodies = []
+    for index, event in enumerate(events):
+        if not isinstance(event, tuple) or len(event) != 3:
+            raise PayloadError(f"events[{index}]", "expected a (type, severity, payload) tuple")
+        try:
+            bodies.append(event_body(*event, ts, max_values=max_values))
+        except PayloadError as exc:
+            raise PayloadError(
+                f"events[{index}]" + exc.path.removeprefix("event"), exc.reason
+            ) from None
     return bodies
 
 

@@ -651,23 +651,28 @@ class GrpcEngineChannel:
         self,
         findings: Iterable[Mapping[str, Any]],
         *,
+        events: Iterable[tuple[str, str, Mapping[str, Any]]] = (),
         progress: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Commit several findings in one transaction (all logged, or none).
+        """Commit several findings, and events, in one transaction (all logged, or none).
 
         Args:
             findings: the findings, in order.
+            events: ``(type, severity, payload)`` events, logged before the
+                findings, stamped now (an item's events with its findings:
+                SPEC "The runner").
             progress: the harness's resume marker, committed with them.
 
         Returns:
-            Their seqs, consecutive; ``[]`` for no findings, when only
-            ``progress`` (if given) is committed: a stretch of the scan with
-            nothing to report still moves the resume marker.
+            Their seqs, consecutive, the events' first; ``[]`` for no rows,
+            when only ``progress`` (if given) is committed: a stretch of the
+            scan with nothing to report still moves the resume marker.
 
         Raises:
             As :meth:`send_event`; a bad finding is named by its index
             (``findings[3].x``, and ``PayloadError.index``), whichever rule
-            refused it, and nothing of the batch is logged.
+            refused it, a bad event by its (``events[1].payload.x``, with
+            ``index`` None), and nothing of the batch is logged.
         """
         self._refuse_reentry("send_findings")
         held = FREE
@@ -678,6 +683,10 @@ class GrpcEngineChannel:
             self._check_sendable()
             bodies = messages.finding_bodies(findings, max_values=self._max_values)
             items = []
+            if events:
+                ts = messages.rfc3339_at(self._clock.wall_s())
+                for body in messages.event_bodies(events, ts, max_values=self._max_values):
+                    items.append(self._rows.prepare("event", body))
             for index, body in enumerate(bodies):
                 try:
                     items.append(self._rows.prepare("finding", body))

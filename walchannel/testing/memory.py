@@ -120,14 +120,20 @@ class InMemoryEngineChannel:
         self,
         findings: Iterable[Mapping[str, Any]],
         *,
+        events: Iterable[tuple[str, str, Mapping[str, Any]]] = (),
         progress: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Record several findings (all, or none on a bad one) and return their seqs."""
+        """Record several findings and events (all, or none on a bad one); return their seqs."""
         self._check_open()
         bodies = [_as_committed("finding", body) for body in messages.finding_bodies(findings)]
+        noted = [
+            _as_committed("event", body)
+            for body in messages.event_bodies(events, messages.now_rfc3339())
+        ]
         messages.progress_marker(progress)
+        self.events.extend(noted)
         self.findings.extend(bodies)
-        return self._commit(len(bodies), progress)
+        return self._commit(len(noted) + len(bodies), progress)
 
     async def send_done(
         self, status: str, findings: int, coverage: Sequence[str], exit_reason: str

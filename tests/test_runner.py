@@ -1,0 +1,414 @@
+"""The harness runner against the local engine (SPEC "The runner", issue 54).
+
+Each run is ``run_harness_async`` on a real gRPC stream to a real engine
+and a real log; the engine's store is the judge of what was applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import eventually, new_run
+from walchannel.runner import (
+    AsyncItemContext,
+    ExitCode,
+    ItemContext,
+    Manifest,
+    run_harness_async,
+)
+from walchannel.runner.run import ScanErrorPolicy
+from walchannel.testing.engine import LocalEngine
+
+FAST: dict[str, Any] = {
+    "connect_timeout_ms": 3_000,
+    "done_ack_timeout_ms": 5_000,
+    "close_timeout_ms": 1_000,
+    "allowed_hosts": ["127.0.0.1"],
+    "progress_every_s": 0,
+    "retry_backoff_s": 0.01,
+    "drain_timeout_s": 20,
+}
+
+
+def write_manifest(
+    path: Path,
+    engine: LocalEngine,
+    run_id: str,
+    token: str,
+    *,
+    deadline: datetime | None = None,
+    **extra: Any,
+) -> Path:
+    deadline = deadline or datetime.now(UTC) + timedelta(hours=1)
+    data = {
+        "runId": run_id,
+        "correlationId": f"corr-{run_id}",
+        "runToken": token,
+        "hardDeadline": deadline.isoformat().replace("+00:00", "Z"),
+        "grpcAddr": engine.grpc_addr,
+        "httpAddr": engine.http_addr,
+        **extra,
+    }
+    path.write_text(json.dumps(data))
+    path.chmod(0o600)
+    return path
+
+
+class Files:
+    """A harness over numbered items; item ``i`` gives ``i % 4`` findings."""
+
+    name = "files"
+    version = "1"
+
+    def __init__(self, count: int = 30, *, fail: set[int] | None = None) -> None:
+        self.count = count
+        self.fail = fail or set()
+        self.scanned: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def work(self) -> list[str]:
+        return [f"f{i:03}" for i in range(self.count)]
+
+    def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+        with self.lock:
+            self.scanned[item] += 1
+        assert threading.current_thread() is not threading.main_thread()
+        i = int(item[1:])
+        if i in self.fail:
+            raise OSError(f"cannot read {item}")
+        ctx.event("scan.file", {"item": item})
+        return [{"item": item, "n": n} for n in range(i % 4)]
+
+    def coverage(self) -> list[str]:
+        return ["f*"]
+
+
+def applied(
+    engine: LocalEngine, run_id: str
+) -> tuple[Counter[tuple[str, int]], list[dict[str, Any]]]:
+    """The findings the engine applied, counted by content, and its events."""
+    findings: Counter[tuple[str, int]] = Counter()
+    events = []
+    for message in engine.bodies(run_id):
+        body = message["body"]
+        if message["kind"] == "finding":
+            fields = body["fields"]
+            findings[(fields["item"], int(fields["n"]))] += 1
+        elif message["kind"] == "event":
+            events.append(body)
+    return findings, events
+
+
+def expected(harness: Files, skip: set[int] = frozenset()) -> Counter[tuple[str, int]]:  # type: ignore[assignment]
+    return Counter(
+        {(f"f{i:03}", n): 1 for i in range(harness.count) if i not in skip for n in range(i % 4)}
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_harness_runs_to_done_every_finding_once(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    harness = Files(30)
+    code = await run_harness_async(harness, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.DONE
+    findings, events = applied(local_engine, run_id)
+    assert findings == expected(harness)
+    assert sum(1 for e in events if e["type"] == "scan.file") == 30
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "completed"
+    assert done["findings"] == sum(expected(harness).values())
+    # Started again on the finished run: nothing scanned, the same code.
+    again = Files(30)
+    code = await run_harness_async(again, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.DONE and not again.scanned
+
+
+@pytest.mark.asyncio
+async def test_concurrent_items_are_committed_in_work_order(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Jittery(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            # Later items finish first: the commit order must still be the work's.
+            import time
+
+            time.sleep(0.002 * (7 - int(item[1:]) % 8))
+            return super().scan(item, ctx)
+
+    harness = Jittery(40)
+    code = await run_harness_async(
+        harness, str(manifest), wal_dir=tmp_path / "wal", concurrency=4, **FAST
+    )
+    assert code == ExitCode.DONE
+    _, events = applied(local_engine, run_id)
+    order = [e["payload"]["item"] for e in events if e["type"] == "scan.file"]
+    assert order == harness.work()
+    assert applied(local_engine, run_id)[0] == expected(harness)
+
+
+@pytest.mark.asyncio
+async def test_a_coroutine_scan_runs_on_the_loop(local_engine: LocalEngine, tmp_path: Path) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Async(Files):
+        async def scan(self, item: str, ctx: AsyncItemContext) -> list[dict[str, Any]]:  # type: ignore[override]
+            await asyncio.sleep(0)
+            ctx.event("scan.file", {"item": item})
+            i = int(item[1:])
+            return [{"item": item, "n": n} for n in range(i % 4)]
+
+    harness = Async(12)
+    code = await run_harness_async(
+        harness, str(manifest), wal_dir=tmp_path / "wal", concurrency=3, **FAST
+    )
+    assert code == ExitCode.DONE
+    assert applied(local_engine, run_id)[0] == expected(harness)
+
+
+@pytest.mark.asyncio
+async def test_a_finding_that_cannot_travel_is_skipped_and_said(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Bad(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            found = super().scan(item, ctx)
+            if item == "f003":
+                found.insert(1, {"item": item, "n": float("nan")})
+            if item == "f007":
+                found.append({"item": item, "n": {"SECRET-VALUE"}})
+            return found
+
+    harness = Bad(10)
+    code = await run_harness_async(harness, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.DONE
+    findings, events = applied(local_engine, run_id)
+    assert findings == expected(harness)  # the item's other findings went
+    skipped = [e["payload"] for e in events if e["type"] == "runner.finding_skipped"]
+    assert [(s["item"], s["finding"]) for s in skipped] == [("f003", 1), ("f007", 3)]
+    # Where and why, never the value.
+    assert skipped[0]["path"] == "findings[1].n" and "finite" in skipped[0]["reason"]
+    assert "SECRET-VALUE" not in json.dumps(local_engine.bodies(run_id))
+    done = local_engine.done(run_id)
+    assert done is not None and "2 findings" in done["exit_reason"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("policy", "code", "status"),
+    [
+        ("fail", ExitCode.SCAN_FAILED, "failed"),
+        ("skip", ExitCode.DONE, "completed"),
+        ("exit", ExitCode.SCAN_EXIT, None),
+    ],
+)
+async def test_a_scan_that_keeps_failing_ends_as_the_policy_says(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    policy: ScanErrorPolicy,
+    code: int,
+    status: str | None,
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    harness = Files(12, fail={5})
+    got = await run_harness_async(
+        harness,
+        str(manifest),
+        wal_dir=tmp_path / "wal",
+        retries=2,
+        on_scan_error=policy,
+        **FAST,
+    )
+    assert got == code
+    assert harness.scanned["f005"] == 3  # tried, then two retries
+    done = local_engine.done(run_id)
+    assert (done or {}).get("status") == status
+    findings, events = applied(local_engine, run_id)
+    if policy == "skip":
+        assert findings == expected(harness, skip={5})
+        (event,) = [e for e in events if e["type"] == "runner.item_skipped"]
+        assert (
+            event["payload"]["item"] == "f005" and "cannot read f005" in event["payload"]["error"]
+        )
+    else:
+        # Nothing at or past the failed item was applied.
+        assert {item for item, _ in findings} <= {f"f{i:03}" for i in range(5)}
+    # Started again: a failed run keeps its code; an exit scans the item again.
+    again = Files(12, fail={5})
+    code2 = await run_harness_async(
+        again, str(manifest), wal_dir=tmp_path / "wal", on_scan_error=policy, **FAST
+    )
+    assert code2 == code
+    if policy == "exit":
+        assert min(again.scanned) == "f005"
+    else:
+        assert not again.scanned
+
+
+@pytest.mark.asyncio
+async def test_a_changed_work_list_is_refused_not_rescanned(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    first = Files(20, fail={8})
+    code = await run_harness_async(
+        first, str(manifest), wal_dir=tmp_path / "wal", on_scan_error="exit", retries=0, **FAST
+    )
+    assert code == ExitCode.SCAN_EXIT
+    for changed in (Files(21), Files(19)):
+        code = await run_harness_async(changed, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+        assert code == ExitCode.USAGE
+        assert not changed.scanned
+
+    class Reordered(Files):
+        def work(self) -> list[str]:
+            return list(reversed(super().work()))
+
+    reordered = Reordered(20)
+    code = await run_harness_async(reordered, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.USAGE and not reordered.scanned
+    # The same list resumes at the item that failed.
+    same = Files(20)
+    code = await run_harness_async(same, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.DONE
+    assert min(same.scanned) == "f008"
+    assert applied(local_engine, run_id)[0] == expected(same)
+
+
+@pytest.mark.asyncio
+async def test_stop_from_the_engine_ends_the_run_stopped(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    started = threading.Event()
+    release = threading.Event()
+
+    class Slow(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            if item == "f004":
+                started.set()
+                release.wait(10)
+            return super().scan(item, ctx)
+
+    harness = Slow(30)
+    run = asyncio.create_task(
+        run_harness_async(harness, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    )
+    await eventually(started.is_set, what="item 4 in hand")
+    with caplog.at_level(logging.WARNING, logger="walchannel.runner"):
+        assert await local_engine.send_stop(run_id, "operator cancelled the scan")
+        await eventually(lambda: "asks to stop" in caplog.text, what="the Stop reached the runner")
+    release.set()
+    code = await run
+    assert code == ExitCode.STOPPED
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "stopped"
+    assert "operator cancelled" in done["exit_reason"]
+    # The item in hand finished and went; none after it was begun.
+    assert max(harness.scanned) == "f004"
+    _, events = applied(local_engine, run_id)
+    assert [e["payload"]["item"] for e in events if e["type"] == "scan.file"][-1] == "f004"
+
+
+@pytest.mark.asyncio
+async def test_a_near_deadline_ends_the_run_before_it(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    deadline = datetime.now(UTC) + timedelta(seconds=90)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token, deadline=deadline)
+    harness = Files(10)
+    code = await run_harness_async(
+        harness, str(manifest), wal_dir=tmp_path / "wal", deadline_margin_s=120, **FAST
+    )
+    assert code == ExitCode.DEADLINE
+    assert not harness.scanned
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "deadline"
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_token_scans_nothing(local_engine: LocalEngine, tmp_path: Path) -> None:
+    run_id, _ = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, "tok-not-the-one")
+    harness = Files(5)
+    code = await run_harness_async(
+        harness,
+        str(manifest),
+        wal_dir=tmp_path / "wal",
+        first_answer_s=0.5,
+        **{**FAST, "connect_timeout_ms": 800},
+    )
+    assert code == ExitCode.REFUSED
+    assert not harness.scanned
+    assert local_engine.accepted(run_id) == []
+
+
+def test_the_manifest_gives_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(
+        json.dumps(
+            {
+                "runId": "run-1",
+                "correlationId": "c",
+                "runToken": "tok-secret-value",
+                "hardDeadline": "2030-01-02T03:04:05+01:00",
+                "grpcAddr": "127.0.0.1:1",
+                "httpAdr": "http://x",
+            }
+        )
+    )
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING):
+        manifest = Manifest.load(path)
+    assert manifest.hard_deadline == datetime(2030, 1, 2, 2, 4, 5, tzinfo=UTC)
+    assert manifest.http_addr is None
+    text = caplog.text
+    assert "'httpAdr'" in text and "did you mean 'httpAddr'" in text
+    assert "chmod 600" in text and str(path) in text
+    assert "tok-secret-value" not in text + repr(manifest)
+
+
+@pytest.mark.asyncio
+async def test_an_items_events_and_findings_are_one_transaction(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    from walchannel import GrpcEngineChannel, PayloadError
+    from walchannel.testing.plugin import local_channel_config
+
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    async with GrpcEngineChannel(config) as ch:
+        good = ("scan.file", "info", {"item": "a"})
+        with pytest.raises(PayloadError) as bad_finding:
+            ch.send_findings([{"x": 1}, {"x": float("inf")}], events=[good], progress={"i": 1})
+        assert bad_finding.value.index == 1
+        with pytest.raises(PayloadError) as bad_event:
+            ch.send_findings([{"x": 1}], events=[good, ("t", "info", {"v": {1, 2}})])
+        assert bad_event.value.path == "events[1].payload.v" and bad_event.value.index is None
+        assert ch.log.high_water == 0 and ch.progress() is None  # nothing of either
+        seqs = ch.send_findings([{"x": 1}], events=[good, good], progress={"i": 2})
+        assert seqs == [1, 2, 3] and ch.progress() == {"i": 2}
+        kinds = [row.kind for row in ch.log.unacked()]
+        assert kinds == ["event", "event", "finding"]

@@ -1,0 +1,816 @@
+"""The harness runner: the harness gives a work list and a scan function, the runner owns the run.
+
+SPEC "The runner" is the contract (what each item's transaction holds, the
+marker, resume, the first answer, concurrency, failures, stop, deadline,
+SIGTERM, exit codes); docs/deployment.md runs it under Kubernetes and systemd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import inspect
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+
+from walchannel.channel import GrpcEngineChannel
+from walchannel.config import GrpcChannelConfig
+from walchannel.errors import (
+    BacklogFullError,
+    EngineBehindError,
+    EngineUnavailableError,
+    GroupCommitError,
+    PayloadError,
+    RowRefusedError,
+    RunCompletedError,
+    RunExpiredError,
+    WalchannelError,
+    WalCorruptError,
+    WalLockedError,
+    WalRemovedError,
+    WalWriteError,
+    WriterFencedError,
+)
+from walchannel.files import default_wal_dir, log_path
+from walchannel.formatting import get_logger
+from walchannel.grace import GracePeriod
+from walchannel.interface import ApprovalDecision
+from walchannel.log_reader import LogReader, LogUnreadableError
+from walchannel.runner.context import AsyncItemContext, ItemContext
+from walchannel.runner.exits import ExitCode
+from walchannel.runner.manifest import Manifest, ManifestError
+
+__all__ = [
+    "Harness",
+    "HarnessError",
+    "WorkListChangedError",
+    "run_harness",
+    "run_harness_async",
+]
+
+logger = get_logger(__name__)
+
+#: The handshake's ``connector_version`` for a run the runner drives.
+CONNECTOR_VERSION: Final = "walchannel-runner/1"
+#: The marker's format; a marker without it was not written by the runner.
+MARKER_VERSION: Final = 1
+#: How long a log that never had an answer waits for one before scanning, s.
+FIRST_ANSWER_S: Final = 600.0
+#: No new item once less than this is left of ``hardDeadline``, s: the
+#: items in flight, ``Done`` and its ack need it.
+DEADLINE_MARGIN_S: Final = 60.0
+#: A wait for room in the backlog (``BacklogFullError``) looks again after, ms.
+BACKLOG_WAIT_MS: Final = 1_000.0
+
+ScanErrorPolicy = Literal["fail", "skip", "exit"]
+_STATUS_CODES: Final = {
+    "completed": ExitCode.DONE,
+    "failed": ExitCode.SCAN_FAILED,
+    "stopped": ExitCode.STOPPED,
+    "deadline": ExitCode.DEADLINE,
+}
+
+
+class HarnessError(WalchannelError, ValueError):
+    """The harness object cannot be run: a part missing, or a work list that is not one."""
+
+
+class WorkListChangedError(WalchannelError, ValueError):
+    """The work list is not the one this run's marker was made from.
+
+    Resuming by index into another list would skip or repeat items: the
+    run is refused instead (exit :attr:`ExitCode.USAGE`). Give the harness
+    the same list in the same order, or start a new run.
+    """
+
+
+class Harness(Protocol):
+    """What the runner runs: a name, a version, a work list and a scan function.
+
+    ``work()`` returns the items (strings) in a stable order, the same on
+    every start. ``scan(item, ctx)`` returns the item's findings (JSON-like
+    mappings): a plain function runs in a worker thread (it gets an
+    :class:`ItemContext`), a coroutine function on the event loop (an
+    :class:`AsyncItemContext`). An optional ``coverage()`` returns what
+    ``Done`` reports as scanned (a short summary: the roots, not every item).
+    """
+
+    name: str
+    version: str
+
+    def work(self) -> Iterable[str]: ...
+
+    def scan(self, item: str, ctx: Any) -> Any: ...
+
+
+@dataclass
+class _Outcome:
+    """One item's scan: its findings and events, or the error that ended its last try."""
+
+    state: ItemContext
+    findings: list[Mapping[str, Any]]
+    error: BaseException | None = None
+
+
+# -- the work list ---------------------------------------------------------------------
+
+
+def fingerprint(items: Sequence[str]) -> str:
+    """The work list's fingerprint (sha256 hex of the items, each length-prefixed)."""
+    digest = hashlib.sha256()
+    for item in items:
+        raw = item.encode("utf-8", "surrogatepass")
+        digest.update(len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    return digest.hexdigest()
+
+
+def _work_list(harness: Harness) -> list[str]:
+    for part in ("name", "version", "work", "scan"):
+        if not hasattr(harness, part):
+            raise HarnessError(
+                f"harness {harness!r} has no {part!r}: a harness gives name, version, work()"
+                " and scan(item, ctx)"
+            )
+    for part in ("name", "version"):
+        value = getattr(harness, part)
+        if not isinstance(value, str) or not value:
+            raise HarnessError(f"harness.{part} must be a non-empty str, got {value!r}")
+    items = list(harness.work())
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise HarnessError(
+                f"harness.work()[{index}] is a {type(item).__name__}, not a str: items are"
+                " strings (a path, a URL, an id)"
+            )
+    return items
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Options:
+    concurrency: int
+    retries: int
+    retry_backoff_s: float
+    on_scan_error: ScanErrorPolicy
+    item_timeout_s: float | None
+    grace_s: float
+    drain_timeout_s: float
+    first_answer_s: float
+    deadline_margin_s: float
+    progress_every_s: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+            raise ValueError(f"concurrency must be an int >= 1, got {self.concurrency!r}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {self.concurrency!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
+        if self.on_scan_error not in ("fail", "skip", "exit"):
+            raise ValueError(
+                f"on_scan_error must be 'fail', 'skip' or 'exit', got {self.on_scan_error!r}"
+            )
+        for name in (
+            "retry_backoff_s",
+            "grace_s",
+            "drain_timeout_s",
+            "first_answer_s",
+            "deadline_margin_s",
+            "progress_every_s",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if self.grace_s <= 0:
+            raise ValueError(f"grace_s must be > 0 seconds, got {self.grace_s!r}")
+        timeout = self.item_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise ValueError(f"item_timeout_s must be None or seconds > 0, got {timeout!r}")
+
+
+class _Run:
+    """One run of a harness: the state the pieces below share."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        manifest: Manifest,
+        items: list[str],
+        config: GrpcChannelConfig,
+        options: _Options,
+        open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel],
+    ) -> None:
+        self.harness = harness
+        self.manifest = manifest
+        self.items = items
+        self.fingerprint = fingerprint(items)
+        self.config = config
+        self.options = options
+        self.open_channel = open_channel
+        self.run_id = manifest.run_id
+        self.loop = asyncio.get_running_loop()
+        self.grace = GracePeriod(options.grace_s, close_reserve_s=min(3.0, options.grace_s / 2))
+        self.engine_stop: str | None = None
+        self.channel: GrpcEngineChannel | None = None
+        self.coroutine_scan = inspect.iscoroutinefunction(harness.scan)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=options.concurrency, thread_name_prefix="walchannel-scan"
+        )
+        self.done_items = 0
+        self.findings = 0
+        self.skipped_findings = 0
+        self.skipped_items = 0
+        self.started = time.monotonic()
+
+    # -- state a scan reads ------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self.grace.stopping or self.engine_stop is not None or self.deadline_near()
+
+    def deadline_near(self) -> bool:
+        left = (self.manifest.hard_deadline - datetime.now(UTC)).total_seconds()
+        return left < self.options.deadline_margin_s
+
+    async def approval(
+        self, action: str, details: Mapping[str, Any], rid: str, timeout_s: float | None
+    ) -> ApprovalDecision:
+        assert self.channel is not None
+        timeout_ms = None if timeout_s is None else timeout_s * 1000
+        return await self.channel.request_approval(
+            action, details, request_id=rid, timeout_ms=timeout_ms
+        )
+
+    # -- the whole run -----------------------------------------------------------------
+
+    async def run(self) -> int:
+        installed = self._install_signal()
+        try:
+            try:
+                channel = self.open_channel(self.config)
+            except RunCompletedError as exc:
+                return self._completed(None, exc)
+            except WalchannelError as exc:
+                return self._ended(exc)
+            self.channel = channel
+            try:
+                return await self._drive(channel)
+            except RunCompletedError as exc:
+                return self._completed(channel, exc)
+            except WalchannelError as exc:
+                return self._ended(exc)
+            finally:
+                await channel.close()
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            if installed:
+                self.loop.remove_signal_handler(signal.SIGTERM)
+
+    def _install_signal(self) -> bool:
+        try:
+            # Between the loop's callbacks, never inside a call of the channel.
+            self.loop.add_signal_handler(signal.SIGTERM, self.grace.request_stop, signal.SIGTERM)
+        except (NotImplementedError, RuntimeError, ValueError) as exc:
+            logger.warning("run %s: SIGTERM not handled (%s): it kills the run", self.run_id, exc)
+            return False
+        return True
+
+    def _ended(self, exc: WalchannelError) -> int:
+        code = _code_for(exc)
+        logger.error("run %s: %s (exit %d, %s)", self.run_id, exc, code, code.name)
+        return code
+
+    def _completed(self, channel: GrpcEngineChannel | None, exc: RunCompletedError) -> int:
+        marker = _stored_marker(channel, self.config)
+        status = marker.get("status") if marker is not None else None
+        if isinstance(status, str) and status in _STATUS_CODES:
+            code = _STATUS_CODES[status]
+            logger.info(
+                "run %s: completed earlier with status %r (exit %d)", self.run_id, status, code
+            )
+            return code
+        logger.error(
+            "run %s: %s; this log holds nothing of how it ended (exit %d, %s)",
+            self.run_id,
+            exc,
+            ExitCode.COMPLETED_ELSEWHERE,
+            ExitCode.COMPLETED_ELSEWHERE.name,
+        )
+        return ExitCode.COMPLETED_ELSEWHERE
+
+    async def _drive(self, channel: GrpcEngineChannel) -> int:
+        channel.on_stop(self._on_engine_stop)
+        early = await self._first_answer(channel)
+        if early is not None:
+            return early
+        marker = channel.progress()
+        start, status = self._resume(marker)
+        if status is None:
+            reporter = self.loop.create_task(self._report_every(channel))
+            try:
+                ended = await self._scan(channel, start)
+            finally:
+                reporter.cancel()
+                self._report(channel, final=True)
+            if isinstance(ended, int):
+                return ended
+            status = ended
+            # The run's status travels in the marker: a restart after Done,
+            # or on the tombstone, exits with the same code.
+            self._commit_marker(channel, len(self.items), status)
+        return await self._done(channel, status)
+
+    def _on_engine_stop(self, reason: str) -> None:
+        if self.engine_stop is None:
+            logger.warning("run %s: the engine asks to stop: %s", self.run_id, reason)
+            self.engine_stop = reason or "stopped by the engine"
+
+    async def _first_answer(self, channel: GrpcEngineChannel) -> int | None:
+        harness = self.harness
+        answered_before = channel.log.meta().answered_at is not None
+        waited_from = time.monotonic()
+        while True:
+            try:
+                await channel.handshake(CONNECTOR_VERSION, harness.name, harness.version)
+                return None
+            except EngineUnavailableError as exc:
+                if answered_before:
+                    # Rows wait in the log; the channel keeps dialing.
+                    logger.warning("run %s: scanning on: %s", self.run_id, exc)
+                    return None
+                if self.grace.stopping:
+                    return await self.grace.drain(channel)
+                waited = time.monotonic() - waited_from
+                if waited >= self.options.first_answer_s or self.deadline_near():
+                    refused = "refused this run's token" in str(exc)
+                    code = ExitCode.REFUSED if refused else ExitCode.NO_ENGINE
+                    logger.error(
+                        "run %s: nothing scanned: no engine answered this new log's handshake"
+                        " within %.0f s: %s (exit %d, %s)",
+                        self.run_id,
+                        waited,
+                        exc,
+                        code,
+                        code.name,
+                    )
+                    return code
+                # A new log scans only after an answer: findings logged into a
+                # log that is then fenced and taken over would apply twice.
+                logger.warning(
+                    "run %s: not scanning until an engine answers (this log never had an"
+                    " answer): %s",
+                    self.run_id,
+                    exc,
+                )
+
+    def _resume(self, marker: Mapping[str, Any] | None) -> tuple[int, str | None]:
+        if marker is None:
+            return 0, None
+        if marker.get("runner") != MARKER_VERSION or not isinstance(marker.get("next"), int):
+            raise WorkListChangedError(
+                f"run {self.run_id}: the log's progress marker was not written by the runner"
+                f" ({sorted(marker)!r}): a log of a harness of your own cannot be resumed by"
+                " it; start a new run"
+            )
+        if marker.get("work") != self.fingerprint or marker.get("items") != len(self.items):
+            raise WorkListChangedError(
+                f"run {self.run_id}: the work list is not the one this run started with"
+                f" ({len(self.items)} items now, {marker.get('items')} then; fingerprint"
+                f" {self.fingerprint[:16]} now, {str(marker.get('work'))[:16]} then): resuming"
+                " at item {marker['next']} would skip or repeat items. Give the harness the same"
+                " items in the same order, or start a new run"
+            )
+        self.done_items = marker["next"]
+        self.findings = int(marker.get("findings", 0))
+        self.skipped_findings = int(marker.get("skipped_findings", 0))
+        self.skipped_items = int(marker.get("skipped_items", 0))
+        status = marker.get("status")
+        if marker["next"]:
+            logger.info(
+                "run %s: resuming at item %d of %d (%d findings logged before)",
+                self.run_id,
+                marker["next"],
+                len(self.items),
+                self.findings,
+            )
+        return marker["next"], status if isinstance(status, str) else None
+
+    # -- scanning ----------------------------------------------------------------------
+
+    async def _scan(self, channel: GrpcEngineChannel, start: int) -> str | int:
+        """Scan from ``start``; return the run's status, or an exit code (no Done)."""
+        window: dict[int, asyncio.Task[_Outcome]] = {}
+        begun = start
+        try:
+            for index in range(start, len(self.items)):
+                while not self.stopping and begun < len(self.items):
+                    if len(window) >= self.options.concurrency:
+                        break
+                    window[begun] = self.loop.create_task(self._scan_item(begun))
+                    begun += 1
+                task = window.pop(index, None)
+                if task is None:
+                    break  # stopping, nothing of this item begun
+                outcome = await self._await_in_hand(task)
+                if outcome is None:
+                    break  # SIGTERM: the item was given up
+                if outcome.error is not None:
+                    ended = self._scan_failed(channel, outcome)
+                    if ended is not None:
+                        return ended
+                else:
+                    try:
+                        await self._commit_item(channel, outcome)
+                    except _StoppedInCommit:
+                        break  # SIGTERM while waiting for room: the drain below
+        finally:
+            for task in window.values():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.grace.stopping:
+            return await self.grace.drain(channel)
+        if self.done_items < len(self.items):
+            if self.engine_stop is not None:
+                return "stopped"
+            return "deadline"
+        return "completed"
+
+    async def _await_in_hand(self, task: asyncio.Task[_Outcome]) -> _Outcome | None:
+        if not self.grace.stopping:
+            done, _ = await asyncio.wait([task], return_when=asyncio.FIRST_COMPLETED)
+            if task in done or not self.grace.stopping:
+                return task.result()
+        # SIGTERM: the item in hand may finish within half of what is left of
+        # the period; the rest goes to the drain, and the next start scans it.
+        budget = self.grace.remaining_s() / 2
+        try:
+            async with asyncio.timeout(budget):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            return None
+
+    async def _scan_item(self, index: int) -> _Outcome:
+        item = self.items[index]
+        options = self.options
+        error: BaseException | None = None
+        state = self._context(index)
+        for attempt in range(options.retries + 1):
+            state = self._context(index)
+            try:
+                findings = await self._call_scan(state)
+                return _Outcome(state, findings)
+            except asyncio.CancelledError:
+                state.abandoned = True
+                raise
+            except Exception as exc:  # the harness's: retried, then the policy decides
+                error = exc
+                state.abandoned = True
+                if attempt < options.retries:
+                    delay = options.retry_backoff_s * (2**attempt)
+                    logger.warning(
+                        "run %s: item %d (%s): scan failed (%s: %s); try %d of %d in %.1f s",
+                        self.run_id,
+                        index,
+                        item,
+                        type(exc).__name__,
+                        exc,
+                        attempt + 2,
+                        options.retries + 1,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+        return _Outcome(state, [], error)
+
+    def _context(self, index: int) -> ItemContext:
+        return ItemContext(
+            index,
+            self.items[index],
+            self.fingerprint,
+            stopping=lambda: self.stopping,
+            approve=self.approval,
+            loop=self.loop,
+        )
+
+    async def _call_scan(self, state: ItemContext) -> list[Mapping[str, Any]]:
+        timeout = self.options.item_timeout_s
+        scan = self.harness.scan
+        work: Awaitable[Any]
+        if self.coroutine_scan:
+            work = scan(state.item, AsyncItemContext(state))
+        else:
+            work = self.loop.run_in_executor(self.executor, scan, state.item, state)
+        try:
+            async with asyncio.timeout(timeout):
+                found = await work
+        except TimeoutError:
+            state.abandoned = True
+            raise TimeoutError(
+                f"item {state.index} ({state.item}): no result within item_timeout_s={timeout}"
+            ) from None
+        if found is None:
+            return []
+        if isinstance(found, Mapping | str | bytes) or not isinstance(found, Iterable):
+            raise HarnessError(
+                f"scan({state.item!r}) returned a {type(found).__name__}: return a list of"
+                " findings (mappings), [] for none"
+            )
+        return list(found)
+
+    def _scan_failed(self, channel: GrpcEngineChannel, outcome: _Outcome) -> str | int | None:
+        state, exc = outcome.state, outcome.error
+        assert exc is not None
+        policy = self.options.on_scan_error
+        what = f"{type(exc).__name__}: {exc}"
+        logger.error(
+            "run %s: item %d (%s) failed after %d tries: %s; on_scan_error=%r",
+            self.run_id,
+            state.index,
+            state.item,
+            self.options.retries + 1,
+            what,
+            policy,
+        )
+        if policy == "skip":
+            self.skipped_items += 1
+            skip = (
+                "runner.item_skipped",
+                "error",
+                {"item": state.item, "index": state.index, "error": what[:500]},
+            )
+            self._commit(channel, state.index, [], [skip])
+            return None
+        if policy == "exit":
+            return ExitCode.SCAN_EXIT
+        return "failed"
+
+    async def _commit_item(self, channel: GrpcEngineChannel, outcome: _Outcome) -> None:
+        state = outcome.state
+        kept = list(enumerate(outcome.findings))
+        events = list(state.events)
+        while True:
+            try:
+                self._commit(channel, state.index, [f for _, f in kept], events)
+                return
+            except PayloadError as exc:
+                if exc.index is None:
+                    if not events:
+                        raise  # the marker itself: the runner's, never the harness's data
+                    # An event too large for a message: say so in one that fits.
+                    events = [_skip_event(state, None, exc)]
+                    continue
+                number, _ = kept.pop(exc.index)
+                self.skipped_findings += 1
+                logger.warning(
+                    "run %s: item %d (%s): finding %d skipped: %s",
+                    self.run_id,
+                    state.index,
+                    state.item,
+                    number,
+                    exc,
+                )
+                events.append(_skip_event(state, number, exc))
+            except BacklogFullError as exc:
+                # Room comes as the engine acks; the rows wait in the log meanwhile.
+                logger.info("run %s: waiting for room in the backlog: %s", self.run_id, exc)
+                await channel.wait_acked(timeout_ms=BACKLOG_WAIT_MS)
+                if self.grace.stopping:
+                    raise _StoppedInCommit from None
+
+    def _commit(
+        self,
+        channel: GrpcEngineChannel,
+        index: int,
+        findings: list[Mapping[str, Any]],
+        events: list[tuple[str, str, Mapping[str, Any]]],
+    ) -> None:
+        marker = self._marker(index + 1, self.findings + len(findings))
+        channel.send_findings(findings, events=events, progress=marker)
+        self.done_items = index + 1
+        self.findings += len(findings)
+
+    def _commit_marker(self, channel: GrpcEngineChannel, next_item: int, status: str) -> None:
+        marker = self._marker(next_item if status == "completed" else self.done_items, None)
+        marker["status"] = status
+        channel.send_findings([], progress=marker)
+
+    def _marker(self, next_item: int, findings: int | None) -> dict[str, Any]:
+        return {
+            "runner": MARKER_VERSION,
+            "work": self.fingerprint,
+            "items": len(self.items),
+            "next": next_item,
+            "findings": self.findings if findings is None else findings,
+            "skipped_findings": self.skipped_findings,
+            "skipped_items": self.skipped_items,
+        }
+
+    # -- the end -----------------------------------------------------------------------
+
+    async def _done(self, channel: GrpcEngineChannel, status: str) -> int:
+        coverage = _coverage(self.harness)
+        reason = (
+            f"{self.done_items} of {len(self.items)} items scanned, {self.findings} findings;"
+            f" {self.skipped_findings} findings and {self.skipped_items} items skipped"
+        )
+        if status == "stopped" and self.engine_stop:
+            reason += f"; the engine's stop: {self.engine_stop}"
+        acked = await channel.send_done(status, self.findings, coverage, reason)
+        if not acked:
+            acked = await self.grace.wait_acked(
+                channel, timeout_ms=self.options.drain_timeout_s * 1000
+            )
+        if not acked and self.grace.stopping:
+            return await self.grace.drain(channel)
+        if not acked:
+            logger.error(
+                "run %s: Done (status %r) is logged but no engine acked it within %.0f s;"
+                " the next start or `walchannel flush` delivers it (exit %d, %s)",
+                self.run_id,
+                status,
+                self.options.drain_timeout_s,
+                ExitCode.DONE_NOT_ACKED,
+                ExitCode.DONE_NOT_ACKED.name,
+            )
+            return ExitCode.DONE_NOT_ACKED
+        code = _STATUS_CODES[status]
+        logger.info("run %s: Done (status %r) acked (exit %d)", self.run_id, status, code)
+        return code
+
+    # -- progress ----------------------------------------------------------------------
+
+    async def _report_every(self, channel: GrpcEngineChannel) -> None:
+        every = self.options.progress_every_s
+        if every <= 0:
+            return
+        while True:
+            await asyncio.sleep(every)
+            self._report(channel, final=False)
+
+    def _report(self, channel: GrpcEngineChannel, *, final: bool) -> None:
+        total = len(self.items)
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        rate = self.done_items / elapsed
+        left = total - self.done_items
+        eta = f"{left / rate:.0f} s" if rate > 0 and left else "-"
+        line = (
+            f"run {self.run_id}: items {self.done_items}/{total}, findings {self.findings},"
+            f" unacked {channel.unacked_count}, {rate:.1f} items/s, ETA {eta}"
+        )
+        if sys.stderr.isatty() and not final:
+            sys.stderr.write("\r" + line + "\x1b[K")
+            sys.stderr.flush()
+        else:
+            logger.info("%s", line)
+
+
+class _StoppedInCommit(Exception):
+    """SIGTERM while an item waited for room in the backlog."""
+
+
+def _skip_event(
+    state: ItemContext, number: int | None, exc: PayloadError
+) -> tuple[str, str, Mapping[str, Any]]:
+    # The path and the reason, never the value: it could not travel anyway.
+    payload: dict[str, Any] = {"item": state.item, "index": state.index, "path": exc.path}
+    payload["reason"] = exc.reason[:500]
+    if number is not None:
+        payload["finding"] = number
+    return (
+        "runner.finding_skipped" if number is not None else "runner.events_skipped",
+        "warning",
+        payload,
+    )
+
+
+def _coverage(harness: Harness) -> list[str]:
+    coverage = getattr(harness, "coverage", None)
+    if coverage is None:
+        return []
+    return [str(part) for part in coverage()]
+
+
+def _code_for(exc: BaseException) -> ExitCode:
+    if isinstance(exc, WriterFencedError):
+        return ExitCode.FENCED
+    if isinstance(exc, WalLockedError):
+        return ExitCode.LOCKED
+    if isinstance(exc, WalCorruptError | WalWriteError | WalRemovedError | GroupCommitError):
+        return ExitCode.LOG_BROKEN
+    if isinstance(exc, EngineBehindError | RowRefusedError):
+        return ExitCode.RUN_FAILED
+    if isinstance(exc, RunExpiredError):
+        return ExitCode.EXPIRED
+    if isinstance(exc, WorkListChangedError | HarnessError | ManifestError):
+        return ExitCode.USAGE
+    return ExitCode.RUN_FAILED
+
+
+def _stored_marker(
+    channel: GrpcEngineChannel | None, config: GrpcChannelConfig
+) -> Mapping[str, Any] | None:
+    """The marker the run's log keeps (also a tombstone's), None when there is none."""
+    if channel is not None:
+        return channel.log.progress
+    folder = config.wal_dir if config.wal_dir is not None else default_wal_dir()
+    try:
+        with LogReader(log_path(Path(folder), config.run_id), config.run_id) as reader:
+            return reader.meta().progress
+    except (OSError, WalchannelError, LogUnreadableError):
+        return None
+
+
+# -- the entry points --------------------------------------------------------------------
+
+
+async def run_harness_async(
+    harness: Harness,
+    manifest: Manifest | str | None = None,
+    *,
+    concurrency: int = 1,
+    retries: int = 2,
+    retry_backoff_s: float = 1.0,
+    on_scan_error: ScanErrorPolicy = "fail",
+    item_timeout_s: float | None = None,
+    grace_s: float = 25.0,
+    drain_timeout_s: float = 600.0,
+    first_answer_s: float = FIRST_ANSWER_S,
+    deadline_margin_s: float = DEADLINE_MARGIN_S,
+    progress_every_s: float = 10.0,
+    _open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel] = GrpcEngineChannel,
+    **channel_options: Any,
+) -> int:
+    """Run ``harness`` for the run ``manifest`` names; return the exit code.
+
+    SPEC "The runner" says what each option does and what each code means
+    (:class:`~walchannel.runner.exits.ExitCode`).
+
+    Args:
+        harness: a :class:`Harness`.
+        manifest: a :class:`Manifest`, its path, or None (``$WALCHANNEL_MANIFEST``).
+        concurrency: items scanned at once (int >= 1); committed in work order.
+        retries: how often a failed scan is tried again (int >= 0).
+        retry_backoff_s: the first wait before a retry, s (doubled each time).
+        on_scan_error: past the retries: ``"fail"`` (Done ``failed``),
+            ``"skip"`` (an event, then the next item) or ``"exit"`` (no Done).
+        item_timeout_s: a scan's bound, s (None: none).
+        grace_s: SIGTERM's grace period, s (the platform's, a little less).
+        drain_timeout_s: after ``Done``, how long to wait for its ack, s.
+        first_answer_s: how long a log that never had an answer waits for
+            one before giving up, s.
+        deadline_margin_s: no new item once less than this is left of
+            ``hardDeadline``, s.
+        progress_every_s: the progress line's period, s (0: only at the end).
+        channel_options: the other :class:`~walchannel.GrpcChannelConfig`
+            fields (``wal_dir``, ``durability``, ``credentials``,
+            ``tls_server_name``, ``allowed_hosts``, ...).
+
+    Returns:
+        An :class:`~walchannel.runner.exits.ExitCode` (an int).
+
+    Raises:
+        Nothing of walchannel's: each outcome is a code, said in one log line.
+        An exception of the harness's scan never escapes either (it is a
+        failed item). ``KeyboardInterrupt`` and ``SystemExit`` pass.
+    """
+    try:
+        loaded = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
+        options = _Options(
+            concurrency,
+            retries,
+            retry_backoff_s,
+            on_scan_error,
+            item_timeout_s,
+            grace_s,
+            drain_timeout_s,
+            first_answer_s,
+            deadline_margin_s,
+            progress_every_s,
+        )
+        items = _work_list(harness)
+        config = loaded.channel_config(**channel_options)
+    except (ManifestError, HarnessError) as exc:
+        logger.error("%s (exit %d, USAGE)", exc, ExitCode.USAGE)
+        return ExitCode.USAGE
+    except (ValueError, TypeError) as exc:
+        logger.error("bad option: %s (exit %d, USAGE)", exc, ExitCode.USAGE)
+        return ExitCode.USAGE
+    return await _Run(harness, loaded, items, config, options, _open_channel).run()
+
+
+def run_harness(harness: Harness, manifest: Manifest | str | None = None, **options: Any) -> int:
+    """:func:`run_harness_async` in a new event loop (``asyncio.run``); return the exit code."""
+    return asyncio.run(run_harness_async(harness, manifest, **options))
