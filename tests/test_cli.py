@@ -958,7 +958,7 @@ def test_json_keys_show_and_export(tmp_path: Path) -> None:
     assert cli("export", tmp_path / "missing.wal.sqlite3").rc == 2
 
 
-@pytest.mark.parametrize("command", ["inspect", "flush", "export", "prune"])
+@pytest.mark.parametrize("command", ["run", "inspect", "flush", "export", "prune"])
 def test_every_subcommand_help_has_an_example(command: str) -> None:
     new_token()
     result = cli(command, "--help")

@@ -57,7 +57,7 @@ from walchannel.flush import DEFAULT_FLUSH_TIMEOUT_S, flush_command
 from walchannel.formatting import escape_text
 from walchannel.inspection import DEFAULT_STUCK_AFTER_S
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "load_target", "main"]
 
 _RAW = argparse.RawDescriptionHelpFormatter
 
@@ -695,8 +695,117 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- run ----------------------------------------------------------------------------
+
+_RUN_EXAMPLES = """\
+examples:
+  walchannel run myscanner:harness --manifest /run/scan/manifest.json
+  WALCHANNEL_MANIFEST=m.json walchannel run myscanner.main:Scanner --concurrency 4
+  walchannel run myscanner:harness --manifest m.json --on-scan-error skip --wal-dir /var/lib/wal
+
+MODULE:ATTR names the harness object as uvicorn and celery name an app: the
+module is imported (the current folder first on sys.path) and ATTR read from
+it; a class is instantiated with no arguments. The harness gives name,
+version, work() and scan(item, ctx) (SPEC "The runner"). The manifest is a
+JSON file: runId, correlationId, runToken, hardDeadline, grpcAddr, httpAddr.
+
+exit codes (retriable ones marked *): 0 done; 2 usage, manifest or work
+list changed; 3 fenced; 4 refused (unknown run or wrong token); 5* log held
+by another process; 6 log broken; 7 run failed; 8 stopped by the engine;
+9 deadline; 10 scan failed; 11 expired; 12 completed elsewhere; 13* scan
+exit; 14* Done not acked; 15* no engine; 75* SIGTERM with rows left;
+143* SIGTERM (docs/deployment.md).
+"""
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a harness for the run a manifest names (the runner)",
+        description="Load a harness object by import path and run it with the runner.",
+        epilog=_RUN_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument("target", metavar="MODULE:ATTR", help="the harness object")
+    p.add_argument("--manifest", metavar="PATH", help="default: $WALCHANNEL_MANIFEST")
+    p.add_argument("--wal-dir", metavar="DIR", help="the log folder (default: the default)")
+    p.add_argument("--durability", choices=("process", "power", "replicated"), default="process")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N")
+    p.add_argument("--retries", type=int, default=2, metavar="N")
+    p.add_argument("--on-scan-error", choices=("fail", "skip", "exit"), default="fail")
+    p.add_argument("--item-timeout", type=_positive_float, metavar="SECONDS")
+    p.add_argument("--grace", type=_positive_float, default=25.0, metavar="SECONDS")
+    p.add_argument("--drain-timeout", type=_non_negative_float, default=600.0, metavar="SECONDS")
+    p.add_argument("--first-answer", type=_non_negative_float, default=600.0, metavar="SECONDS")
+    p.add_argument("--progress-every", type=_non_negative_float, default=10.0, metavar="SECONDS")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.set_defaults(handler=_cmd_run)
+
+
+def load_target(target: str) -> Any:
+    """The object ``MODULE:ATTR`` names (a class: an instance of it).
+
+    Raises:
+        ValueError: ``target`` is not ``MODULE:ATTR``, the module cannot be
+            imported, or it has no ``ATTR``; the message names which.
+    """
+    import importlib
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{target!r}: name the harness as MODULE:ATTR, e.g. myscanner:harness")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise ValueError(
+                f"{target!r}: no module {exc.name!r} (run from the folder that holds it, or"
+                " install it)"
+            ) from None
+        raise
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{target!r}: module {module_name!r} has no {attr!r}")
+        found = getattr(found, part)
+    return found() if isinstance(found, type) else found
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import logging
+
+    from walchannel.runner import run_harness
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    try:
+        harness = load_target(args.target)
+    except ValueError as exc:
+        err("run", str(exc))
+        return 2
+    return run_harness(
+        harness,
+        args.manifest,
+        wal_dir=args.wal_dir,
+        durability=args.durability,
+        concurrency=args.concurrency,
+        retries=args.retries,
+        on_scan_error=args.on_scan_error,
+        item_timeout_s=args.item_timeout,
+        grace_s=args.grace,
+        drain_timeout_s=args.drain_timeout,
+        first_answer_s=args.first_answer,
+        progress_every_s=args.progress_every,
+    )
+
+
 # One adder per subcommand, in help order.
 _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...]] = (
+    _add_run,
     _add_inspect,
     _add_flush,
     _add_export,
@@ -709,6 +818,7 @@ _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...
 
 _MAIN_EXAMPLES = """\
 examples:
+  walchannel run myscanner:harness --manifest m.json   # run a harness (the runner)
   walchannel inspect                 # what state is every run in?
   walchannel export run-42.wal.sqlite3 > unacked.jsonl
   walchannel flush run-42.wal.sqlite3 --grpc-addr engine:50051 --token-env RUN_TOKEN

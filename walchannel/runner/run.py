@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import inspect
+import logging
 import signal
 import sys
 import time
@@ -803,12 +804,26 @@ async def run_harness_async(
         items = _work_list(harness)
         config = loaded.channel_config(**channel_options)
     except (ManifestError, HarnessError) as exc:
-        logger.error("%s (exit %d, USAGE)", exc, ExitCode.USAGE)
-        return ExitCode.USAGE
+        logger.error("%s", exc)
+        return _said(None, ExitCode.USAGE)
     except (ValueError, TypeError) as exc:
-        logger.error("bad option: %s (exit %d, USAGE)", exc, ExitCode.USAGE)
-        return ExitCode.USAGE
-    return await _Run(harness, loaded, items, config, options, _open_channel).run()
+        logger.error("bad option: %s", exc)
+        return _said(None, ExitCode.USAGE)
+    code = await _Run(harness, loaded, items, config, options, _open_channel).run()
+    return _said(loaded.run_id, ExitCode(code))
+
+
+def _said(run_id: str | None, code: ExitCode) -> ExitCode:
+    """Say the run's exit code in one line, with its name and whether a retry can help."""
+    logger.log(
+        logging.INFO if code == ExitCode.DONE else logging.WARNING,
+        "%sexit %d (%s, %s)",
+        "" if run_id is None else f"run {run_id}: ",
+        code,
+        code.name,
+        "retriable: start it again" if code.retriable else "not retriable",
+    )
+    return code
 
 
 def run_harness(harness: Harness, manifest: Manifest | str | None = None, **options: Any) -> int:

@@ -1,0 +1,244 @@
+"""The runner as real processes: ``walchannel run`` killed, signalled and refused (issue 54).
+
+Each harness is ``tests/helpers/runner_harness.py`` started by
+``python -m walchannel run runner_harness:Harness`` against the local
+engine on loopback; every exit code asserted here is produced by a real
+process, and what the engine applied is audited by content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import eventually, new_run
+from walchannel.runner import ExitCode
+from walchannel.testing.engine import LocalEngine
+
+HELPERS = Path(__file__).parent / "helpers"
+BOUND_S = 60.0
+
+
+def manifest_for(
+    path: Path, engine: LocalEngine, run_id: str, token: str, deadline_s: float = 3600
+) -> Path:
+    deadline = datetime.now(UTC) + timedelta(seconds=deadline_s)
+    path.write_text(
+        json.dumps(
+            {
+                "runId": run_id,
+                "correlationId": f"corr-{run_id}",
+                "runToken": token,
+                "hardDeadline": deadline.isoformat(),
+                "grpcAddr": engine.grpc_addr,
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+class Harness:
+    """One ``walchannel run`` process and what it printed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.scanned: list[str] = []
+        self.err = b""
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            text = line.decode().strip()
+            if text.startswith("scanned "):
+                self.scanned.append(text.split()[1])
+
+    async def wait(self) -> int:
+        assert self.proc.stderr is not None
+        async with asyncio.timeout(BOUND_S):
+            self.err = await self.proc.stderr.read()
+            code = await self.proc.wait()
+            await self._reader
+        return code
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+
+
+async def start(manifest: Path, wal: Path, *options: str, **env: str) -> Harness:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "walchannel",
+        "run",
+        "runner_harness:Harness",
+        "--manifest",
+        str(manifest),
+        "--wal-dir",
+        str(wal),
+        "--progress-every",
+        "0",
+        *options,
+        cwd=HELPERS,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    return Harness(proc)
+
+
+def audit(engine: LocalEngine, run_id: str, items: int) -> None:
+    """Every finding of every item applied exactly once, and the Done."""
+    got: Counter[tuple[str, int]] = Counter()
+    for message in engine.bodies(run_id):
+        if message["kind"] == "finding":
+            fields: dict[str, Any] = message["body"]["fields"]
+            got[(fields["item"], int(fields["n"]))] += 1
+    want = Counter({(f"item-{i:04}", n): 1 for i in range(items) for n in range(i % 3)})
+    assert got == want, (got - want, want - got)
+    assert engine.accepted(run_id) == list(range(1, len(engine.accepted(run_id)) + 1))
+
+
+@pytest.mark.asyncio
+async def test_a_harness_killed_three_times_applies_every_finding_once(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    wal = tmp_path / "wal"
+    items = 120
+    env = {"RUNNER_ITEMS": str(items), "RUNNER_PACE_S": "0.03"}
+    for kill_after in (15, 25, 30):  # scans of each process: it resumes after the last
+        harness = await start(manifest, wal, "--concurrency", "3", **env)
+
+        def far_enough(h: Harness = harness, k: int = kill_after) -> bool:
+            return len(h.scanned) >= k or h.proc.returncode is not None
+
+        await eventually(far_enough, timeout=BOUND_S, what=f"{kill_after} items scanned")
+        assert harness.proc.returncode is None, "it ended before the kill"
+        harness.kill()
+        assert await harness.wait() == -signal.SIGKILL
+    harness = await start(manifest, wal, "--concurrency", "3", **env)
+    assert await harness.wait() == ExitCode.DONE, harness.err.decode()[-2000:]
+    audit(local_engine, run_id, items)
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "completed"
+    assert token not in harness.err.decode()
+    # A retried pod on the finished run: exit 0, nothing scanned.
+    again = await start(manifest, wal, **env)
+    assert await again.wait() == ExitCode.DONE and not again.scanned
+
+
+@pytest.mark.asyncio
+async def test_sigterm_finishes_the_item_in_hand_drains_and_exits_143(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    env = {"RUNNER_ITEMS": "400", "RUNNER_PACE_S": "0.02"}
+    harness = await start(manifest, tmp_path / "wal", **env)
+    await eventually(lambda: len(harness.scanned) >= 10, timeout=BOUND_S, what="10 items")
+    harness.proc.send_signal(signal.SIGTERM)
+    assert await harness.wait() == ExitCode.SIGTERM, harness.err.decode()[-2000:]
+    assert local_engine.done(run_id) is None
+    # Everything committed was delivered; the next start resumes after it.
+    applied = {
+        m["body"]["payload"]["item"] for m in local_engine.bodies(run_id) if m["kind"] == "event"
+    }
+    assert len(applied) < 400 and applied
+    rest = await start(manifest, tmp_path / "wal", **{**env, "RUNNER_PACE_S": "0"})
+    assert await rest.wait() == ExitCode.DONE
+    assert rest.scanned[0] == f"item-{len(applied):04}"
+    audit(local_engine, run_id, 400)
+
+
+@pytest.mark.asyncio
+async def test_the_engines_stop_ends_the_run_with_exit_8(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    harness = await start(manifest, tmp_path / "wal", RUNNER_ITEMS="400", RUNNER_PACE_S="0.02")
+    await eventually(lambda: len(harness.scanned) >= 5, timeout=BOUND_S, what="5 items")
+    assert await local_engine.send_stop(run_id, "the operator cancelled it")
+    assert await harness.wait() == ExitCode.STOPPED, harness.err.decode()[-2000:]
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "stopped"
+    assert len(harness.scanned) < 400
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [
+        ("done", ExitCode.DONE),
+        ("scan failed", ExitCode.SCAN_FAILED),
+        ("scan exit", ExitCode.SCAN_EXIT),
+        ("wrong token", ExitCode.REFUSED),
+        ("no manifest key", ExitCode.USAGE),
+        ("no such module", ExitCode.USAGE),
+        ("deadline near", ExitCode.DEADLINE),
+        ("deadline passed", ExitCode.EXPIRED),
+    ],
+)
+async def test_each_outcome_exits_with_its_code(
+    local_engine: LocalEngine, tmp_path: Path, case: str, code: int
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    options: list[str] = []
+    env = {"RUNNER_ITEMS": "12"}
+    if case in ("scan failed", "scan exit"):
+        env["RUNNER_FAIL"] = "4"
+        options += ["--retries", "1", "--on-scan-error", case.split()[1]]
+        options[-1] = {"failed": "fail", "exit": "exit"}[case.split()[1]]
+    elif case == "wrong token":
+        manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, "tok-wrong-one")
+        options += ["--first-answer", "1"]
+    elif case == "no manifest key":
+        data = json.loads(manifest.read_text())
+        del data["grpcAddr"]
+        manifest.write_text(json.dumps(data))
+    elif case == "deadline near":
+        manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token, deadline_s=30)
+    elif case == "deadline passed":
+        manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token, deadline_s=-5)
+    harness = await start(manifest, tmp_path / "wal", *options, **env)
+    if case == "no such module":
+        harness.proc.kill()
+        await harness.wait()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "walchannel",
+            "run",
+            "no_such_scanner:Harness",
+            "--manifest",
+            str(manifest),
+            cwd=HELPERS,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+        assert proc.returncode == code and b"no_such_scanner" in err
+        return
+    got = await harness.wait()
+    text = harness.err.decode()
+    assert got == code, text[-2000:]
+    assert token not in text
+    if code in (ExitCode.REFUSED, ExitCode.USAGE, ExitCode.DEADLINE, ExitCode.EXPIRED):
+        assert not harness.scanned
+        done = local_engine.done(run_id)
+        # Only a deadline still says how the run ended: its Done, and nothing else.
+        assert local_engine.accepted(run_id) == ([1] if code == ExitCode.DEADLINE else [])
+        assert (done or {}).get("status") == ("deadline" if code == ExitCode.DEADLINE else None)
+    assert f"exit {int(code)} ({ExitCode(code).name}" in text
