@@ -68,6 +68,11 @@ def assert_no_token(exc: BaseException, caplog: pytest.LogCaptureFixture) -> Non
         "traceback": "".join(traceback.format_exception(exc)),
         "log": caplog.text,
     }
+    # Nor in what a tool walking the chain would find (a decode error's .doc is the file).
+    context = exc.__context__ or exc.__cause__
+    while context is not None:
+        shown["context"] = shown.get("context", "") + repr(vars(context)) + repr(context.args)
+        context = context.__context__ or context.__cause__
     for where, text in shown.items():
         assert TOKEN not in text, f"the token is in the error's {where}: {text!r}"
         assert "SECRET" not in text, f"part of the token is in the error's {where}: {text!r}"
@@ -282,6 +287,14 @@ NOT_A_MANIFEST = [
         _content(_PREFIX.replace(b"corr-1", b"corr-\xe2\x82") + b"}"),
         "not UTF-8",
         id="truncated-sequence",
+    ),
+    pytest.param(_content(json.dumps(good()).encode("utf-16")), "not UTF-8", id="utf-16"),
+    # (UTF-32-BE of ASCII is valid UTF-8, NULs and all: it is no JSON.)
+    pytest.param(_content(json.dumps(good()).encode("utf-32-be")), "not JSON", id="utf-32"),
+    pytest.param(
+        _content(_PREFIX.replace(b"corr-1", b"corr-\xed\xa0\x80") + b"}"),
+        "not UTF-8",
+        id="surrogate-bytes",
     ),
     pytest.param(
         _content(_PREFIX + b', "pad": "' + b"x" * MAX_MANIFEST_BYTES + b'"}'),
@@ -636,3 +649,24 @@ def test_channel_config_gives_the_run(
     assert TOKEN not in repr(config) and "SECRET" not in repr(config)
     assert "run-1" in repr(config)
     assert TOKEN not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("changes", "options", "key"),
+    [
+        ({"grpcAddr": "run_id"}, {}, "grpcAddr"),  # a value that spells another field's name
+        ({"grpcAddr": "correlation_id"}, {}, "grpcAddr"),
+        ({}, {"durability": "run_id"}, None),  # an option's fault stays a ValueError
+        ({}, {"durability": "correlation_id"}, None),
+    ],
+)
+def test_channel_config_blames_the_key_at_fault_not_one_its_value_names(
+    tmp_path: Path, changes: dict[str, Any], options: dict[str, Any], key: str | None
+) -> None:
+    manifest = Manifest.load(write(tmp_path / "m.json", good(**changes)))
+    with pytest.raises(ValueError) as info:
+        manifest.channel_config(**options)
+    if key is None:
+        assert not isinstance(info.value, ManifestError)
+    else:
+        assert isinstance(info.value, ManifestError) and info.value.key == key

@@ -154,8 +154,8 @@ class Manifest:
         except ValueError as exc:
             message = str(exc)
             for name, (key, _) in fields_of.items():
-                # The config names its field; the user wrote the manifest's key.
-                if name in message and name not in options:
+                # The config's message starts with its field; the user wrote the key.
+                if message.startswith(name):
                     raise ManifestError(self.path, key, message) from None
             raise
 
@@ -177,15 +177,19 @@ def _read_object(path: Path) -> dict[str, Any]:
         )
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(path, None, f"over {MAX_MANIFEST_BYTES} bytes: not a manifest")
+    # Decoded strictly here (json.loads would guess UTF-16/32 and pass
+    # surrogates), and raised outside the except: a decode error's context
+    # holds the whole document, the token too.
+    problem = None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ManifestError(path, None, f"not UTF-8 text (byte {exc.start})") from None
+        problem = f"not UTF-8 text (byte {exc.start})"
     except json.JSONDecodeError as exc:
-        # exc.msg never quotes the document (the token may be in it).
-        raise ManifestError(
-            path, None, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        # exc.msg never quotes the document.
+        problem = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    if problem is not None:
+        raise ManifestError(path, None, problem)
     if not isinstance(data, dict):
         raise ManifestError(path, None, f"a JSON object is required, got {type(data).__name__}")
     return data
