@@ -30,6 +30,7 @@ from walchannel import (
     PayloadError,
     RunCompletedError,
     RunLog,
+    RunRefusedError,
     log_state,
 )
 from walchannel.testing import InMemoryEngineChannel
@@ -812,8 +813,11 @@ async def test_a_refused_token_is_named_as_refused_at_the_handshake(
     async with GrpcEngineChannel(config) as ch:
         with pytest.raises(EngineUnavailableError) as raised:
             await ch.handshake("1", "h", "1")
+    # A new log's every dial refused: the run's own error (SPEC "Dial").
+    assert isinstance(raised.value, RunRefusedError)
     text = str(raised.value)
-    assert f"run {run_id}: the engine refused this run's token" in text, text
+    assert f"run {run_id}: every dial within 2000 ms was refused" in text, text
+    assert "an unknown run or a wrong token" in text, text
     assert "UNAUTHENTICATED" in text, text
     assert wrong not in text
 

@@ -349,20 +349,55 @@ async def test_a_near_deadline_ends_the_run_before_it(
 
 
 @pytest.mark.asyncio
-async def test_a_wrong_token_scans_nothing(local_engine: LocalEngine, tmp_path: Path) -> None:
-    run_id, _ = new_run(local_engine)
-    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, "tok-not-the-one")
+@pytest.mark.parametrize("refused", ["a wrong token", "an unknown run"])
+async def test_a_refused_new_run_exits_at_once_scanning_nothing(
+    local_engine: LocalEngine, tmp_path: Path, refused: str
+) -> None:
+    run_id, token = new_run(local_engine)
+    if refused == "a wrong token":
+        token = "tok-not-the-one"
+    else:
+        run_id = run_id + "-unknown"
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
     harness = Files(5)
-    code = await run_harness_async(
-        harness,
-        str(manifest),
-        wal_dir=tmp_path / "wal",
-        first_answer_s=0.5,
-        **{**FAST, "connect_timeout_ms": 800},
-    )
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(30):  # (first_answer_s is 600 s: a failure ends here)
+        code = await run_harness_async(
+            harness,
+            str(manifest),
+            wal_dir=tmp_path / "wal",
+            **{**FAST, "connect_timeout_ms": 1_500},
+        )
     assert code == ExitCode.REFUSED
+    # Within one connect_timeout_ms (and the close), not first_answer_s (600 s).
+    assert asyncio.get_running_loop().time() - started < 10
     assert not harness.scanned
     assert local_engine.accepted(run_id) == []
+
+
+@pytest.mark.asyncio
+async def test_a_log_that_had_an_answer_is_not_refused_but_keeps_dialing(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    from walchannel import EngineUnavailableError, GrpcEngineChannel, RunRefusedError
+    from walchannel.testing.plugin import local_channel_config
+
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+    # The same log, a token the engine no longer takes (a replacement engine
+    # that does not know the run yet answers so too).
+    refused = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, "tok-other", connect_timeout_ms=1_000
+    )
+    async with GrpcEngineChannel(refused) as ch:
+        with pytest.raises(EngineUnavailableError) as info:
+            await ch.handshake("1", "h", "1")
+        assert not isinstance(info.value, RunRefusedError)
+        text = str(info.value)
+        assert f"run {run_id}: the engine refused this run's token" in text, text
+        assert "UNAUTHENTICATED" in text and "tok-other" not in text
 
 
 def test_the_manifest_gives_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -204,7 +204,6 @@ async def test_each_outcome_exits_with_its_code(
         options[-1] = {"failed": "fail", "exit": "exit"}[case.split()[1]]
     elif case == "wrong token":
         manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, "tok-wrong-one")
-        options += ["--first-answer", "1"]
     elif case == "no manifest key":
         data = json.loads(manifest.read_text())
         del data["grpcAddr"]

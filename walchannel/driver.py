@@ -95,6 +95,8 @@ ACK_STORE_AFTER_MS: Final = 100.0
 STABLE_STREAM_MS: Final = 30_000.0
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS: Final = 300_000
+#: The stream ends that refuse a run's token (an unknown run, a wrong token).
+REFUSED_TOKEN_CODES: Final = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
 
 
 # -- states --------------------------------------------------------------------------------
@@ -357,6 +359,9 @@ class Driver:
         self._protocol_errors = 0
         self._last_error: str | None = None
         self._last_end_code: str | None = None
+        # Stream ends since a stream was last up, and how many refused the token.
+        self._ends_down = 0
+        self._refused_down = 0
         self._down_too_large: DownTooLarge | None = None
         self._repeated_end: str | None = None
         # Down messages: Stop fires once, decisions are kept by request id.
@@ -476,6 +481,15 @@ class Driver:
     def last_end_code(self) -> str | None:
         """The gRPC status name of the last stream end."""
         return self._last_end_code
+
+    @property
+    def every_dial_refused(self) -> bool:
+        """True when at least two dials ended since a stream was last up, each refusing the token.
+
+        UNAUTHENTICATED or PERMISSION_DENIED: an unknown run or a wrong token
+        (a replacement engine that does not know the run yet answers so too).
+        """
+        return self._ends_down >= 2 and self._refused_down == self._ends_down
 
     @property
     def down_too_large(self) -> DownTooLarge | None:
@@ -926,6 +940,7 @@ class Driver:
         """
         self._write_pos = max(replay_from, self._acked + 1)
         self._up_since_ms = now_ms
+        self._ends_down = self._refused_down = 0
         self._first_written = None
         self._repeated_end = None
         self.move(ChannelState.STREAMING)
@@ -1033,6 +1048,9 @@ class Driver:
         """
         self._write_pos = 0  # no stream: nothing is written until the next is up
         self._last_end_code = code
+        self._ends_down += 1
+        if code in REFUSED_TOKEN_CODES:
+            self._refused_down += 1
         doubled = is_too_many_pings(f"{details} {debug}")
         if doubled:
             self._keepalive_ms = min(self._keepalive_ms * 2, MAX_KEEPALIVE_MS)

@@ -25,6 +25,7 @@ keeps the message as built (SPEC "The channel", "Text from outside").
     ├── GroupCommitError                 a group of rows handed out never committed (FAILED)
     ├── BacklogFullError                 max_unacked_bytes would be passed
     ├── EngineUnavailableError           no answered handshake within the timeout
+    │   └── RunRefusedError              a new log's every dial refused: unknown run, wrong token
     ├── DiscoveryError                   GET /grpc-address gave no usable address
     ├── ApprovalTimeoutError             no decision within timeout_ms
     ├── ReentrantCallError (also RuntimeError)  a call made inside another (a signal handler's)
@@ -52,6 +53,7 @@ __all__ = [
     "ReentrantCallError",
     "RowRefusedError",
     "RunCompletedError",
+    "RunRefusedError",
     "RunExpiredError",
     "RunningLoopError",
     "WalCorruptError",
@@ -289,6 +291,19 @@ class EngineUnavailableError(WalchannelError):
     """No engine answered the handshake within ``connect_timeout_ms``.
 
     The channel stays usable and keeps dialing; sends are still logged.
+    """
+
+
+class RunRefusedError(EngineUnavailableError):
+    """Every dial of a log that never had an answer was refused: an unknown run or a wrong token.
+
+    Raised by ``handshake()`` only while this log has never had an
+    answered handshake and every dial (two at least) within
+    ``connect_timeout_ms`` ended UNAUTHENTICATED or PERMISSION_DENIED. A
+    log that had an answer keeps dialing instead (a replacement engine may
+    not know the run yet), as this channel does too: it is an
+    :class:`EngineUnavailableError`. Check the run id and the token the
+    harness was given. SPEC "Dial".
     """
 
 

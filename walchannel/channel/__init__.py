@@ -50,7 +50,7 @@ from walchannel.channel.reporting import Reporter
 from walchannel.channel.waiters import Waiters
 from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig
-from walchannel.driver import Call, ChannelState, Driver
+from walchannel.driver import REFUSED_TOKEN_CODES, Call, ChannelState, Driver
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -61,6 +61,7 @@ from walchannel.errors import (
     ReentrantCallError,
     RunCompletedError,
     RunExpiredError,
+    RunRefusedError,
     WalchannelError,
     raw_message,
 )
@@ -894,6 +895,9 @@ class GrpcEngineChannel:
             connector_version, harness_name, harness_version: the handshake fields.
 
         Raises:
+            RunRefusedError: this log never had an answer and every dial
+                (two at least) within ``connect_timeout_ms`` refused the
+                token: an unknown run or a wrong token (still dialing).
             EngineUnavailableError: no answered handshake within
                 ``connect_timeout_ms``; the channel stays usable and keeps dialing.
             RunCompletedError: the engine (or the log) says the run is completed.
@@ -935,7 +939,14 @@ class GrpcEngineChannel:
         if ended is not None:
             raise ended
         waited = self._config.connect_timeout_ms
-        if driver.last_end_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        if driver.every_dial_refused and self._log.meta().answered_at is None:
+            raise RunRefusedError(
+                f"run {self._run_id}: every dial within {waited} ms was refused (the last:"
+                f" {driver.last_error}) and this log never had an answer: an unknown run or a"
+                " wrong token; check the run id and the token this harness was given"
+                " (still dialing, in case an engine that knows the run takes over)"
+            )
+        if driver.last_end_code in REFUSED_TOKEN_CODES:
             raise EngineUnavailableError(
                 f"run {self._run_id}: the engine refused this run's token for {waited} ms "
                 f"(the last attempt: {driver.last_error}); still dialing, in case a "

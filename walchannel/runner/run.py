@@ -33,6 +33,7 @@ from walchannel.errors import (
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
+    RunRefusedError,
     WalchannelError,
     WalCorruptError,
     WalLockedError,
@@ -347,6 +348,9 @@ class _Run:
             try:
                 await channel.handshake(CONNECTOR_VERSION, harness.name, harness.version)
                 return None
+            except RunRefusedError as exc:
+                logger.error("run %s: nothing scanned: %s", self.run_id, exc)
+                return ExitCode.REFUSED
             except EngineUnavailableError as exc:
                 if answered_before:
                     # Rows wait in the log; the channel keeps dialing.
@@ -356,18 +360,14 @@ class _Run:
                     return await self.grace.drain(channel)
                 waited = time.monotonic() - waited_from
                 if waited >= self.options.first_answer_s or self.deadline_near():
-                    refused = "refused this run's token" in str(exc)
-                    code = ExitCode.REFUSED if refused else ExitCode.NO_ENGINE
                     logger.error(
                         "run %s: nothing scanned: no engine answered this new log's handshake"
-                        " within %.0f s: %s (exit %d, %s)",
+                        " within %.0f s: %s",
                         self.run_id,
                         waited,
                         exc,
-                        code,
-                        code.name,
                     )
-                    return code
+                    return ExitCode.NO_ENGINE
                 # A new log scans only after an answer: findings logged into a
                 # log that is then fenced and taken over would apply twice.
                 logger.warning(
