@@ -99,8 +99,8 @@ def test_every_duration_quoted_in_prose_is_the_default() -> None:
     assert found >= 2
 
 
-def test_the_readmes_table_of_calls_names_the_real_parameters() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_table_of_calls_names_the_real_parameters() -> None:
+    text = (ROOT / "docs" / "channel.md").read_text()
     table = text.split("The calls, in short", 1)[1].split("\n\n", 2)[1]
     calls = " ".join(row.split("|")[1] for row in table.splitlines()[2:])  # the first cells
     checked = 0
@@ -112,7 +112,8 @@ def test_the_readmes_table_of_calls_names_the_real_parameters() -> None:
             p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("", "*", "...")
         ]
         assert shown == [p for p in real if p in shown] and set(shown) <= set(real), (
-            f"README shows {name}({params}); the call is {name}{inspect.signature(method)}"
+            f"docs/channel.md shows {name}({params}); the call is"
+            f" {name}{inspect.signature(method)}"
         )
         if hasattr(BlockingEngineChannel, name):
             blocking = list(inspect.signature(getattr(BlockingEngineChannel, name)).parameters)[1:]

@@ -1,8 +1,10 @@
-"""The README's runnable example runs as written (a newcomer copies it first)."""
+"""The README's runnable examples run as written (a newcomer copies them first), and the
+channel-level harness of docs/channel.md (a runner of one's own) with them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PYTHON, ROOT, child_env, new_run
+from conftest import PYTHON, ROOT, child_env, eventually, new_run
 from walchannel import (
     EXIT_ROWS_LEFT,
     EXIT_STOPPED,
@@ -24,10 +26,14 @@ from walchannel.inspection import inspect_log
 from walchannel.testing import LocalEngine
 
 
-def _python_block_after(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def _python_block_after(heading: str, doc: str = "README.md") -> str:
+    text = (ROOT / doc).read_text()
     section = text.split(heading, 1)[1]
     return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+#: The channel-level harness: a runner of one's own (README points there).
+CHANNEL_DOC = "docs/channel.md"
 
 
 def test_the_local_engine_example_runs_without_a_warning(tmp_path: Path) -> None:
@@ -90,7 +96,7 @@ _TEST_CONFIG = """grpc_addr=os.environ["GRPC_ADDR"],
 
 def async_example() -> str:
     """The README's asyncio harness, runnable here (scanner and config swapped)."""
-    code = _python_block_after("## Use it in your harness")
+    code = _python_block_after("## A harness on the channel", CHANNEL_DOC)
     scanner = code[code.index("def scan(") : code.index("def work_list(")]
     assert _ADDRESS in code and "return []" in scanner
     assert "DRAIN_TIMEOUT_MS = 600_000" in code
@@ -107,7 +113,7 @@ def blocking_example() -> str:
     """The README's blocking harness: its ``run`` with the asyncio example's helpers."""
     helpers = async_example()
     helpers = helpers[: helpers.index("async def main(")]
-    blocking = _python_block_after("The same without asyncio")
+    blocking = _python_block_after("The same without asyncio", CHANNEL_DOC)
     config = _TEST_CONFIG.replace("\n        ", " ")
     main = f"""
 from walchannel import GrpcChannelConfig
@@ -495,3 +501,96 @@ async def test_a_finding_that_can_never_travel_is_reported_and_skipped_and_a_res
         assert engine.duplicates(run_id) == 0 and engine.gaps(run_id) == []
         done = engine.done(run_id)
         assert done is not None and done["findings"] == 6, done
+
+
+# -- the runner harness of "Use it in your harness" -----------------------------------
+
+
+def _readme_manifest(path: Path, engine: LocalEngine, run_id: str, token: str) -> Path:
+    """The README's manifest, with the test's run and engine."""
+    shown = (ROOT / "README.md").read_text().split("cat > manifest.json <<'JSON'\n", 1)[1]
+    data = json.loads(shown.split("JSON\n", 1)[0])
+    assert set(data) == {
+        "runId",
+        "correlationId",
+        "runToken",
+        "hardDeadline",
+        "grpcAddr",
+        "httpAddr",
+    }
+    data.update(
+        runId=run_id,
+        correlationId=f"corr-{run_id}",
+        runToken=token,
+        grpcAddr=engine.grpc_addr,
+        httpAddr=engine.http_addr,
+    )
+    data["hardDeadline"] = "2099-01-01T00:00:00Z"
+    path.write_text(json.dumps(data))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.asyncio
+async def test_the_readme_runner_harness_killed_twice_applies_every_finding_once(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    (tmp_path / "scanner.py").write_text(_python_block_after("## Use it in your harness"))
+    command = (ROOT / "README.md").read_text().split("walchannel run scanner:Scanner", 1)[1]
+    options = command.split("\n", 1)[0].split()
+    assert options[:2] == ["--manifest", "manifest.json"], options
+    want: set[tuple[str, int]] = set()
+    for i in range(600):
+        folder = tmp_path / "src" / f"pkg{i % 7}"
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [f"x = {n}  # TODO {n}" if n % (i % 5 + 2) == 0 else "pass" for n in range(12)]
+        (folder / f"m{i:04}.py").write_text("\n".join(lines) + "\n")
+        want |= {
+            (str(Path("src") / f"pkg{i % 7}" / f"m{i:04}.py"), n + 1)
+            for n, line in enumerate(lines)
+            if "TODO" in line
+        }
+    run_id, token = new_run(local_engine)
+    _readme_manifest(tmp_path / "manifest.json", local_engine, run_id, token)
+    argv = [
+        PYTHON,
+        "-m",
+        "walchannel",
+        "run",
+        "scanner:Scanner",
+        *options,
+        "--wal-dir",
+        str(tmp_path / "wal"),
+        "--progress-every",
+        "0",
+    ]
+
+    def findings() -> int:
+        return sum(1 for m in local_engine.bodies(run_id) if m["kind"] == "finding")
+
+    for at in (len(want) // 5, len(want) // 2):
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=tmp_path, env=child_env(), stderr=asyncio.subprocess.DEVNULL
+        )
+        await eventually(
+            lambda a=at, p=proc: findings() >= a or p.returncode is not None,
+            timeout=60,
+            what=f"{at} findings applied",
+        )
+        assert proc.returncode is None, "the scan ended before the kill"
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=tmp_path, env=child_env(), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    got = [
+        (m["body"]["fields"]["path"], int(m["body"]["fields"]["line"]))
+        for m in local_engine.bodies(run_id)
+        if m["kind"] == "finding"
+    ]
+    assert len(got) == len(set(got)) and set(got) == want  # once each, none lost
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "completed" and done["coverage"] == ["src"]
+    assert token not in err.decode()
