@@ -241,3 +241,31 @@ async def test_each_outcome_exits_with_its_code(
         assert local_engine.accepted(run_id) == ([1] if code == ExitCode.DEADLINE else [])
         assert (done or {}).get("status") == ("deadline" if code == ExitCode.DEADLINE else None)
     assert f"exit {int(code)} ({ExitCode(code).name}" in text
+
+
+def test_the_exit_code_tables_and_the_deployment_examples_agree() -> None:
+    """SPEC's table is ExitCode, and the Job's and the unit's lists are its non-retriable codes."""
+    import re
+
+    from conftest import ROOT
+    from walchannel.runner import NOT_RETRIABLE
+
+    spec = (ROOT / "SPEC.md").read_text().split("**Exit codes**", 1)[1].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| (\d+) \| (\w+) \| [^|]+ \| (yes|no) \|$", spec, re.M)
+    assert [(int(c), n, r == "yes") for c, n, r in rows] == sorted(
+        (int(code), code.name, code.retriable) for code in ExitCode
+    )
+    fatal = sorted(int(code) for code in NOT_RETRIABLE if code)  # 0 is the job's success
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    job = re.search(r"operator: In\n\s+values: \[([\d, ]+)\]", deployment)
+    unit = re.search(r"^RestartPreventExitStatus=([\d ]+)$", deployment, re.M)
+    assert job is not None and unit is not None
+    assert [int(v) for v in job.group(1).split(",")] == fatal
+    assert [int(v) for v in unit.group(1).split()] == fatal
+    # The command's --help lists the same codes, retriable ones marked.
+    from walchannel.cli import build_parser
+
+    help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()  # type: ignore[union-attr]
+    for code in ExitCode:
+        mark = "*" if code.retriable else ""
+        assert re.search(rf"\b{int(code)}{re.escape(mark)} ", help_text), (code, help_text)
