@@ -37,14 +37,14 @@ def test_the_progress_line_and_the_resume_line_agree_on_the_harness_marker(
 
     total = 734
     # The killed harness committed file 371's rows with its marker; the engine
-    # holds the events of 370 files (one of them twice: a kill between a
-    # file's event and its findings repeats the event) and 1,018 findings.
+    # holds the events of 370 files (one of them twice, as an older harness
+    # killed between a file's event and its findings sent) and 1,018 findings.
     with RunLog.open(tmp_path / "wal", "demo-run", correlation_id="c") as wal:
         for index in range(371):
             wal.append(
                 "event",
                 {"type": "scan.file", "severity": "info", "payload": {"index": index}, "ts": ""},
-                progress={"tree": "t", "next_file": index + 1, "findings": 1_020},
+                progress={"runner": 1, "work": "t", "next": index + 1, "findings": 1_020},
             )
         wal.ack(300)
     bodies = [scan_event(i, total) for i in range(370)] + [scan_event(369, total)]

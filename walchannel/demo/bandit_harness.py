@@ -1,19 +1,13 @@
-"""A real scan harness: bandit over a code tree, streamed through walchannel (the demo's).
+"""A real scan harness: bandit over a code tree, run by walchannel's runner (the demo's).
 
 It runs the bandit security scanner in-process, file by file, over a tree
 (default: this interpreter's standard library without site-packages,
-dist-packages and test folders) and streams the run through a
-GrpcEngineChannel: a handshake, a ``scan.file`` progress Event per file,
-one FindingDraft per bandit result with its real fields, and a Done with
-the totals and the tree as coverage (a bounded summary, never every file:
-``Done`` must fit ``max_message_bytes``).
-
-It is resumable after SIGKILL: each file's findings are committed together
-with the scan position (``progress=``), and a restart resumes from
-``channel.progress()``, so no finding is logged twice or skipped. It honours
-Stop (ends with status ``stopped``), and spends a SIGTERM's grace period
-well (:class:`walchannel.GracePeriod`): it finishes the file in hand, lets
-the backlog drain and exits 143, or 75 when rows are left in the log.
+dist-packages and test folders), as :class:`BanditHarness` under
+:func:`walchannel.run_harness`: each file's findings (one FindingDraft per
+bandit result, with its real fields), its ``scan.file`` event and the
+runner's marker are one transaction; ``Done`` carries the totals and the
+tree as coverage. The runner resumes it after SIGKILL, ends it on Stop and
+spends a SIGTERM's grace period (SPEC "The runner").
 
 Usage::
 
@@ -22,45 +16,31 @@ Usage::
         [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D] \\
         [--grace SECONDS]
 
-It needs bandit (walchannel's ``demo`` extra, or ``pip install bandit``).
-
-Exit codes: 0 when the run is done and its Done acked (also when started
-again on a completed run, and when the engine stopped the run), 1 when the
-run failed (engine behind, Done not acked in time), 2 on bad usage, 143
-(or 75, rows left in the log) when stopped by SIGTERM (SPEC "Grace period").
+(``walchannel run`` would load the harness from a manifest; the demo builds
+its manifest from these options.) It needs bandit (walchannel's ``demo``
+extra, or ``pip install bandit``). Exit codes: the runner's
+(:class:`walchannel.ExitCode`), and 2 with no token or no files.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
 import logging
 import os
 import sys
 import sysconfig
+import threading
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from walchannel import (
-    Backoff,
-    EngineBehindError,
-    EngineUnavailableError,
-    GracePeriod,
-    GrpcChannelConfig,
-    GrpcEngineChannel,
-    RunCompletedError,
-    WriterFencedError,
-)
-from walchannel.formatting import get_logger
+from walchannel import Backoff, ItemContext, Manifest, run_harness
 
-CONNECTOR_VERSION = "walchannel-example/1"
 SKIPPED_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
-
-log = get_logger(__name__)
 
 
 def default_tree() -> Path:
@@ -78,14 +58,6 @@ def scan_files(tree: Path, limit: int | None = None) -> list[Path]:
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         found.extend(Path(root) / n for n in sorted(names) if n.endswith(".py"))
     return found[:limit] if limit is not None else found
-
-
-def tree_id(tree: Path, files: Sequence[Path]) -> str:
-    """A short hash of the file list: a resume marker is only valid for the same list."""
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(tree)).encode() + b"\0")
-    return digest.hexdigest()[:16]
 
 
 def finding_of(issue: Any, tree: Path) -> dict[str, Any]:
@@ -107,129 +79,52 @@ def finding_of(issue: Any, tree: Path) -> dict[str, Any]:
     }
 
 
-class Scanner:
-    """bandit's manager, reused file by file (its plugins load once)."""
+class BanditHarness:
+    """The demo's harness for :func:`walchannel.run_harness`: bandit over a tree, file by file.
 
-    def __init__(self, tree: Path) -> None:
-        from bandit.core import config, manager
+    Items are the files' paths relative to the tree; each scan returns the
+    file's bandit findings and adds a ``scan.file`` event to the file's
+    transaction. bandit's manager (its plugins load once) is kept per
+    worker thread: it is not thread-safe.
+    """
 
-        logging.getLogger("bandit").setLevel(logging.ERROR)
-        self.tree = tree
-        self.manager = manager.BanditManager(config.BanditConfig(), "file", quiet=True)
+    name = "bandit-harness"
 
-    def scan(self, path: Path) -> list[dict[str, Any]]:
-        mgr = self.manager
-        mgr.files_list = [str(path)]
-        mgr.results = []
-        mgr.run_tests()
-        issues = mgr.get_issue_list()
-        return [finding_of(issue, self.tree) for issue in issues]
-
-
-async def run(
-    args: argparse.Namespace, token: str, tree: Path, files: list[Path], grace: GracePeriod
-) -> int:
-    """Scan ``files`` under ``tree`` and stream the run; return the exit code."""
-    ident = tree_id(tree, files)
-    config = GrpcChannelConfig(
-        grpc_addr=args.grpc_addr,
-        http_addr=args.http_addr,
-        allowed_hosts=["127.0.0.1", "localhost"] if args.http_addr else None,
-        run_id=args.run_id,
-        correlation_id=args.correlation_id or f"bandit-{args.run_id}",
-        run_token=token,
-        wal_dir=args.wal_dir,
-        durability=args.durability,
-        connect_timeout_ms=5_000,
-        backoff=Backoff(initial_ms=200, multiplier=2, max_ms=3_000, jitter_ms=100),
-    )
-    try:
-        channel = GrpcEngineChannel(config)
-    except RunCompletedError:
-        print(f"run {args.run_id} is already completed; nothing to do", flush=True)
-        return 0
-    stop: list[str] = []
-    channel.on_stop(stop.append)
-    async with channel:
+    def __init__(self, tree: Path, files: Sequence[Path], pace: float = 0.0) -> None:
         import bandit
 
-        try:
-            await channel.handshake(CONNECTOR_VERSION, "bandit-harness", bandit.__version__)
-        except EngineUnavailableError as exc:
-            log.warning("%s; scanning on, the log holds the findings", exc)
-        except RunCompletedError:
-            print(f"run {args.run_id} is already completed; nothing to do", flush=True)
-            return 0
-        except WriterFencedError as exc:  # another writer has the run: never scan it again
-            print(f"bandit_harness: {exc}", file=sys.stderr)
-            return 1
-        marker = dict(channel.progress() or {})
-        if marker and marker.get("tree") != ident:
-            print(
-                f"bandit_harness: the log's progress marker is for another file list "
-                f"({marker.get('tree')} != {ident}); refusing to resume",
-                file=sys.stderr,
-            )
-            return 2
-        start = int(marker.get("next_file", 0))
-        found = int(marker.get("findings", 0))
-        print(f"scanning {len(files)} files under {tree} from file {start}", flush=True)
-        scanner = Scanner(tree)
-        try:
-            if start == 0:
-                channel.send_event("scan.started", "info", {"tree": str(tree), "files": len(files)})
-            for index in range(start, len(files)):
-                if stop:
-                    break
-                if grace.stopping:  # the file in hand is done; a restart resumes here
-                    return await grace.drain(channel)
-                path = files[index]
-                # bandit is CPU-bound: a worker thread keeps the stream flowing.
-                results = await asyncio.to_thread(scanner.scan, path)
-                found += len(results)
-                marker = {"tree": ident, "next_file": index + 1, "findings": found}
-                event = {
-                    "path": str(path.relative_to(tree)),
-                    "index": index,
-                    "total": len(files),
-                    "findings": len(results),
-                }
-                if results:
-                    # If killed between these two, the file is scanned again:
-                    # its progress event repeats, its findings never do.
-                    channel.send_event("scan.file", "info", event)
-                    channel.send_findings(results, progress=marker)
-                else:
-                    channel.send_event("scan.file", "info", event, progress=marker)
-                if args.pace:
-                    await asyncio.sleep(args.pace)
-            coverage = [str(tree)]
-            if stop:
-                scanned = int(marker.get("next_file", start))
-                status = "stopped"
-                reason = f"Stop from the engine: {stop[0]} ({scanned} of {len(files)} files)"
-            else:
-                status, reason = "completed", ""
-            acked = await channel.send_done(status, found, coverage, reason)
-            if not acked:  # a SIGTERM ends this wait: the grace period is drain's
-                acked = await grace.wait_acked(channel, timeout_ms=args.done_wait * 1000)
-            if not acked and grace.stopping:
-                return await grace.drain(channel)
-        except RunCompletedError:
-            print(f"run {args.run_id} is already completed; nothing to do", flush=True)
-            return 0
-        except (EngineBehindError, WriterFencedError) as exc:
-            print(f"bandit_harness: {exc}", file=sys.stderr)
-            return 1
-        if not acked:
-            print(
-                "bandit_harness: Done was not acked in time; it stays in the log "
-                "(`walchannel flush` delivers it)",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"done: {found} findings in {len(files)} files ({status})", flush=True)
-        return 0
+        logging.getLogger("bandit").setLevel(logging.ERROR)
+        self.version = bandit.__version__
+        self.tree = tree
+        self.files = [str(path.relative_to(tree)) for path in files]
+        self.pace = pace
+        self._local = threading.local()
+
+    def work(self) -> list[str]:
+        return self.files
+
+    def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+        manager = getattr(self._local, "manager", None)
+        if manager is None:
+            from bandit.core import config
+            from bandit.core import manager as bandit_manager
+
+            manager = bandit_manager.BanditManager(config.BanditConfig(), "file", quiet=True)
+            self._local.manager = manager
+        manager.files_list = [str(self.tree / item)]
+        manager.results = []
+        manager.run_tests()
+        found = [finding_of(issue, self.tree) for issue in manager.get_issue_list()]
+        ctx.event(
+            "scan.file",
+            {"path": item, "index": ctx.index, "total": len(self.files), "findings": len(found)},
+        )
+        if self.pace:
+            time.sleep(self.pace)
+        return found
+
+    def coverage(self) -> list[str]:
+        return [str(self.tree)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -273,8 +168,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not files:
         print(f"bandit_harness: no Python files under {tree}", file=sys.stderr)
         return 2
-    with GracePeriod(seconds=args.grace) as grace:
-        return asyncio.run(run(args, token, tree, files, grace))
+    manifest = Manifest(
+        run_id=args.run_id,
+        correlation_id=args.correlation_id or f"bandit-{args.run_id}",
+        run_token=token,
+        hard_deadline=datetime.now(UTC) + timedelta(days=1),
+        grpc_addr=args.grpc_addr,
+        http_addr=args.http_addr,
+    )
+    print(f"scanning {len(files)} files under {tree}", flush=True)
+    return run_harness(
+        BanditHarness(tree, files, args.pace),
+        manifest,
+        wal_dir=args.wal_dir,
+        durability=args.durability,
+        grace_s=args.grace,
+        drain_timeout_s=args.done_wait,
+        progress_every_s=0,
+        allowed_hosts=["127.0.0.1", "localhost"] if args.http_addr else None,
+        connect_timeout_ms=5_000,
+        backoff=Backoff(initial_ms=200, multiplier=2, max_ms=3_000, jitter_ms=100),
+    )
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def _log_state(wal_dir: Path, run_id: str) -> tuple[int, float, int]:
         snap = reader.snapshot()
     meta = snap.meta
     last = next_seq_at_open(meta.high_water, snap.top_seq, meta.last_acked_seq) - 1
-    return last, meta.updated_at, int((meta.progress or {}).get("next_file", 0))
+    return last, meta.updated_at, int((meta.progress or {}).get("next", 0))
 
 
 def _tombstone(wal_dir: Path, run_id: str) -> bool:
@@ -222,7 +222,7 @@ def stream_with_host_losses(
                         restored.next_seq - 1,
                         max(0.0, lost_at - restored.meta.updated_at),
                         lost_next,
-                        int(marker.get("next_file", 0)),
+                        int(marker.get("next", 0)),
                     )
                 outcome.losses.append(loss)
                 lag = (

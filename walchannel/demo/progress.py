@@ -15,9 +15,9 @@ __all__ = ["engine_progress", "progress_line", "read_marker", "resume_line"]
 def engine_progress(bodies: Sequence[dict[str, Any]]) -> tuple[int, int]:
     """What the engine holds of the scan: ``(findings, files)``.
 
-    Files are the distinct ``scan.file`` events by index: a harness killed
-    between a file's event and its findings sends the event again (its
-    findings never), so counting events would count that file twice.
+    Files are the distinct ``scan.file`` events by index. Under the runner
+    a file's event is in its findings' transaction and comes once; an
+    older harness's, killed between the two, came again.
 
     Args:
         bodies: the engine's applied messages (``LocalEngine.bodies`` shape).
@@ -57,9 +57,9 @@ def _marker_text(meta: RunMeta | str | None, total: int) -> tuple[str, int | Non
     if isinstance(meta, str):
         return f"harness marker: unreadable ({meta})", None
     marker = (meta.progress if meta is not None else None) or {}
-    if "next_file" not in marker:
+    if "next" not in marker:
         return "harness marker: none yet", None
-    done = int(marker["next_file"])
+    done = int(marker["next"])
     return f"harness marker: {done}/{total} files scanned", done
 
 

@@ -64,7 +64,8 @@ class Manifest:
         hard_deadline: when the run (and its token) expires, aware, UTC.
         grpc_addr: the engine's gRPC address, ``host:port``.
         http_addr: the discovery base URL (None: re-dial ``grpc_addr``).
-        path: the file it was loaded from.
+        path: the file it was loaded from (None: built in code, as the
+            demo builds one from its command line).
     """
 
     run_id: str
@@ -72,8 +73,8 @@ class Manifest:
     run_token: str = field(repr=False)
     hard_deadline: datetime
     grpc_addr: str
-    http_addr: str | None
-    path: Path
+    http_addr: str | None = None
+    path: Path | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Manifest:
