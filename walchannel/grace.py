@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Awaitable, Iterable
 from types import FrameType
 from typing import Any, Final, Protocol, Self
 
+from walchannel.clock import Clock, SystemClock
 from walchannel.formatting import get_logger
 
 __all__ = ["EXIT_ROWS_LEFT", "EXIT_STOPPED", "GracePeriod"]
@@ -95,6 +95,8 @@ class GracePeriod:
             add ``signal.SIGINT`` to treat Ctrl-C alike).
         close_reserve_s: the part of the period ``drain`` keeps for
             ``close()``, seconds (>= 0, less than ``seconds``).
+        clock: what the period is measured by (default the system's
+            monotonic clock; the simulator's is virtual).
 
     Raises:
         ValueError: a bound is not a finite number in range, or ``signals``
@@ -109,6 +111,7 @@ class GracePeriod:
         *,
         signals: Iterable[int] = (signal.SIGTERM,),
         close_reserve_s: float = CLOSE_RESERVE_S,
+        clock: Clock | None = None,
     ) -> None:
         if not _is_number(seconds) or not 0 < seconds < float("inf"):
             raise ValueError(f"GracePeriod: seconds must be a finite number > 0, got {seconds!r}")
@@ -126,6 +129,10 @@ class GracePeriod:
         self._stopping = threading.Event()
         self._signalled_at: float | None = None
         self._signum: int | None = None
+        self._clock = clock or SystemClock()
+
+    def _now_s(self) -> float:
+        return self._clock.monotonic_ms() / 1000
 
     # -- the signal ----------------------------------------------------------------------
 
@@ -165,7 +172,7 @@ class GracePeriod:
         """
         if self._stopping.is_set():
             return
-        self._signalled_at = time.monotonic()
+        self._signalled_at = self._now_s()
         self._signum = signum
         self._stopping.set()
         # A signal handler may not log (the logging lock may be held by the
@@ -180,7 +187,7 @@ class GracePeriod:
         """Seconds left of the grace period (the whole period before any signal)."""
         if self._signalled_at is None:
             return self._seconds
-        return max(0.0, self._signalled_at + self._seconds - time.monotonic())
+        return max(0.0, self._signalled_at + self._seconds - self._now_s())
 
     # -- waiting, cut short by a stop request ------------------------------------------
 
@@ -189,7 +196,7 @@ class GracePeriod:
             return 0.0
         if deadline is None:
             return STOP_POLL_MS
-        return min(STOP_POLL_MS, max(0.0, (deadline - time.monotonic()) * 1000))
+        return min(STOP_POLL_MS, max(0.0, (deadline - self._now_s()) * 1000))
 
     async def wait_acked(self, channel: _AsyncChannel, timeout_ms: float | None = None) -> bool:
         """``channel.wait_acked()`` for every logged row, ended early by a stop request.
@@ -206,20 +213,20 @@ class GracePeriod:
             True once every logged row is acked; False at ``timeout_ms`` or
             within 200 ms of a stop request (check :attr:`stopping`).
         """
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        deadline = None if timeout_ms is None else self._now_s() + timeout_ms / 1000
         while True:
             if await channel.wait_acked(timeout_ms=self._step_ms(deadline)):
                 return True
-            if self.stopping or (deadline is not None and time.monotonic() >= deadline):
+            if self.stopping or (deadline is not None and self._now_s() >= deadline):
                 return False
 
     def wait_acked_blocking(self, channel: _SyncChannel, timeout_ms: float | None = None) -> bool:
         """:meth:`wait_acked` for a ``BlockingEngineChannel`` (blocks the calling thread)."""
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        deadline = None if timeout_ms is None else self._now_s() + timeout_ms / 1000
         while True:
             if channel.wait_acked(timeout_ms=self._step_ms(deadline)):
                 return True
-            if self.stopping or (deadline is not None and time.monotonic() >= deadline):
+            if self.stopping or (deadline is not None and self._now_s() >= deadline):
                 return False
 
     # -- draining --------------------------------------------------------------------------

@@ -15,14 +15,13 @@ import inspect
 import logging
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from walchannel.channel import GrpcEngineChannel
+from walchannel.clock import Clock, SystemClock
 from walchannel.config import GrpcChannelConfig
 from walchannel.errors import (
     BacklogFullError,
@@ -160,6 +159,17 @@ def _work_list(harness: Harness) -> list[str]:
 
 
 @dataclass(frozen=True)
+class _Seams:
+    """What the simulator replaces (SPEC "The runner"): the channel, the clock, the
+    worker threads and the stop source (a ``GracePeriod`` it stops itself)."""
+
+    open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel] = GrpcEngineChannel
+    clock: Clock | None = None
+    executor: concurrent.futures.Executor | None = None
+    grace: GracePeriod | None = None
+
+
+@dataclass(frozen=True)
 class _Options:
     concurrency: int
     retries: int
@@ -213,7 +223,7 @@ class _Run:
         items: list[str],
         config: GrpcChannelConfig,
         options: _Options,
-        open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel],
+        seams: _Seams,
     ) -> None:
         self.harness = harness
         self.manifest = manifest
@@ -221,21 +231,29 @@ class _Run:
         self.fingerprint = fingerprint(items)
         self.config = config
         self.options = options
-        self.open_channel = open_channel
+        self.open_channel = seams.open_channel
+        self.clock = seams.clock or SystemClock()
         self.run_id = manifest.run_id
         self.loop = asyncio.get_running_loop()
-        self.grace = GracePeriod(options.grace_s, close_reserve_s=min(3.0, options.grace_s / 2))
+        self.signals = seams.grace is None  # the simulator requests its stops itself
+        self.grace = seams.grace or GracePeriod(
+            options.grace_s, close_reserve_s=min(3.0, options.grace_s / 2), clock=self.clock
+        )
         self.engine_stop: str | None = None
         self.channel: GrpcEngineChannel | None = None
         self.coroutine_scan = inspect.iscoroutinefunction(harness.scan)
-        self.executor = concurrent.futures.ThreadPoolExecutor(
+        self.own_executor = seams.executor is None
+        self.executor = seams.executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=options.concurrency, thread_name_prefix="walchannel-scan"
         )
         self.done_items = 0
         self.findings = 0
         self.skipped_findings = 0
         self.skipped_items = 0
-        self.started = time.monotonic()
+        self.started = self._now_s()
+
+    def _now_s(self) -> float:
+        return self.clock.monotonic_ms() / 1000
 
     # -- state a scan reads ------------------------------------------------------------
 
@@ -244,7 +262,7 @@ class _Run:
         return self.grace.stopping or self.engine_stop is not None or self.deadline_near()
 
     def deadline_near(self) -> bool:
-        left = (self.manifest.hard_deadline - datetime.now(UTC)).total_seconds()
+        left = self.manifest.hard_deadline.timestamp() - self.clock.wall_s()
         return left < self.options.deadline_margin_s
 
     async def approval(
@@ -259,7 +277,7 @@ class _Run:
     # -- the whole run -----------------------------------------------------------------
 
     async def run(self) -> int:
-        installed = self._install_signal()
+        installed = self.signals and self._install_signal()
         try:
             try:
                 channel = self.open_channel(self.config)
@@ -277,7 +295,9 @@ class _Run:
             finally:
                 await channel.close()
         finally:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            if self.own_executor:
+                # A timed-out scan's thread may run on: not waited for.
+                self.executor.shutdown(wait=False, cancel_futures=True)
             if installed:
                 self.loop.remove_signal_handler(signal.SIGTERM)
 
@@ -343,7 +363,7 @@ class _Run:
     async def _first_answer(self, channel: GrpcEngineChannel) -> int | None:
         harness = self.harness
         answered_before = channel.log.meta().answered_at is not None
-        waited_from = time.monotonic()
+        waited_from = self._now_s()
         while True:
             try:
                 await channel.handshake(CONNECTOR_VERSION, harness.name, harness.version)
@@ -358,7 +378,7 @@ class _Run:
                     return None
                 if self.grace.stopping:
                     return await self.grace.drain(channel)
-                waited = time.monotonic() - waited_from
+                waited = self._now_s() - waited_from
                 if waited >= self.options.first_answer_s or self.deadline_near():
                     logger.error(
                         "run %s: nothing scanned: no engine answered this new log's handshake"
@@ -663,7 +683,7 @@ class _Run:
 
     def _report(self, channel: GrpcEngineChannel, *, final: bool) -> None:
         total = len(self.items)
-        elapsed = max(1e-9, time.monotonic() - self.started)
+        elapsed = max(1e-9, self._now_s() - self.started)
         rate = self.done_items / elapsed
         left = total - self.done_items
         eta = f"{left / rate:.0f} s" if rate > 0 and left else "-"
@@ -751,7 +771,7 @@ async def run_harness_async(
     first_answer_s: float = FIRST_ANSWER_S,
     deadline_margin_s: float = DEADLINE_MARGIN_S,
     progress_every_s: float = 10.0,
-    _open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel] = GrpcEngineChannel,
+    _seams: _Seams | None = None,
     **channel_options: Any,
 ) -> int:
     """Run ``harness`` for the run ``manifest`` names; return the exit code.
@@ -809,7 +829,7 @@ async def run_harness_async(
     except (ValueError, TypeError) as exc:
         logger.error("bad option: %s", exc)
         return _said(None, ExitCode.USAGE)
-    code = await _Run(harness, loaded, items, config, options, _open_channel).run()
+    code = await _Run(harness, loaded, items, config, options, _seams or _Seams()).run()
     return _said(loaded.run_id, ExitCode(code))
 
 
