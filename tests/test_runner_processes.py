@@ -9,6 +9,7 @@ process, and what the engine applied is audited by content.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -269,3 +270,181 @@ def test_the_exit_code_tables_and_the_deployment_examples_agree() -> None:
     for code in ExitCode:
         mark = "*" if code.retriable else ""
         assert re.search(rf"\b{int(code)}{re.escape(mark)} ", help_text), (code, help_text)
+
+
+# -- the other outcomes, each from a real process ----------------------------------------
+
+
+async def scanned_some(harness: Harness, count: int) -> None:
+    def far_enough() -> bool:
+        return len(harness.scanned) >= count or harness.proc.returncode is not None
+
+    await eventually(far_enough, timeout=BOUND_S, what=f"{count} items scanned")
+    assert harness.proc.returncode is None, harness.err.decode()[-2000:]
+
+
+async def ended(harness: Harness, code: int) -> str:
+    got = await harness.wait()
+    text = harness.err.decode()
+    assert got == code, text[-3000:]
+    assert f"exit {int(code)} ({ExitCode(code).name}" in text
+    return text
+
+
+@pytest.mark.asyncio
+async def test_a_second_harness_on_the_same_log_exits_5_and_the_first_goes_on(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": "0.03"}
+    first = await start(manifest, tmp_path / "wal", **env)
+    await scanned_some(first, 3)
+    second = await start(manifest, tmp_path / "wal", **env)
+    text = await ended(second, ExitCode.LOCKED)
+    assert "pid" in text and not second.scanned
+    assert await first.wait() == ExitCode.DONE
+    audit(local_engine, run_id, 60)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first_ends", ["killed mid-scan", "completed"])
+async def test_a_new_log_on_a_run_another_log_wrote_scans_nothing(
+    local_engine: LocalEngine, tmp_path: Path, first_ends: str
+) -> None:
+    # A lost or misplaced log (a WALCHANNEL_DIR typo, a volume gone): the
+    # engine holds the run's rows from another log.
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": "0.02"}
+    first = await start(manifest, tmp_path / "wal-a", **env)
+    if first_ends == "completed":
+        assert await first.wait() == ExitCode.DONE
+    else:
+        await scanned_some(first, 10)
+        await eventually(lambda: len(local_engine.accepted(run_id)) > 3, what="rows applied")
+        first.kill()
+        await first.wait()
+    applied = len(local_engine.accepted(run_id))
+    other = await start(manifest, tmp_path / "wal-b", **env)
+    code = ExitCode.COMPLETED_ELSEWHERE if first_ends == "completed" else ExitCode.FENCED
+    await ended(other, code)
+    assert not other.scanned and len(local_engine.accepted(run_id)) == applied
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("damage", ["not a database", "another program's database"])
+async def test_a_damaged_log_exits_6_naming_it(
+    local_engine: LocalEngine, tmp_path: Path, damage: str
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    env = {"RUNNER_ITEMS": "30"}
+    first = await start(
+        manifest,
+        tmp_path / "wal",
+        "--on-scan-error",
+        "exit",
+        "--retries",
+        "0",
+        RUNNER_FAIL="20",
+        **env,
+    )
+    await ended(first, ExitCode.SCAN_EXIT)
+    log = tmp_path / "wal" / f"{run_id}.wal.sqlite3"
+    if damage == "not a database":
+        data = bytearray(log.read_bytes())
+        data[:16] = b"this is no db!!\0"
+        log.write_bytes(bytes(data))
+    else:
+        import sqlite3
+
+        log.unlink()
+        with contextlib.closing(sqlite3.connect(log)) as other:
+            other.execute("CREATE TABLE notes (text TEXT)")
+            other.commit()
+    again = await start(manifest, tmp_path / "wal", **env)
+    text = await ended(again, ExitCode.LOG_BROKEN)
+    assert str(log) in text and not again.scanned
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_lost_acked_rows_ends_the_run_7(tmp_path: Path) -> None:
+    from walchannel.testing.engine import LocalEngine as Engine
+
+    run_id, token = "run-behind", "tok-behind-1"
+    env = {"RUNNER_ITEMS": "200", "RUNNER_PACE_S": "0.01"}
+    async with Engine(tmp_path / "store-a.sqlite3") as engine:
+        engine.register_run(run_id, token)
+        manifest = manifest_for(tmp_path / "m.json", engine, run_id, token)
+        first = await start(manifest, tmp_path / "wal", **env)
+        await scanned_some(first, 30)
+        await eventually(lambda: len(engine.accepted(run_id)) > 20, what="rows acked")
+        first.kill()
+        await first.wait()
+    # Its replacement comes up on an empty store: the acked rows are gone.
+    async with Engine(tmp_path / "store-b.sqlite3") as fresh:
+        fresh.register_run(run_id, token)
+        manifest = manifest_for(tmp_path / "m.json", fresh, run_id, token)
+        again = await start(manifest, tmp_path / "wal", **env)
+        text = await ended(again, ExitCode.RUN_FAILED)
+        assert "behind" in text
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("ending", ["Done not acked", "SIGTERM with rows left"])
+async def test_an_engine_gone_after_the_first_answer_leaves_the_rows_in_the_log(
+    tmp_path: Path, ending: str
+) -> None:
+    from walchannel.testing.engine import LocalEngine as Engine
+
+    run_id, token = "run-gone", "tok-gone-1"
+    async with Engine(tmp_path / "store.sqlite3") as engine:
+        engine.register_run(run_id, token)
+        manifest = manifest_for(tmp_path / "m.json", engine, run_id, token)
+        harness = await start(
+            manifest,
+            tmp_path / "wal",
+            "--drain-timeout",
+            "1",
+            "--grace",
+            "5",
+            RUNNER_ITEMS="40",
+            RUNNER_PACE_S="0.02",
+        )
+        await scanned_some(harness, 5)
+        await engine.kill()
+        # It scans on (the log had an answer): its rows wait in the log.
+        if ending == "SIGTERM with rows left":
+            await scanned_some(harness, 15)
+            harness.proc.send_signal(signal.SIGTERM)
+            await ended(harness, ExitCode.ROWS_LEFT)
+        else:
+            await ended(harness, ExitCode.DONE_NOT_ACKED)
+            assert len(harness.scanned) == 40
+
+
+@pytest.mark.asyncio
+async def test_no_engine_for_a_new_log_exits_15_scanning_nothing(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    manifest = tmp_path / "m.json"
+    deadline = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    manifest.write_text(
+        json.dumps(
+            {
+                "runId": "run-none",
+                "correlationId": "c",
+                "runToken": "tok-none-1",
+                "hardDeadline": deadline,
+                "grpcAddr": f"127.0.0.1:{port}",
+            }
+        )
+    )
+    manifest.chmod(0o600)
+    harness = await start(manifest, tmp_path / "wal", "--first-answer", "1")
+    await ended(harness, ExitCode.NO_ENGINE)
+    assert not harness.scanned
