@@ -447,3 +447,138 @@ async def test_an_items_events_and_findings_are_one_transaction(
         assert seqs == [1, 2, 3] and ch.progress() == {"i": 2}
         kinds = [row.kind for row in ch.log.unacked()]
         assert kinds == ["event", "event", "finding"]
+
+
+@pytest.mark.asyncio
+async def test_a_rescanned_item_gets_the_decision_already_made(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    asked: list[str] = []
+
+    class Asking(Files):
+        def __init__(self, count: int, *, crash: bool) -> None:
+            super().__init__(count)
+            self.crash = crash
+            self.decisions: list[tuple[str, bool]] = []
+
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            if item == "f002":
+                decision = ctx.request_approval("exploit", {"item": item}, timeout_s=20)
+                self.decisions.append((decision.request_id, decision.approved))
+                if self.crash:
+                    raise RuntimeError("the scanner died after asking")
+            return super().scan(item, ctx)
+
+    async def decide() -> None:
+        # The operator decides whatever the engine was asked, once.
+        while True:
+            for message in local_engine.bodies(run_id):
+                if message["kind"] == "approval_request":
+                    rid = message["body"]["request_id"]
+                    if rid not in asked:
+                        asked.append(rid)
+                        await local_engine.decide_approval(run_id, rid, True, "go")
+            await asyncio.sleep(0.02)
+
+    operator = asyncio.create_task(decide())
+    try:
+        first = Asking(6, crash=True)
+        code = await run_harness_async(
+            first,
+            str(manifest),
+            wal_dir=tmp_path / "wal",
+            retries=0,
+            on_scan_error="exit",
+            **FAST,
+        )
+        assert code == ExitCode.SCAN_EXIT
+        again = Asking(6, crash=False)
+        code = await run_harness_async(again, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+        assert code == ExitCode.DONE
+    finally:
+        operator.cancel()
+    # One request, decided once: the rescan got the same id and the stored decision.
+    assert len(asked) == 1 and asked[0].endswith("-2-1")
+    assert first.decisions == again.decisions == [(asked[0], True)]
+
+
+@pytest.mark.asyncio
+async def test_an_item_past_its_timeout_is_given_up_and_its_thread_told(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    told: list[BaseException] = []
+
+    class Hanging(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            if item == "f003":
+                import time
+
+                time.sleep(0.5)  # past item_timeout_s
+                try:
+                    ctx.event("late", {"item": item})
+                except TimeoutError as exc:
+                    told.append(exc)
+                    raise
+            return super().scan(item, ctx)
+
+    harness = Hanging(8)
+    code = await run_harness_async(
+        harness,
+        str(manifest),
+        wal_dir=tmp_path / "wal",
+        retries=0,
+        on_scan_error="skip",
+        item_timeout_s=0.2,
+        **FAST,
+    )
+    assert code == ExitCode.DONE
+    findings, events = applied(local_engine, run_id)
+    assert findings == expected(harness, skip={3})
+    (skip,) = [e["payload"] for e in events if e["type"] == "runner.item_skipped"]
+    assert skip["item"] == "f003" and "item_timeout_s=0.2" in skip["error"]
+    await eventually(lambda: bool(told), what="the timed-out thread told at its next event")
+    assert not [e for e in events if e["type"] == "late"]
+
+
+@pytest.mark.asyncio
+async def test_a_full_backlog_makes_the_runner_wait_not_fail(tmp_path: Path) -> None:
+    async with LocalEngine(ack_delay_ms=100) as engine:
+        engine.register_run("run-backlog", "tok-backlog-1")
+        manifest = write_manifest(tmp_path / "m.json", engine, "run-backlog", "tok-backlog-1")
+        harness = Files(40)
+        code = await run_harness_async(
+            harness, str(manifest), wal_dir=tmp_path / "wal", max_unacked_bytes=600, **FAST
+        )
+        assert code == ExitCode.DONE
+        assert applied(engine, "run-backlog")[0] == expected(harness)
+
+
+@pytest.mark.asyncio
+async def test_the_progress_line_comes_while_it_scans_and_at_the_end(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Slow(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            import time
+
+            time.sleep(0.02)
+            return super().scan(item, ctx)
+
+    with caplog.at_level(logging.INFO, logger="walchannel.runner"):
+        code = await run_harness_async(
+            Slow(20),
+            str(manifest),
+            wal_dir=tmp_path / "wal",
+            **{**FAST, "progress_every_s": 0.1},
+        )
+    assert code == ExitCode.DONE
+    lines = [r.getMessage() for r in caplog.records if "items/s" in r.getMessage()]
+    assert len(lines) >= 2, lines  # during the scan, and the last one
+    assert lines[-1].startswith(f"run {run_id}: items 20/20, findings 30, unacked ")

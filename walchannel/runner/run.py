@@ -8,13 +8,13 @@ SIGTERM, exit codes); docs/deployment.md runs it under Kubernetes and systemd.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import hashlib
 import inspect
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,12 +160,11 @@ def _work_list(harness: Harness) -> list[str]:
 
 @dataclass(frozen=True)
 class _Seams:
-    """What the simulator replaces (SPEC "The runner"): the channel, the clock, the
-    worker threads and the stop source (a ``GracePeriod`` it stops itself)."""
+    """What the simulator replaces (SPEC "The runner"): the channel, the clock and the
+    stop source (a ``GracePeriod`` it stops itself)."""
 
     open_channel: Callable[[GrpcChannelConfig], GrpcEngineChannel] = GrpcEngineChannel
     clock: Clock | None = None
-    executor: concurrent.futures.Executor | None = None
     grace: GracePeriod | None = None
 
 
@@ -242,10 +241,6 @@ class _Run:
         self.engine_stop: str | None = None
         self.channel: GrpcEngineChannel | None = None
         self.coroutine_scan = inspect.iscoroutinefunction(harness.scan)
-        self.own_executor = seams.executor is None
-        self.executor = seams.executor or concurrent.futures.ThreadPoolExecutor(
-            max_workers=options.concurrency, thread_name_prefix="walchannel-scan"
-        )
         self.done_items = 0
         self.findings = 0
         self.skipped_findings = 0
@@ -295,9 +290,6 @@ class _Run:
             finally:
                 await channel.close()
         finally:
-            if self.own_executor:
-                # A timed-out scan's thread may run on: not waited for.
-                self.executor.shutdown(wait=False, cancel_futures=True)
             if installed:
                 self.loop.remove_signal_handler(signal.SIGTERM)
 
@@ -533,7 +525,7 @@ class _Run:
         if self.coroutine_scan:
             work = scan(state.item, AsyncItemContext(state))
         else:
-            work = self.loop.run_in_executor(self.executor, scan, state.item, state)
+            work = self._in_thread(scan, state)
         try:
             async with asyncio.timeout(timeout):
                 found = await work
@@ -550,6 +542,37 @@ class _Run:
                 " findings (mappings), [] for none"
             )
         return list(found)
+
+    def _in_thread(
+        self, scan: Callable[[str, ItemContext], Any], state: ItemContext
+    ) -> asyncio.Future[Any]:
+        """Run a plain scan in a thread of its own (a daemon: a hung scan never holds the exit).
+
+        Not a pool: a scan past ``item_timeout_s`` cannot be stopped, and in a
+        pool it would hold a worker the next items then wait for.
+        """
+        loop = self.loop
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.done():
+                return  # given up (its time ran out, or the run ended)
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def work() -> None:
+            try:
+                result, error = scan(state.item, state), None
+            except BaseException as exc:  # handed to the loop, re-raised there
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        name = f"walchannel-scan-{state.index}"
+        threading.Thread(target=work, name=name, daemon=True).start()
+        return future
 
     def _scan_failed(self, channel: GrpcEngineChannel, outcome: _Outcome) -> str | int | None:
         state, exc = outcome.state, outcome.error
