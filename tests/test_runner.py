@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import eventually, new_run
+from walchannel import EngineUnavailableError, GrpcEngineChannel, PayloadError, RunRefusedError
 from walchannel.runner import (
     AsyncItemContext,
     ExitCode,
@@ -27,6 +28,7 @@ from walchannel.runner import (
 )
 from walchannel.runner.run import ScanErrorPolicy
 from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
 
 FAST: dict[str, Any] = {
     "connect_timeout_ms": 3_000,
@@ -266,7 +268,7 @@ async def test_a_scan_that_keeps_failing_ends_as_the_policy_says(
 
 @pytest.mark.asyncio
 async def test_a_changed_work_list_is_refused_not_rescanned(
-    local_engine: LocalEngine, tmp_path: Path
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     run_id, token = new_run(local_engine)
     manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
@@ -276,9 +278,14 @@ async def test_a_changed_work_list_is_refused_not_rescanned(
     )
     assert code == ExitCode.SCAN_EXIT
     for changed in (Files(21), Files(19)):
-        code = await run_harness_async(changed, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+        with caplog.at_level(logging.ERROR, logger="walchannel.runner"):
+            code = await run_harness_async(changed, str(manifest), wal_dir=tmp_path / "wal", **FAST)
         assert code == ExitCode.USAGE
         assert not changed.scanned
+        said = caplog.text
+        assert f"({changed.count} items now, 20 then;" in said
+        assert "resuming at item 8 would skip or repeat items" in said
+        caplog.clear()
 
     class Reordered(Files):
         def work(self) -> list[str]:
@@ -379,9 +386,6 @@ async def test_a_refused_new_run_exits_at_once_scanning_nothing(
 async def test_a_log_that_had_an_answer_is_not_refused_but_keeps_dialing(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
-    from walchannel import EngineUnavailableError, GrpcEngineChannel, RunRefusedError
-    from walchannel.testing.plugin import local_channel_config
-
     run_id, token = new_run(local_engine)
     config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
     async with GrpcEngineChannel(config) as ch:
@@ -429,9 +433,6 @@ def test_the_manifest_gives_the_run(tmp_path: Path, caplog: pytest.LogCaptureFix
 async def test_an_items_events_and_findings_are_one_transaction(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:
-    from walchannel import GrpcEngineChannel, PayloadError
-    from walchannel.testing.plugin import local_channel_config
-
     run_id, token = new_run(local_engine)
     config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
     async with GrpcEngineChannel(config) as ch:

@@ -403,7 +403,7 @@ class _Run:
                 f"run {self.run_id}: the work list is not the one this run started with"
                 f" ({len(self.items)} items now, {marker.get('items')} then; fingerprint"
                 f" {self.fingerprint[:16]} now, {str(marker.get('work'))[:16]} then): resuming"
-                " at item {marker['next']} would skip or repeat items. Give the harness the same"
+                f" at item {marker['next']} would skip or repeat items. Give the harness the same"
                 " items in the same order, or start a new run"
             )
         self.done_items = marker["next"]
