@@ -583,3 +583,21 @@ async def test_the_progress_line_comes_while_it_scans_and_at_the_end(
     lines = [r.getMessage() for r in caplog.records if "items/s" in r.getMessage()]
     assert len(lines) >= 2, lines  # during the scan, and the last one
     assert lines[-1].startswith(f"run {run_id}: items 20/20, findings 30, unacked ")
+
+
+@pytest.mark.asyncio
+async def test_a_runner_off_the_main_thread_runs_and_says_sigterm_is_not_handled(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from walchannel import run_harness
+
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    harness = Files(6)
+    with caplog.at_level(logging.WARNING, logger="walchannel.runner"):
+        code = await asyncio.to_thread(
+            run_harness, harness, str(manifest), wal_dir=tmp_path / "wal", **FAST
+        )
+    assert code == ExitCode.DONE
+    assert "SIGTERM not handled" in caplog.text
+    assert applied(local_engine, run_id)[0] == expected(harness)
