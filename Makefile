@@ -16,7 +16,7 @@ help:
 	@echo "make test-pythons   the suite on Python 3.12 and 3.13 too (nox; one missing is skipped)"
 	@echo "make test-stress    the suite RUNS=3 times beside two busy loops: the flake hunt"
 	@echo "make demo-hostloss  the log replicated with Litestream, the machine lost, restored, resumed"
-	@echo "make chaos          every kill point, SIGKILL at random moments (docs/reliability.md)"
+	@echo "make chaos          every kill point, SIGKILL at random moments, the runner through 20 kills (docs/reliability.md)"
 	@echo "make chaos-hostloss LOSSES=20 host losses at random times"
 	@echo "make sim            100,000 simulated schedules (docs/reliability.md)"
 	@echo "make mutation       mutmut on the driver and the log, MUTATION_MIN=240 at most, resumable"
@@ -87,6 +87,7 @@ proto: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) tools/chaos.py --all
+	$(PY) tools/chaos_runner.py
 
 # 20 host losses at random times, each restored and resumed (not in make test).
 LOSSES ?= 20

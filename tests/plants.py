@@ -512,6 +512,53 @@ PLANTS: tuple[Plant, ...] = (
         "            if False:\n",
         ("dialed again after the engine said it expects seq",),
     ),
+    # -- issue 54: a refused run (walchannel/channel/__init__.py) ------------------------
+    Plant(
+        "run_refused_though_the_log_had_an_answer",
+        "channel/__init__.py",
+        "        if driver.every_dial_refused and self._log.meta().answered_at is None:\n",
+        "        if driver.every_dial_refused:\n",
+        ("RunRefusedError for a log that had an answer",),
+    ),
+    Plant(
+        "batch_events_logged_after_the_findings",
+        "channel/__init__.py",
+        "            for index, body in enumerate(bodies):\n",
+        "            items.reverse()\n            for index, body in enumerate(bodies):\n",
+        ("a send returned seq", "two contents", *LOST),
+    ),
+    # -- issue 54: the runner (walchannel/runner/run.py) ----------------------------------
+    Plant(
+        "runner_marker_before_its_rows",
+        "runner/run.py",
+        "        await self._written(lambda: channel.send_findings(findings, events=events, "
+        "progress=marker))\n",
+        "        await self._written(lambda: channel.send_findings([], progress=marker))\n"
+        "        await self._written(lambda: channel.send_findings(findings, events=events))\n",
+        LOST,
+    ),
+    Plant(
+        "runner_commits_the_last_finished_first",
+        "runner/run.py",
+        "                task = window.pop(index, None)\n",
+        "                task = window.pop(max(window), None) if window else None\n",
+        ("applied", "never", "scanned item", *LOST),
+    ),
+    Plant(
+        "runner_fingerprint_ignored",
+        "runner/run.py",
+        '        if marker.get("work") != self.fingerprint or marker.get("items") != '
+        "len(self.items):\n",
+        "        if False:\n",
+        ("a work list that changed",),
+    ),
+    Plant(
+        "runner_scans_before_the_first_answer",
+        "runner/run.py",
+        "                if answered_before:\n",
+        "                if True:\n",
+        ("before the log's first answer",),
+    ),
 )
 
 

@@ -73,3 +73,15 @@ def test_harness_killed_under_group_commit_loses_less_than_its_cap() -> None:
 def test_soak_keeps_resources_flat() -> None:
     line = clean_line(chaos("soak", "--seconds", "20", timeout=180), "soak")
     assert "growth(" in line
+
+
+def test_the_runner_through_harness_and_engine_kills() -> None:
+    # tools/chaos_runner.py narrowed (make chaos: 20 kills, 2 engine kills, 4 at once).
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "tools" / "chaos_runner.py"), "--kills", "3", "--engine-kills", "1",
+         "--items", "1500", "--seed", "3"],
+        capture_output=True, text=True, timeout=300, env=child_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "runner: 3 harness SIGKILLs (3 mid-run), 1 engine kills" in proc.stdout
+    assert ": clean (" in proc.stdout

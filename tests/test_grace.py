@@ -19,6 +19,8 @@ import pytest
 from walchannel import (
     EXIT_ROWS_LEFT,
     EXIT_STOPPED,
+    ChannelState,
+    EngineUnavailableError,
     GracePeriod,
     GrpcChannelConfig,
     GrpcEngineChannel,
@@ -170,3 +172,40 @@ async def test_drain_works_on_the_in_memory_double() -> None:
     assert await GracePeriod(seconds=5).wait_acked(channel, timeout_ms=1000)
     assert await GracePeriod(seconds=5).drain(channel) == EXIT_STOPPED
     assert channel.closed
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("ended", ["closed", "expired"])
+async def test_a_wait_for_acks_on_a_channel_that_can_get_none_ends_at_once(
+    tmp_path: Path, ended: str
+) -> None:
+    # Its own wait_acked returns False at once: the loop must not spin until the
+    # timeout (it did, for a whole drain_timeout, on an expired channel).
+    from datetime import UTC, datetime, timedelta
+
+    channel = _channel_with_no_engine(tmp_path, f"run-grace-{ended}")
+    channel.send_finding({"path": "a.py"})
+    if ended == "closed":
+        await channel.close()
+    else:
+        config = GrpcChannelConfig(
+            grpc_addr="127.0.0.1:9",
+            wal_dir=tmp_path / "expiring",
+            run_id="run-grace-expiring",
+            correlation_id="corr",
+            run_token="tok-grace-never-printed",
+            hard_deadline=datetime.now(UTC) + timedelta(milliseconds=1_500),
+            connect_timeout_ms=500,
+        )
+        await channel.close()
+        channel = GrpcEngineChannel(config)
+        channel.send_finding({"path": "a.py"})
+        with pytest.raises(EngineUnavailableError):
+            await channel.handshake("1", "h", "1")  # (its deadline timer runs from here)
+        while channel.state is not ChannelState.EXPIRED:
+            await asyncio.sleep(0.05)
+    grace = GracePeriod(seconds=30)
+    began = time.monotonic()
+    assert await grace.wait_acked(channel, timeout_ms=20_000) is False
+    assert time.monotonic() - began < 2
+    await channel.close()

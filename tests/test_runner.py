@@ -197,6 +197,7 @@ async def test_a_finding_that_cannot_travel_is_skipped_and_said(
                 found.insert(1, {"item": item, "n": float("nan")})
             if item == "f007":
                 found.append({"item": item, "n": {"SECRET-VALUE"}})
+                found.insert(0, {"item": item, "n": float("inf")})  # two: places kept
             return found
 
     harness = Bad(10)
@@ -205,12 +206,13 @@ async def test_a_finding_that_cannot_travel_is_skipped_and_said(
     findings, events = applied(local_engine, run_id)
     assert findings == expected(harness)  # the item's other findings went
     skipped = [e["payload"] for e in events if e["type"] == "runner.finding_skipped"]
-    assert [(s["item"], s["finding"]) for s in skipped] == [("f003", 1), ("f007", 3)]
+    assert [(s["item"], s["finding"]) for s in skipped] == [("f003", 1), ("f007", 0), ("f007", 4)]
+    assert [s["path"] for s in skipped] == ["findings[1].n", "findings[0].n", "findings[4].n"]
     # Where and why, never the value.
     assert skipped[0]["path"] == "findings[1].n" and "finite" in skipped[0]["reason"]
     assert "SECRET-VALUE" not in json.dumps(local_engine.bodies(run_id))
     done = local_engine.done(run_id)
-    assert done is not None and "2 findings" in done["exit_reason"]
+    assert done is not None and "3 findings" in done["exit_reason"]
 
 
 @pytest.mark.asyncio
@@ -601,3 +603,113 @@ async def test_a_runner_off_the_main_thread_runs_and_says_sigterm_is_not_handled
     assert code == ExitCode.DONE
     assert "SIGTERM not handled" in caplog.text
     assert applied(local_engine, run_id)[0] == expected(harness)
+
+
+@pytest.mark.asyncio
+async def test_a_generator_scan_runs_in_its_thread_under_the_item_timeout(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    threads: list[str] = []
+
+    class Gen(Files):
+        def scan(self, item: str, ctx: ItemContext) -> Any:  # a generator function
+            threads.append(threading.current_thread().name)
+            if item == "f002":
+                import time
+
+                time.sleep(0.6)  # its body runs as it is iterated: in the thread
+            i = int(item[1:])
+            for n in range(i % 4):
+                yield {"item": item, "n": n}
+
+    harness = Gen(6)
+    code = await run_harness_async(
+        harness, str(manifest), wal_dir=tmp_path / "wal", retries=0, on_scan_error="skip",
+        item_timeout_s=0.3, **FAST,
+    )  # fmt: skip
+    assert code == ExitCode.DONE
+    assert all(name.startswith("walchannel-scan-") for name in threads), threads
+    assert applied(local_engine, run_id)[0] == expected(harness, skip={2})
+
+
+@pytest.mark.asyncio
+async def test_a_scans_own_timeout_keeps_its_message(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Net(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            if item == "f001":
+                raise TimeoutError("connect to scanner-db:5432 timed out")
+            return super().scan(item, ctx)
+
+    code = await run_harness_async(
+        Net(4), str(manifest), wal_dir=tmp_path / "wal", retries=0, on_scan_error="skip",
+        item_timeout_s=30, **FAST,
+    )  # fmt: skip
+    assert code == ExitCode.DONE
+    (skip,) = [e["payload"] for e in applied(local_engine, run_id)[1] if "error" in e["payload"]]
+    assert "scanner-db:5432 timed out" in skip["error"] and "item_timeout_s" not in skip["error"]
+
+
+class _Shaped(Files):
+    """A harness with one bug at a time (``bug``), fixed by passing ``bug=None``."""
+
+    def __init__(self, bug: str | None) -> None:
+        super().__init__(6)
+        self.bug = bug
+
+    def work(self) -> list[str]:
+        items = super().work()
+        if self.bug == "work raises":
+            raise OSError("the repository is not checked out")
+        return [*items, items[0]] if self.bug == "an item twice" else items
+
+    def scan(self, item: str, ctx: ItemContext) -> Any:
+        found = super().scan(item, ctx)
+        if self.bug == "scan returns a dict" and item == "f003":
+            return {"item": item, "n": 0}
+        return found
+
+    def coverage(self) -> Any:
+        if self.bug == "coverage is a str":
+            return "src"
+        if self.bug == "coverage raises":
+            raise KeyError("root")
+        return ["f*"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("bug", "says"),
+    [
+        ("work raises", "harness.work() raised OSError"),
+        ("an item twice", "holds 'f000' twice"),
+        ("scan returns a dict", "scan('f003') returned 'dict'"),
+        ("coverage is a str", "harness.coverage() returned 'str'"),
+        ("coverage raises", "harness.coverage() raised KeyError"),
+    ],
+)
+async def test_a_harness_bug_exits_2_and_the_fixed_harness_finishes_the_run(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    bug: str,
+    says: str,
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    with caplog.at_level(logging.ERROR, logger="walchannel.runner"):
+        code = await run_harness_async(
+            _Shaped(bug), str(manifest), wal_dir=tmp_path / "wal", **FAST
+        )
+    assert code == ExitCode.USAGE and says in caplog.text, caplog.text
+    assert local_engine.done(run_id) is None  # no Done: nothing decided for the run
+    fixed = _Shaped(None)
+    code = await run_harness_async(fixed, str(manifest), wal_dir=tmp_path / "wal", **FAST)
+    assert code == ExitCode.DONE
+    assert applied(local_engine, run_id)[0] == expected(fixed)

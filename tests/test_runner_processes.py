@@ -448,3 +448,82 @@ async def test_no_engine_for_a_new_log_exits_15_scanning_nothing(tmp_path: Path)
     harness = await start(manifest, tmp_path / "wal", "--first-answer", "1")
     await ended(harness, ExitCode.NO_ENGINE)
     assert not harness.scanned
+
+
+@pytest.mark.asyncio
+async def test_sigterm_during_a_long_scan_exits_within_the_grace(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    # Each scan takes 20 s: the grace period (4 s) must not wait for one.
+    harness = await start(
+        manifest, tmp_path / "wal", "--grace", "4", RUNNER_ITEMS="5", RUNNER_PACE_S="20"
+    )
+    await scanned_some(harness, 1)
+    signalled = asyncio.get_running_loop().time()
+    harness.proc.send_signal(signal.SIGTERM)
+    got = await harness.wait()
+    assert asyncio.get_running_loop().time() - signalled < 4.5, harness.err.decode()[-2000:]
+    assert got in (ExitCode.SIGTERM, ExitCode.ROWS_LEFT)
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "says"),
+    [
+        ("raise RuntimeError('no config file')\n", "broken_a:H", "raised RuntimeError: no config"),
+        ("def f(:\n", "broken_b:H", "raised SyntaxError"),
+        ("class H:\n    def __init__(self, root):\n        pass\n", "broken_c:H", "H() raised"),
+    ],
+)
+def test_a_harness_that_does_not_load_exits_2_naming_why(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    target: str,
+    says: str,
+) -> None:
+    from walchannel.cli import main
+
+    (tmp_path / f"{target.split(':')[0]}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", target, "--manifest", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert target in err and says in err, err
+
+
+def test_an_unreadable_tls_ca_exits_2_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from walchannel.cli import main
+
+    monkeypatch.chdir(HELPERS)
+    monkeypatch.syspath_prepend(str(HELPERS))
+    missing = tmp_path / "ca.pem"
+    code = main(["run", "runner_harness:Harness", "--manifest", "m.json", "--tls-ca", str(missing)])
+    assert code == 2
+    assert f"--tls-ca {missing}: cannot be read" in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+async def test_walchannel_run_over_tls_with_a_ca_file(tmp_path: Path) -> None:
+    import grpc
+
+    from helpers.certs import make_certs
+    from walchannel.testing.engine import LocalEngine as Engine
+
+    certs = make_certs("localhost")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(certs["cert"])
+    tls = grpc.ssl_server_credentials([(certs["key"], certs["cert"])])
+    async with Engine(server_credentials=tls) as engine:
+        engine.register_run("run-tls", "tok-tls-1")
+        manifest = manifest_for(tmp_path / "m.json", engine, "run-tls", "tok-tls-1")
+        data = json.loads(manifest.read_text())
+        data["grpcAddr"] = "localhost:" + engine.grpc_addr.rsplit(":", 1)[1]
+        manifest.write_text(json.dumps(data))
+        harness = await start(manifest, tmp_path / "wal", "--tls-ca", str(ca), RUNNER_ITEMS="9")
+        await ended(harness, ExitCode.DONE)
+        audit(engine, "run-tls", 9)

@@ -63,8 +63,10 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
@@ -78,7 +80,16 @@ import msgpack
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from walchannel import Backoff, GroupCommit, GrpcChannelConfig, GrpcEngineChannel
+from walchannel import (
+    Backoff,
+    ExitCode,
+    GracePeriod,
+    GroupCommit,
+    GrpcChannelConfig,
+    GrpcEngineChannel,
+    Manifest,
+    run_harness_async,
+)
 from walchannel import log as _product_log
 from walchannel import row_source as _product_rows
 from walchannel.contract import load_engine_messages
@@ -97,6 +108,7 @@ from walchannel.errors import (
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
+    RunRefusedError,
     WalchannelError,
     WalRemovedError,
     WalWriteError,
@@ -104,6 +116,7 @@ from walchannel.errors import (
 )
 from walchannel.log import RunLog
 from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.runner import Seams
 from walchannel.transport import StreamEnded
 
 pb = load_engine_messages()
@@ -164,6 +177,11 @@ P_REENTER = 0.35
 P_REMOVED = 0.05
 #: The share of schedules whose log pages, read-ahead and tail are tiny (World.pages).
 P_SMALL_PAGES = 0.1
+#: Schedules whose run the first engine does not know for a while (refusing its token).
+P_LATE_RUN = 0.05
+P_LATE_RUN_RUNNER = 0.2
+#: Schedules whose harness is the runner (SPEC "The runner"): run_harness on a simulated scan.
+P_RUNNER = 0.25
 #: The share of schedules with a second harness on the run (its own log and writer id).
 P_SECOND = 0.15
 SECOND = "second harness"
@@ -213,6 +231,15 @@ PROC: contextvars.ContextVar[Proc | None] = contextvars.ContextVar("sim_proc", d
 
 class Livelock(Exception):
     """The event loop spins without virtual time moving on: the schedule cannot end."""
+
+
+class Spin(BaseException):
+    """A schedule ran :data:`REAL_BOUND_S` of real time: code that loops without ever
+    yielding to the event loop (virtual time cannot move, the turn counter never runs)."""
+
+
+#: Real seconds one schedule may take (they take milliseconds): past it, something spins.
+REAL_BOUND_S = float(os.environ.get("SIM_REAL_BOUND_S", "60"))
 
 
 class Interrupt(Exception):
@@ -602,6 +629,7 @@ class Proc:
         # The engine ended its stream "expected seq N" below the stored cursor S: (N, S).
         self.contradicted: tuple[int, int] | None = None
         self.lied_to = False  # the engine answered it above its truth (issue 53)
+        self.grace: GracePeriod | None = None  # the runner's grace period (its SIGTERM)
 
     def wrote(self, seq: int) -> None:
         """Its channel started writing row ``seq``: the rows up to it went out (seq order)."""
@@ -625,6 +653,59 @@ class Life:
     def __init__(self, nxt: int) -> None:
         self.nxt = nxt
         self.first: int | None = None
+
+
+class SimScan:
+    """The runner's harness in the simulation: items of findings, a scan in virtual time.
+
+    A scan thinks, may add an event to its item's transaction, and may fail:
+    once (the runner's retry takes it), or for the rest of its process's life
+    (``on_scan_error="exit"``: the next start scans the item again).
+    """
+
+    name = "sim-harness"
+    version = "1"
+
+    def __init__(self, w: World, proc: Proc) -> None:
+        self.w = w
+        self.proc = proc
+        self.changed = False
+
+    def work(self) -> list[str]:
+        w = self.w
+        marked = w.disk.exists and w.disk.states[-1].progress is not None
+        if w.runner_changed_list and w.stats["runner_runs"] == 2 and marked:
+            # A start with another work list (the operator's mistake): refused, exit 2.
+            self.changed = True
+            return [*w.items, f"{w.nf}-{w.nf}"]
+        return w.items
+
+    def coverage(self) -> list[str]:
+        return ["/scan"]
+
+    async def scan(self, item: str, ctx: Any) -> list[dict[str, Any]]:
+        w = self.w
+        rr = w.rng_runner
+        ch = self.proc.channel
+        answered = ch is None or ch.log.closed or ch.log.meta().answered_at is not None
+        if w.acks_hs and not answered:
+            # Findings logged into a log no engine ever answered may be another
+            # writer's run: fenced, taken over, applied twice (SPEC "The runner").
+            w.violation(f"the runner scanned item {item} before the log's first answer")
+        if self.changed:
+            w.violation(f"the runner scanned item {item} of a work list that changed")
+        await asyncio.sleep(rr.random() * w.think / 1000)
+        r = rr.random()
+        if r < 0.05 or ctx.index in w.runner_fails:
+            if 0.04 <= r < 0.05:
+                w.runner_fails.add(ctx.index)
+            w.stats["runner_scan_failures"] += 1
+            w.runner_tries[ctx.index] = w.runner_tries.get(ctx.index, 0) + 1
+            raise RuntimeError(f"item {item}: the scanner failed")
+        if rr.random() < 0.2:
+            ctx.event("sim", {"c": w.new_event()})
+        lo, hi = (int(part) for part in item.split("-"))
+        return [w.finding(i) for i in range(lo, hi + 1)]
 
 
 class Second:
@@ -901,6 +982,7 @@ class SimTransport:
     def __init__(self, w: World, proc: Proc) -> None:
         self.w = w
         self.proc = proc
+        self.changed = False
         self.discovery_route = ""
 
     def dial(self, addr: str, *, keepalive_ms: int) -> SimCall:
@@ -962,6 +1044,14 @@ class World:
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "crashes",
+                "runner_runs",
+                "runner_exits",
+                "runner_lists_refused",
+                "runner_scan_failures",
+                "runner_sigterms",
+                "runner_stopped",
+                "runs_refused",
+                "batch_events",
                 "power_losses",
                 "rolled_back_commits",
                 "lost_logs",
@@ -1271,6 +1361,35 @@ class World:
         self.seq_waits = r2.random() < P_SEQ_WAITS
         # -- one writer per run (SPEC "Engine duties"): a random stream of their own too -----
         self.rng3 = random.Random(f"walchannel-sim-writers:{seed}")
+        # Events in a batch's transaction (send_findings(events=...)): a stream of their own.
+        self.rng_events = random.Random(f"walchannel-sim-batch-events:{seed}")
+        # -- the runner (issue 54): a stream of its own too ---------------------------------
+        rr = self.rng_runner = random.Random(f"walchannel-sim-runner:{seed}")
+        self.runner = rr.random() < P_RUNNER
+        self.runner_ended: str | None = None  # "stopped" / "deadline": Done says so
+        self.runner_fails: set[int] = set()  # items whose scan fails for the rest of a life
+        self.runner_tries: dict[int, int] = {}  # failed tries per item, in this life
+        self.runner_changed_list = False  # the second start is given another work list
+        if self.runner:
+            # Items of 1 to 3 findings, the same list on every start.
+            self.items: list[str] = []
+            lo = 0
+            while lo < self.nf:
+                hi = min(self.nf, lo + rr.randint(1, 3))
+                self.items.append(f"{lo}-{hi - 1}")
+                lo = hi
+            self.runner_concurrency = rr.choice((1, 1, 2, 4))
+            self.runner_changed_list = rr.random() < 0.1
+            # A size refusal is the runner's to skip (tests/test_runner.py); an
+            # approval's id is the runner's: neither is played here.
+            self.big = set()
+            self.done_big = False
+            self.approval_at = None
+        # (More often under the runner: a new log must not scan before its first answer.)
+        if self.rng_events.random() < (P_LATE_RUN_RUNNER if self.runner else P_LATE_RUN):
+            # The run is registered after its harness starts: the first engine refuses
+            # the token for a while (SPEC "Dial": RunRefusedError, the loop dials on).
+            self.insts[0].reject_until = self.rng_events.random() * 2 * CONNECT_TIMEOUT_MS
         self.writers = 0  # writer ids made in this schedule (_writer_id)
         # The run's owner (writer id, epoch), kept with the engine's store; who completed it.
         self.owner: tuple[str, int] | None = None
@@ -1301,6 +1420,13 @@ class World:
             early = self.rng4.random() < 0.2
             self.second = Second(self.rng4.random() * (5.0 if early else self.chaos_end))
         self.limit_ms = self.chaos_end + self.quiet_bound_ms()
+
+    def _spun(self, signum: int, frame: Any) -> None:
+        self.violation(
+            f"the schedule ran {REAL_BOUND_S:.0f} s of real time: code loops without "
+            "yielding to the event loop (a busy wait; virtual time cannot move)"
+        )
+        raise Spin
 
     def quiet_bound_ms(self) -> float:
         """Liveness: once the chaos window closes, the run ends within this (virtual ms).
@@ -1433,6 +1559,10 @@ class World:
         if self.pages is not None:
             # The product's own limits, lowered for this schedule (module constants).
             _set_limits(*self.pages)
+        spin_guard = threading.current_thread() is threading.main_thread()
+        if spin_guard:
+            signal.signal(signal.SIGALRM, self._spun)
+            signal.setitimer(signal.ITIMER_REAL, REAL_BOUND_S)
         try:
             main = loop.create_task(self._main())
             while True:
@@ -1449,7 +1579,11 @@ class World:
         except Livelock as exc:
             self.violation(str(exc))
             self.finish()
+        except Spin:
+            self.finish()  # (said by _spun)
         finally:
+            if spin_guard:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             self._shutdown()
             _CURRENT = None
             _set_limits(*limits)
@@ -1522,6 +1656,8 @@ class World:
             self.at(rng.random() * end * 1.5, self.fault_stop)
         if self.rng6.random() < P_REMOVED:
             self.at(self.rng6.random() * end, self.fault_remove_files)
+        if self.runner and self.rng_runner.random() < 0.3:
+            self.at(self.rng_runner.random() * end, self.fault_sigterm)
         self.plan_inside(end)
 
     def plan_inside(self, end: float) -> None:
@@ -1566,7 +1702,12 @@ class World:
         except RuntimeError:
             return
         in_main = task is not None and task is proc.main_task
-        if proc.role == "harness" and proc.channel is not None and r2.random() < P_REENTER:
+        if (
+            proc.role == "harness"
+            and proc.channel is not None
+            and not self.runner
+            and r2.random() < P_REENTER
+        ):
             # The handler sends on the channel instead (a progress tick): re-entry.
             self.reenter(proc, where, in_main=in_main)
             return
@@ -3300,7 +3441,7 @@ class World:
             return
         self.stats["harness_runs"] += 1
         proc = self.new_proc("harness")
-        self.spawn(proc, self.harness(proc))
+        self.spawn(proc, self.runner_harness(proc) if self.runner else self.harness(proc))
 
     def start_flush(self) -> None:
         if self.proc is not None or self.finished:
@@ -3364,6 +3505,8 @@ class World:
         if not proc.alive or proc.detached or ch.log.closed:
             return
         self.note_group_lost(proc, ch)
+        if self.runner and self.group_commit is not None:
+            return  # the runner's sends and their pending markers are its own, unseen here
         marker = ch.progress()
         stored = self.disk.states[-1].progress
         if proc.marker_set is not UNSET:
@@ -3727,6 +3870,134 @@ class World:
                 await self.run_down(proc)
                 self.exit(proc, proc.closing)
 
+    async def runner_harness(self, proc: Proc) -> None:
+        """The harness as the runner runs it (SPEC "The runner"), its exit code judged."""
+        self.stats["runner_runs"] += 1
+        self.runner_fails.clear()  # a new life: the scanner's lasting failures are gone
+        self.runner_tries.clear()
+        grace = GracePeriod(25.0, clock=self.clock)
+        proc.grace = grace
+        deadline = (
+            datetime(2100, 1, 1, tzinfo=UTC)
+            if self.deadline_ms is None
+            else datetime.fromtimestamp(EPOCH_S + self.deadline_ms / 1000, UTC)
+        )
+        manifest = Manifest(RUN_ID, CORRELATION_ID, TOKEN, deadline, "e0.sim:1")
+        opened: list[GrpcEngineChannel] = []
+
+        def open_channel(config: GrpcChannelConfig) -> GrpcEngineChannel:
+            ch = self.channel(proc)
+            opened.append(ch)
+            return ch
+
+        scan = SimScan(self, proc)
+        try:
+            code = await run_harness_async(
+                scan,
+                manifest,
+                concurrency=self.runner_concurrency,
+                retries=1,
+                retry_backoff_s=0.05,
+                on_scan_error="exit",
+                first_answer_s=120.0,
+                deadline_margin_s=5.0,
+                drain_timeout_s=30.0,
+                grace_s=25.0,
+                progress_every_s=0,
+                _seams=Seams(open_channel=open_channel, clock=self.clock, grace=grace),
+            )
+        except asyncio.CancelledError:
+            if not proc.alive or proc.cancel_at is None or proc.ending:
+                raise
+            # Its supervisor cancelled it: the runner closed the channel on the way out.
+            self.exit(proc, "cancelled")
+            return
+        if proc.alive:
+            if scan.changed and code == ExitCode.USAGE:
+                # Refused (scanning it was judged in the scan): the operator gives
+                # it the right list again. (A tombstone, a full disk: as ever.)
+                self.stats["runner_lists_refused"] += 1
+                self.exit(proc, "usage")
+                return
+            self.runner_exit(proc, ExitCode(code), opened[0] if opened else None)
+
+    def runner_exit(self, proc: Proc, code: ExitCode, ch: GrpcEngineChannel | None) -> None:
+        """Judge the runner's exit code against the world's truth, then exit as it says."""
+        self.stats["runner_exits"] += 1
+        self.tr("the runner exits %d (%s)", code, code.name)
+        status = {ExitCode.DONE: "completed", ExitCode.STOPPED: "stopped"}
+        status[ExitCode.DEADLINE] = "deadline"
+        if code in status:
+            if not self.completed:
+                self.violation(f"the runner exited {code.name}, but the engine lacks Done")
+            elif self.done_body[0] != status[code] and not (
+                code == ExitCode.DONE and ch is None  # a tombstone: it says how it ended
+            ):
+                self.violation(
+                    f"the runner exited {code.name}, but the engine applied Done {self.done_body}"
+                )
+            if code == ExitCode.DONE and self.done_body != ("completed", self.nf):
+                self.violation(f"the runner exited DONE, but the engine applied {self.done_body}")
+            if code == ExitCode.STOPPED:
+                if not self.stop_issued:
+                    self.violation("the runner exited STOPPED, but the engine issued no Stop")
+                self.stats["runner_stopped"] += 1
+            if code != ExitCode.DONE:
+                self.runner_ended = status[code]
+            self.exit(proc, "completed")
+            return
+        if code == ExitCode.COMPLETED_ELSEWHERE:
+            self.exit(proc, "refused")
+            return
+        if code in (ExitCode.SIGTERM, ExitCode.ROWS_LEFT):
+            if not proc.grace.stopping:
+                self.violation(f"the runner exited {code.name}, but no SIGTERM came")
+            self.exit(proc, "sigterm")
+            return
+        if code == ExitCode.SCAN_EXIT:
+            if max(self.runner_tries.values(), default=0) < 2:  # (retries=1: two tries)
+                self.violation("the runner exited SCAN_EXIT, but no item failed every try")
+            self.exit(proc, "scan exit")
+            return
+        if code == ExitCode.DONE_NOT_ACKED:
+            self.exit(proc, "gave up")
+            return
+        if code in (ExitCode.NO_ENGINE, ExitCode.REFUSED):
+            # The operator starts the job again once the engine (or the run's
+            # registration) is there.
+            self.exit(proc, "no engine" if code == ExitCode.NO_ENGINE else "run refused")
+            return
+        failure = None if ch is None else ch.driver.failure
+        if code == ExitCode.FENCED:
+            why = "fenced"
+            self.stats["fenced_errors"] += 1
+        elif code == ExitCode.EXPIRED:
+            why = "expired"
+        elif code == ExitCode.RUN_FAILED and isinstance(failure, EngineBehindError):
+            why = "engine behind"
+        elif code == ExitCode.LOG_BROKEN and proc.detached:
+            why = "log removed"
+            self.stats["removals_named"] += 1
+        elif code == ExitCode.LOG_BROKEN and isinstance(failure, GroupCommitError):
+            why = "group lost"
+        elif code == ExitCode.LOG_WRITE_FAILED:
+            if not self.disk.full and self.disk_full_until < self.now - 1_000.0:
+                self.violation("the runner exited LOG_WRITE_FAILED, but the disk had room")
+            why = "cannot write"  # started again later, when the disk has room
+        else:
+            self.violation(f"the runner exited {code.name} ({failure!r})")
+            why = "error"
+        self.exit(proc, why)
+
+    def fault_sigterm(self) -> None:
+        """The platform stops the runner's process: SIGTERM, its grace period."""
+        proc = self.proc
+        if proc is None or not proc.alive or proc.role != "harness" or proc.grace is None:
+            return
+        self.stats["runner_sigterms"] += 1
+        self.tr("SIGTERM to the runner")
+        proc.grace.request_stop()
+
     async def scan(self, proc: Proc, ch: GrpcEngineChannel, life: Life) -> None:
         """The harness's scan, from its resume point; it exits through close()."""
         rng = self.rng
@@ -3753,6 +4024,8 @@ class World:
         while True:
             try:
                 await self.api(proc, ch, "handshake", lambda: ch.handshake(*HARNESS))
+            except RunRefusedError:
+                self.check_run_refused(ch)  # the channel keeps dialing; carry on
             except (EngineUnavailableError, Cancelled):
                 pass  # the channel keeps dialing; carry on (README)
             except WalWriteError:
@@ -3864,6 +4137,19 @@ class World:
                 await self.close(proc, ch, "gave up")
             return
 
+    def check_run_refused(self, ch: GrpcEngineChannel) -> None:
+        """``RunRefusedError`` only for a log that never had an answer, every dial refused."""
+        self.stats["runs_refused"] += 1
+        if ch.log.meta().answered_at is not None:
+            self.violation("RunRefusedError for a log that had an answer: it is only unavailable")
+        inst = self.insts[-1]
+        window = CONNECT_TIMEOUT_MS + REDIAL_BOUND_MS
+        if inst.reject_until < self.now - window:
+            self.violation(
+                "RunRefusedError, but the engine stopped refusing the run "
+                f"{self.now - inst.reject_until:.0f} ms ago: a dial within the timeout was answered"
+            )
+
     async def interrupted(
         self, proc: Proc, ch: GrpcEngineChannel, life: Life, exc: BaseException
     ) -> bool:
@@ -3943,8 +4229,13 @@ class World:
         logged): the harness reports it elsewhere and goes on without it.
         """
         marker = {"n": items[-1] + 1}
+        # The batch's own events, committed with it (before its findings), as the
+        # runner commits an item's events with its findings.
+        events = [self.new_event() for _ in range(self.rng_events.choice((0, 0, 0, 1, 2)))]
+        self.stats["batch_events"] += len(events)
         try:
-            if len(items) == 1 and self.rng.random() < 0.5:
+            single = len(items) == 1 and self.rng.random() < 0.5  # (the draws as before)
+            if single and not events:
                 i = items[0]
                 self.sent(
                     proc,
@@ -3957,9 +4248,13 @@ class World:
                 self.sent(
                     proc,
                     ch,
-                    tuple(items),
+                    (*events, *items),
                     marker,
-                    lambda: ch.send_findings([self.finding(i) for i in items], progress=marker),
+                    lambda: ch.send_findings(
+                        [self.finding(i) for i in items],
+                        events=[("sim", "info", {"c": c}) for c in events],
+                        progress=marker,
+                    ),
                 )
         except PayloadError as exc:
             # send_finding names "finding"; a batch names "findings[i]" (PayloadError.index).
@@ -3971,9 +4266,13 @@ class World:
             self.sent(
                 proc,
                 ch,
-                tuple(kept),
+                (*events, *kept),
                 marker,
-                lambda: ch.send_findings([self.finding(i) for i in kept], progress=marker),
+                lambda: ch.send_findings(
+                    [self.finding(i) for i in kept],
+                    events=[("sim", "info", {"c": c}) for c in events],
+                    progress=marker,
+                ),
             )
         return items[-1] + 1
 
@@ -4252,7 +4551,14 @@ class World:
                     self.violation(f"{_name(i)} was refused, yet it is not in the quarantine")
             elif n == 0:
                 named = self.fenced_stop or (self.refused_stop and i in held)
-                if not named and i not in behind:
+                # The runner ended the run early (Stop, the deadline): what it never
+                # logged is not owed; what it logged is.
+                early = self.runner_ended is not None and (
+                    not self.logged[i]
+                    or i in self.affected  # a rolled-back commit's
+                    or i in self.lost_contents  # a lost log's
+                )
+                if not named and not early and i not in behind:
                     self.violation(f"{_name(i)} never applied by the engine")
             elif n > 1:
                 if i in self.affected:
@@ -4279,7 +4585,7 @@ class World:
         second_done = sec is not None and self.completed_by in sec.writers
         for i, n in enumerate(self.logged):
             if n == 0 and i not in self.refused_at_send:
-                if not self.fenced_stop and not second_done:
+                if not self.fenced_stop and not second_done and self.runner_ended is None:
                     self.violation(f"the harness never logged {_name(i)}")
             elif n > 1 and i not in self.affected and i not in self.lost_contents:
                 self.violation(f"the harness logged {_name(i)} {n} times")

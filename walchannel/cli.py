@@ -713,7 +713,8 @@ exit codes (retriable ones marked *): 0 done; 2 usage, manifest or work
 list changed; 3 fenced; 4 refused (unknown run or wrong token); 5* log held
 by another process; 6 log broken; 7 run failed; 8 stopped by the engine;
 9 deadline; 10 scan failed; 11 expired; 12 completed elsewhere; 13* scan
-exit; 14* Done not acked; 15* no engine; 75* SIGTERM with rows left;
+exit; 14* Done not acked; 15* no engine; 16* the disk refused the log at
+open; 75* SIGTERM with rows left;
 143* SIGTERM (docs/deployment.md).
 """
 
@@ -738,6 +739,22 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--drain-timeout", type=_non_negative_float, default=600.0, metavar="SECONDS")
     p.add_argument("--first-answer", type=_non_negative_float, default=600.0, metavar="SECONDS")
     p.add_argument("--progress-every", type=_non_negative_float, default=10.0, metavar="SECONDS")
+    p.add_argument(
+        "--deadline-margin",
+        type=_non_negative_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="no new item once less than this is left of hardDeadline (default 60)",
+    )
+    p.add_argument("--max-unacked-bytes", type=int, metavar="N", help="the backlog's bound")
+    p.add_argument("--tls-ca", metavar="FILE", help="TLS to the engine, trusting this CA (PEM)")
+    p.add_argument("--tls-server-name", metavar="NAME", help="the name the engine's cert holds")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host (or IP network) discovery may send the harness to; repeat it",
+    )
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.set_defaults(handler=_cmd_run)
 
@@ -764,13 +781,25 @@ def load_target(target: str) -> Any:
                 f"{target!r}: no module {exc.name!r} (run from the folder that holds it, or"
                 " install it)"
             ) from None
-        raise
+        raise ValueError(f"{target!r}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:  # the harness's module is broken: its error, named
+        raise ValueError(
+            f"{target!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     found: Any = module
     for part in attr.split("."):
         if not hasattr(found, part):
             raise ValueError(f"{target!r}: module {module_name!r} has no {attr!r}")
         found = getattr(found, part)
-    return found() if isinstance(found, type) else found
+    if not isinstance(found, type):
+        return found
+    try:
+        return found()
+    except Exception as exc:
+        raise ValueError(
+            f"{target!r}: {attr}() raised {type(exc).__name__}: {exc} (a class is made with"
+            " no arguments: name an instance instead)"
+        ) from exc
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -787,6 +816,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         err("run", str(exc))
         return 2
+    channel: dict[str, Any] = {}
+    if args.tls_ca is not None:
+        from walchannel.runner.run import tls_credentials
+
+        try:
+            channel["credentials"] = tls_credentials(args.tls_ca)
+        except OSError as exc:
+            err("run", f"--tls-ca {args.tls_ca}: cannot be read: {exc.strerror or exc}")
+            return 2
+    if args.tls_server_name is not None:
+        channel["tls_server_name"] = args.tls_server_name
+    if args.allowed_host:
+        channel["allowed_hosts"] = args.allowed_host
+    if args.max_unacked_bytes is not None:
+        channel["max_unacked_bytes"] = args.max_unacked_bytes
     return run_harness(
         harness,
         args.manifest,
@@ -799,7 +843,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         grace_s=args.grace,
         drain_timeout_s=args.drain_timeout,
         first_answer_s=args.first_answer,
+        deadline_margin_s=args.deadline_margin,
         progress_every_s=args.progress_every,
+        **channel,
     )
 
 

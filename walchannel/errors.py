@@ -34,7 +34,7 @@ keeps the message as built (SPEC "The channel", "Text from outside").
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from walchannel.formatting import escape_text
 
@@ -126,7 +126,16 @@ class RunCompletedError(WalchannelError):
 
     A harness restarted after its run finished gets this and should exit
     instead of scanning again. SPEC "Completion".
+
+    Attributes:
+        progress: the tombstone's last progress marker, when the channel's
+            constructor raised it on one (None otherwise): how the run
+            ended, for a runner that keeps it there (SPEC "The runner").
     """
+
+    def __init__(self, message: str, *, progress: dict[str, Any] | None = None) -> None:
+        self.progress = progress
+        super().__init__(message)
 
 
 class RunExpiredError(WalchannelError):

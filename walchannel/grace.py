@@ -210,24 +210,34 @@ class GracePeriod:
             timeout_ms: bound (ms; None: until acked or a stop request).
 
         Returns:
-            True once every logged row is acked; False at ``timeout_ms`` or
-            within 200 ms of a stop request (check :attr:`stopping`).
+            True once every logged row is acked; False at ``timeout_ms``,
+            within 200 ms of a stop request (check :attr:`stopping`), or as
+            soon as the channel's own wait ends early (closed, failed,
+            expired: no ack can come).
         """
         deadline = None if timeout_ms is None else self._now_s() + timeout_ms / 1000
         while True:
-            if await channel.wait_acked(timeout_ms=self._step_ms(deadline)):
+            step = self._step_ms(deadline)
+            began = self._now_s()
+            if await channel.wait_acked(timeout_ms=step):
                 return True
             if self.stopping or (deadline is not None and self._now_s() >= deadline):
                 return False
+            if self._now_s() - began < step / 1000:
+                return False  # it ended before its step: closed, failed or expired
 
     def wait_acked_blocking(self, channel: _SyncChannel, timeout_ms: float | None = None) -> bool:
         """:meth:`wait_acked` for a ``BlockingEngineChannel`` (blocks the calling thread)."""
         deadline = None if timeout_ms is None else self._now_s() + timeout_ms / 1000
         while True:
-            if channel.wait_acked(timeout_ms=self._step_ms(deadline)):
+            step = self._step_ms(deadline)
+            began = self._now_s()
+            if channel.wait_acked(timeout_ms=step):
                 return True
             if self.stopping or (deadline is not None and self._now_s() >= deadline):
                 return False
+            if self._now_s() - began < step / 1000:
+                return False  # it ended before its step: closed, failed or expired
 
     # -- draining --------------------------------------------------------------------------
 

@@ -185,7 +185,8 @@ class GrpcEngineChannel:
             if log.completed:
                 raise RunCompletedError(
                     f"run {self._run_id}: completed (its Done was acked); the log "
-                    f"{log.path} is a tombstone"
+                    f"{log.path} is a tombstone",
+                    progress=log.progress,
                 )
             token_hash = hashlib.sha256(config.run_token.encode("utf-8")).hexdigest()
             meta = log.meta()

@@ -8,6 +8,7 @@ from walchannel.runner.manifest import MANIFEST_ENV, Manifest, ManifestError
 from walchannel.runner.run import (
     Harness,
     HarnessError,
+    Seams,
     WorkListChangedError,
     run_harness,
     run_harness_async,
@@ -23,6 +24,7 @@ __all__ = [
     "ItemContext",
     "Manifest",
     "ManifestError",
+    "Seams",
     "WorkListChangedError",
     "run_harness",
     "run_harness_async",

@@ -31,7 +31,7 @@ class ExitCode(enum.IntEnum):
     #: Another process holds the run's log (``WalLockedError``): a second
     #: harness on the run; retry once it has exited.
     LOCKED = 5
-    #: The log is damaged, cannot be written, or was removed while open.
+    #: The log is damaged, or was removed while open.
     LOG_BROKEN = 6
     #: The run failed on the engine's side: engine behind, a refused row.
     RUN_FAILED = 7
@@ -57,6 +57,9 @@ class ExitCode(enum.IntEnum):
     #: No engine answered this new log's handshake within ``first_answer_s``
     #: (nothing scanned; the dials were not all refused).
     NO_ENGINE = 15
+    #: The disk refused a write of the log (full) when it was opened: start
+    #: again once it has room (a commit the disk refuses mid-run is waited out).
+    LOG_WRITE_FAILED = 16
     #: SIGTERM, every logged row acked: 128 + SIGTERM (SPEC "Grace period").
     SIGTERM = 128 + signal.SIGTERM
     #: SIGTERM with rows left in the log (EX_TEMPFAIL).

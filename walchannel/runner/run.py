@@ -17,12 +17,12 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 from walchannel.channel import GrpcEngineChannel
 from walchannel.clock import Clock, SystemClock
 from walchannel.config import GrpcChannelConfig
+from walchannel.driver import ChannelState
 from walchannel.errors import (
     BacklogFullError,
     EngineBehindError,
@@ -40,11 +40,9 @@ from walchannel.errors import (
     WalWriteError,
     WriterFencedError,
 )
-from walchannel.files import default_wal_dir, log_path
 from walchannel.formatting import get_logger
 from walchannel.grace import GracePeriod
 from walchannel.interface import ApprovalDecision
-from walchannel.log_reader import LogReader, LogUnreadableError
 from walchannel.runner.context import AsyncItemContext, ItemContext
 from walchannel.runner.exits import ExitCode
 from walchannel.runner.manifest import Manifest, ManifestError
@@ -52,6 +50,7 @@ from walchannel.runner.manifest import Manifest, ManifestError
 __all__ = [
     "Harness",
     "HarnessError",
+    "Seams",
     "WorkListChangedError",
     "run_harness",
     "run_harness_async",
@@ -70,6 +69,12 @@ FIRST_ANSWER_S: Final = 600.0
 DEADLINE_MARGIN_S: Final = 60.0
 #: A wait for room in the backlog (``BacklogFullError``) looks again after, ms.
 BACKLOG_WAIT_MS: Final = 1_000.0
+#: A write the disk refused is tried again after this, doubled up to the max, s.
+WRITE_RETRY_S: Final = 0.5
+WRITE_RETRY_MAX_S: Final = 30.0
+#: How often a wait looks for a SIGTERM, s (GracePeriod's own poll).
+STOP_POLL_S: Final = 0.2
+_T = TypeVar("_T")
 
 ScanErrorPolicy = Literal["fail", "skip", "exit"]
 _STATUS_CODES: Final = {
@@ -145,13 +150,28 @@ def _work_list(harness: Harness) -> list[str]:
         value = getattr(harness, part)
         if not isinstance(value, str) or not value:
             raise HarnessError(f"harness.{part} must be a non-empty str, got {value!r}")
-    items = list(harness.work())
+    if inspect.isasyncgenfunction(harness.scan):
+        raise HarnessError(
+            "harness.scan is an async generator: return the item's findings as a list"
+            " (a coroutine function or a plain one)"
+        )
+    try:
+        items = list(harness.work())
+    except Exception as exc:
+        raise HarnessError(f"harness.work() raised {type(exc).__name__}: {exc}") from exc
+    seen: dict[str, int] = {}
     for index, item in enumerate(items):
         if not isinstance(item, str):
             raise HarnessError(
                 f"harness.work()[{index}] is a {type(item).__name__}, not a str: items are"
                 " strings (a path, a URL, an id)"
             )
+        if item in seen:
+            # Scanned twice, its findings would be applied twice.
+            raise HarnessError(
+                f"harness.work() holds {item!r} twice (at {seen[item]} and {index}): each item once"
+            )
+        seen[item] = index
     return items
 
 
@@ -159,7 +179,7 @@ def _work_list(harness: Harness) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _Seams:
+class Seams:
     """What the simulator replaces (SPEC "The runner"): the channel, the clock and the
     stop source (a ``GracePeriod`` it stops itself)."""
 
@@ -222,7 +242,7 @@ class _Run:
         items: list[str],
         config: GrpcChannelConfig,
         options: _Options,
-        seams: _Seams,
+        seams: Seams,
     ) -> None:
         self.harness = harness
         self.manifest = manifest
@@ -308,7 +328,8 @@ class _Run:
         return code
 
     def _completed(self, channel: GrpcEngineChannel | None, exc: RunCompletedError) -> int:
-        marker = _stored_marker(channel, self.config)
+        # The status the runner committed before Done stays in the tombstone's meta.
+        marker = exc.progress if channel is None else channel.log.progress
         status = marker.get("status") if marker is not None else None
         if isinstance(status, str) and status in _STATUS_CODES:
             code = _STATUS_CODES[status]
@@ -344,7 +365,10 @@ class _Run:
             status = ended
             # The run's status travels in the marker: a restart after Done,
             # or on the tombstone, exits with the same code.
-            self._commit_marker(channel, len(self.items), status)
+            try:
+                await self._commit_marker(channel, len(self.items), status)
+            except _StoppedInCommit:
+                return await self.grace.drain(channel)
         return await self._done(channel, status)
 
     def _on_engine_stop(self, reason: str) -> None:
@@ -363,6 +387,13 @@ class _Run:
             except RunRefusedError as exc:
                 logger.error("run %s: nothing scanned: %s", self.run_id, exc)
                 return ExitCode.REFUSED
+            except WalWriteError as exc:  # storing the handshake: the disk is full
+                logger.warning("run %s: the log cannot be written (%s)", self.run_id, exc)
+                try:
+                    await self._sleep_unless_stopped(WRITE_RETRY_S)
+                except _StoppedInCommit:
+                    return await self.grace.drain(channel)
+                continue
             except EngineUnavailableError as exc:
                 if answered_before:
                     # Rows wait in the log; the channel keeps dialing.
@@ -440,15 +471,15 @@ class _Run:
                 outcome = await self._await_in_hand(task)
                 if outcome is None:
                     break  # SIGTERM: the item was given up
-                if outcome.error is not None:
-                    ended = self._scan_failed(channel, outcome)
-                    if ended is not None:
-                        return ended
-                else:
-                    try:
+                try:
+                    if outcome.error is not None:
+                        ended = await self._scan_failed(channel, outcome)
+                        if ended is not None:
+                            return ended
+                    else:
                         await self._commit_item(channel, outcome)
-                    except _StoppedInCommit:
-                        break  # SIGTERM while waiting for room: the drain below
+                except _StoppedInCommit:
+                    break  # SIGTERM while waiting for room or the disk: the drain below
         finally:
             for task in window.values():
                 task.cancel()
@@ -463,9 +494,11 @@ class _Run:
         return "completed"
 
     async def _await_in_hand(self, task: asyncio.Task[_Outcome]) -> _Outcome | None:
-        if not self.grace.stopping:
-            done, _ = await asyncio.wait([task], return_when=asyncio.FIRST_COMPLETED)
-            if task in done or not self.grace.stopping:
+        # Looked at every STOP_POLL_S: a SIGTERM while a long scan runs starts
+        # the period's budget at once, not when the scan ends.
+        while not self.grace.stopping:
+            done, _ = await asyncio.wait([task], timeout=STOP_POLL_S)
+            if task in done:
                 return task.result()
         # SIGTERM: the item in hand may finish within half of what is left of
         # the period; the rest goes to the drain, and the next start scans it.
@@ -486,7 +519,9 @@ class _Run:
             try:
                 findings = await self._call_scan(state)
                 return _Outcome(state, findings)
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, HarnessError):
+                # Cancelled, or a result of the wrong shape: a bug of the harness
+                # that no retry mends (exit 2, no Done: a fixed harness resumes).
                 state.abandoned = True
                 raise
             except Exception as exc:  # the harness's: retried, then the policy decides
@@ -526,22 +561,18 @@ class _Run:
             work = scan(state.item, AsyncItemContext(state))
         else:
             work = self._in_thread(scan, state)
+        bound = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with bound:
                 found = await work
         except TimeoutError:
+            if not bound.expired():
+                raise  # the scan's own (a socket's, an approval's): its message kept
             state.abandoned = True
             raise TimeoutError(
                 f"item {state.index} ({state.item}): no result within item_timeout_s={timeout}"
             ) from None
-        if found is None:
-            return []
-        if isinstance(found, Mapping | str | bytes) or not isinstance(found, Iterable):
-            raise HarnessError(
-                f"scan({state.item!r}) returned a {type(found).__name__}: return a list of"
-                " findings (mappings), [] for none"
-            )
-        return list(found)
+        return found if isinstance(found, list) else _findings(state.item, found)
 
     def _in_thread(
         self, scan: Callable[[str, ItemContext], Any], state: ItemContext
@@ -564,7 +595,8 @@ class _Run:
 
         def work() -> None:
             try:
-                result, error = scan(state.item, state), None
+                # A generator's body runs as it is iterated: here, not on the loop.
+                result, error = _findings(state.item, scan(state.item, state)), None
             except BaseException as exc:  # handed to the loop, re-raised there
                 result, error = None, exc
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
@@ -574,19 +606,22 @@ class _Run:
         threading.Thread(target=work, name=name, daemon=True).start()
         return future
 
-    def _scan_failed(self, channel: GrpcEngineChannel, outcome: _Outcome) -> str | int | None:
+    async def _scan_failed(self, channel: GrpcEngineChannel, outcome: _Outcome) -> str | int | None:
         state, exc = outcome.state, outcome.error
         assert exc is not None
         policy = self.options.on_scan_error
         what = f"{type(exc).__name__}: {exc}"
+        tries = self.options.retries + 1
         logger.error(
-            "run %s: item %d (%s) failed after %d tries: %s; on_scan_error=%r",
+            "run %s: item %d (%s) failed (%d %s): %s; on_scan_error=%r",
             self.run_id,
             state.index,
             state.item,
-            self.options.retries + 1,
+            tries,
+            "try" if tries == 1 else "tries",
             what,
             policy,
+            exc_info=exc,
         )
         if policy == "skip":
             self.skipped_items += 1
@@ -595,7 +630,7 @@ class _Run:
                 "error",
                 {"item": state.item, "index": state.index, "error": what[:500]},
             )
-            self._commit(channel, state.index, [], [skip])
+            await self._commit(channel, state.index, [], [skip])
             return None
         if policy == "exit":
             return ExitCode.SCAN_EXIT
@@ -605,36 +640,46 @@ class _Run:
         state = outcome.state
         kept = list(enumerate(outcome.findings))
         events = list(state.events)
+        full = False
         while True:
             try:
-                self._commit(channel, state.index, [f for _, f in kept], events)
+                await self._commit(channel, state.index, [f for _, f in kept], events)
                 return
             except PayloadError as exc:
                 if exc.index is None:
                     if not events:
                         raise  # the marker itself: the runner's, never the harness's data
                     # An event too large for a message: say so in one that fits.
-                    events = [_skip_event(state, None, exc)]
+                    events = [_skip_event(state, None, exc.path, exc.reason)]
                     continue
                 number, _ = kept.pop(exc.index)
                 self.skipped_findings += 1
+                # Named by its place in what scan() returned, not in the batch
+                # left after earlier skips.
+                path = f"findings[{number}]" + exc.path.partition("]")[2]
                 logger.warning(
-                    "run %s: item %d (%s): finding %d skipped: %s",
+                    "run %s: item %d (%s): finding %d skipped: %s: %s",
                     self.run_id,
                     state.index,
                     state.item,
                     number,
-                    exc,
+                    path,
+                    exc.reason,
                 )
-                events.append(_skip_event(state, number, exc))
+                events.append(_skip_event(state, number, path, exc.reason))
             except BacklogFullError as exc:
-                # Room comes as the engine acks; the rows wait in the log meanwhile.
-                logger.info("run %s: waiting for room in the backlog: %s", self.run_id, exc)
-                await channel.wait_acked(timeout_ms=BACKLOG_WAIT_MS)
-                if self.grace.stopping:
+                # Room comes as the engine's acks are stored; the rows wait in the log.
+                if not full:
+                    logger.info("run %s: waiting for room in the backlog: %s", self.run_id, exc)
+                full = True
+                if await channel.wait_acked(timeout_ms=BACKLOG_WAIT_MS):
+                    # All acked, yet no room: the ack is not stored yet (the disk
+                    # refused it): wait, not spin.
+                    await self._sleep_unless_stopped(BACKLOG_WAIT_MS / 1000)
+                elif self.grace.stopping:
                     raise _StoppedInCommit from None
 
-    def _commit(
+    async def _commit(
         self,
         channel: GrpcEngineChannel,
         index: int,
@@ -642,14 +687,42 @@ class _Run:
         events: list[tuple[str, str, Mapping[str, Any]]],
     ) -> None:
         marker = self._marker(index + 1, self.findings + len(findings))
-        channel.send_findings(findings, events=events, progress=marker)
+        await self._written(lambda: channel.send_findings(findings, events=events, progress=marker))
         self.done_items = index + 1
         self.findings += len(findings)
 
-    def _commit_marker(self, channel: GrpcEngineChannel, next_item: int, status: str) -> None:
+    async def _commit_marker(self, channel: GrpcEngineChannel, next_item: int, status: str) -> None:
         marker = self._marker(next_item if status == "completed" else self.done_items, None)
         marker["status"] = status
-        channel.send_findings([], progress=marker)
+        await self._written(lambda: channel.send_findings([], progress=marker))
+
+    async def _written(self, write: Callable[[], _T]) -> _T:
+        """``write()``, again while the disk refuses it (full): the run waits, it does not fail.
+
+        Raises:
+            _StoppedInCommit: SIGTERM while waiting.
+        """
+        delay = WRITE_RETRY_S
+        while True:
+            try:
+                return write()
+            except WalWriteError as exc:
+                # Nothing of the write was logged; the rows before it are safe.
+                logger.warning(
+                    "run %s: the log cannot be written (%s); trying again in %.1f s",
+                    self.run_id,
+                    exc,
+                    delay,
+                )
+            await self._sleep_unless_stopped(delay)
+            delay = min(delay * 2, WRITE_RETRY_MAX_S)
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        end = self._now_s() + seconds
+        while self._now_s() < end:
+            if self.grace.stopping:
+                raise _StoppedInCommit
+            await asyncio.sleep(min(STOP_POLL_S, end - self._now_s()))
 
     def _marker(self, next_item: int, findings: int | None) -> dict[str, Any]:
         return {
@@ -672,7 +745,25 @@ class _Run:
         )
         if status == "stopped" and self.engine_stop:
             reason += f"; the engine's stop: {self.engine_stop}"
-        acked = await channel.send_done(status, self.findings, coverage, reason)
+        delay = WRITE_RETRY_S
+        while True:
+            try:
+                acked = await channel.send_done(status, self.findings, coverage, reason)
+                break
+            except PayloadError as exc:
+                raise HarnessError(
+                    f"Done cannot travel: {exc}; keep harness.coverage() a short summary"
+                    " (the roots scanned, not every item)"
+                ) from None
+            except WalWriteError as exc:
+                logger.warning("run %s: the log cannot be written (%s)", self.run_id, exc)
+                try:
+                    await self._sleep_unless_stopped(delay)
+                except _StoppedInCommit:
+                    return await self.grace.drain(channel)
+                delay = min(delay * 2, WRITE_RETRY_MAX_S)
+        if not acked and channel.state is ChannelState.EXPIRED:
+            raise RunExpiredError(f"run {self.run_id}: hardDeadline passed before Done was acked")
         if not acked:
             acked = await self.grace.wait_acked(
                 channel, timeout_ms=self.options.drain_timeout_s * 1000
@@ -725,12 +816,42 @@ class _StoppedInCommit(Exception):
     """SIGTERM while an item waited for room in the backlog."""
 
 
+def tls_credentials(ca_file: str) -> Any:
+    """``grpc.ssl_channel_credentials`` trusting the PEM CA in ``ca_file`` (``--tls-ca``).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    import grpc
+
+    with open(ca_file, "rb") as f:
+        roots = f.read()
+    return grpc.ssl_channel_credentials(root_certificates=roots)
+
+
+def _findings(item: str, found: Any) -> list[Mapping[str, Any]]:
+    """A scan's result as its list of findings.
+
+    Raises:
+        HarnessError: not an iterable of findings (a mapping, a str, an
+            async generator...): a bug of the harness.
+    """
+    if found is None:
+        return []
+    if isinstance(found, Mapping | str | bytes) or not isinstance(found, Iterable):
+        raise HarnessError(
+            f"scan({item!r}) returned {type(found).__name__!r}: return a list of findings"
+            " (mappings), [] for none"
+        )
+    return list(found)
+
+
 def _skip_event(
-    state: ItemContext, number: int | None, exc: PayloadError
+    state: ItemContext, number: int | None, path: str, reason: str
 ) -> tuple[str, str, Mapping[str, Any]]:
     # The path and the reason, never the value: it could not travel anyway.
-    payload: dict[str, Any] = {"item": state.item, "index": state.index, "path": exc.path}
-    payload["reason"] = exc.reason[:500]
+    payload: dict[str, Any] = {"item": state.item, "index": state.index, "path": path}
+    payload["reason"] = reason[:500]
     if number is not None:
         payload["finding"] = number
     return (
@@ -741,10 +862,28 @@ def _skip_event(
 
 
 def _coverage(harness: Harness) -> list[str]:
+    """``harness.coverage()``, checked.
+
+    Raises:
+        HarnessError: it raised, or returned no list of str (a str alone would
+            be split into its characters).
+    """
     coverage = getattr(harness, "coverage", None)
     if coverage is None:
         return []
-    return [str(part) for part in coverage()]
+    try:
+        parts = coverage()
+    except Exception as exc:
+        raise HarnessError(f"harness.coverage() raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(parts, str) or not isinstance(parts, Iterable):
+        raise HarnessError(
+            f"harness.coverage() returned {type(parts).__name__!r}: return a list of str"
+            " (the roots scanned, a summary)"
+        )
+    parts = list(parts)
+    if not all(isinstance(part, str) for part in parts):
+        raise HarnessError("harness.coverage() returned a list holding a non-str")
+    return parts
 
 
 def _code_for(exc: BaseException) -> ExitCode:
@@ -752,7 +891,9 @@ def _code_for(exc: BaseException) -> ExitCode:
         return ExitCode.FENCED
     if isinstance(exc, WalLockedError):
         return ExitCode.LOCKED
-    if isinstance(exc, WalCorruptError | WalWriteError | WalRemovedError | GroupCommitError):
+    if isinstance(exc, WalWriteError):
+        return ExitCode.LOG_WRITE_FAILED
+    if isinstance(exc, WalCorruptError | WalRemovedError | GroupCommitError):
         return ExitCode.LOG_BROKEN
     if isinstance(exc, EngineBehindError | RowRefusedError):
         return ExitCode.RUN_FAILED
@@ -761,20 +902,6 @@ def _code_for(exc: BaseException) -> ExitCode:
     if isinstance(exc, WorkListChangedError | HarnessError | ManifestError):
         return ExitCode.USAGE
     return ExitCode.RUN_FAILED
-
-
-def _stored_marker(
-    channel: GrpcEngineChannel | None, config: GrpcChannelConfig
-) -> Mapping[str, Any] | None:
-    """The marker the run's log keeps (also a tombstone's), None when there is none."""
-    if channel is not None:
-        return channel.log.progress
-    folder = config.wal_dir if config.wal_dir is not None else default_wal_dir()
-    try:
-        with LogReader(log_path(Path(folder), config.run_id), config.run_id) as reader:
-            return reader.meta().progress
-    except (OSError, WalchannelError, LogUnreadableError):
-        return None
 
 
 # -- the entry points --------------------------------------------------------------------
@@ -794,7 +921,7 @@ async def run_harness_async(
     first_answer_s: float = FIRST_ANSWER_S,
     deadline_margin_s: float = DEADLINE_MARGIN_S,
     progress_every_s: float = 10.0,
-    _seams: _Seams | None = None,
+    _seams: Seams | None = None,
     **channel_options: Any,
 ) -> int:
     """Run ``harness`` for the run ``manifest`` names; return the exit code.
@@ -852,7 +979,7 @@ async def run_harness_async(
     except (ValueError, TypeError) as exc:
         logger.error("bad option: %s", exc)
         return _said(None, ExitCode.USAGE)
-    code = await _Run(harness, loaded, items, config, options, _seams or _Seams()).run()
+    code = await _Run(harness, loaded, items, config, options, _seams or Seams()).run()
     return _said(loaded.run_id, ExitCode(code))
 
 
