@@ -527,3 +527,30 @@ async def test_walchannel_run_over_tls_with_a_ca_file(tmp_path: Path) -> None:
         harness = await start(manifest, tmp_path / "wal", "--tls-ca", str(ca), RUNNER_ITEMS="9")
         await ended(harness, ExitCode.DONE)
         audit(engine, "run-tls", 9)
+
+
+@pytest.mark.asyncio
+async def test_a_log_the_disk_refuses_at_open_exits_16_retriable(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    # Files over a few KiB cannot be written (EFBIG, SQLite's "disk is full"); set by
+    # a shell that then execs (no Python between fork and exec, beside gRPC threads).
+    small_files = "trap '' XFSZ; ulimit -f 8; exec \"$@\""
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", small_files, "sh",
+        sys.executable, "-m", "walchannel", "run", "runner_harness:Harness",
+        "--manifest", str(manifest), "--wal-dir", str(tmp_path / "wal"),
+        cwd=HELPERS, env={**os.environ, "RUNNER_ITEMS": "5"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), BOUND_S)
+    text = err.decode()
+    assert proc.returncode == ExitCode.LOG_WRITE_FAILED, text[-3000:]
+    assert "exit 16 (LOG_WRITE_FAILED, retriable" in text and b"scanned" not in out
+    assert ExitCode.LOG_WRITE_FAILED.retriable
+    # With room again, the next start runs the whole run.
+    again = await start(manifest, tmp_path / "wal", RUNNER_ITEMS="5")
+    await ended(again, ExitCode.DONE)
+    audit(local_engine, run_id, 5)

@@ -266,6 +266,7 @@ class _Run:
         self.skipped_findings = 0
         self.skipped_items = 0
         self.started = self._now_s()
+        self.resumed_at = 0  # items done before this process: not its rate
 
     def _now_s(self) -> float:
         return self.clock.monotonic_ms() / 1000
@@ -437,7 +438,7 @@ class _Run:
                 f" at item {marker['next']} would skip or repeat items. Give the harness the same"
                 " items in the same order, or start a new run"
             )
-        self.done_items = marker["next"]
+        self.done_items = self.resumed_at = marker["next"]
         self.findings = int(marker.get("findings", 0))
         self.skipped_findings = int(marker.get("skipped_findings", 0))
         self.skipped_items = int(marker.get("skipped_items", 0))
@@ -798,7 +799,7 @@ class _Run:
     def _report(self, channel: GrpcEngineChannel, *, final: bool) -> None:
         total = len(self.items)
         elapsed = max(1e-9, self._now_s() - self.started)
-        rate = self.done_items / elapsed
+        rate = (self.done_items - self.resumed_at) / elapsed
         left = total - self.done_items
         eta = f"{left / rate:.0f} s" if rate > 0 and left else "-"
         line = (
