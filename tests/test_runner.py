@@ -713,3 +713,26 @@ async def test_a_harness_bug_exits_2_and_the_fixed_harness_finishes_the_run(
     code = await run_harness_async(fixed, str(manifest), wal_dir=tmp_path / "wal", **FAST)
     assert code == ExitCode.DONE
     assert applied(local_engine, run_id)[0] == expected(fixed)
+
+
+@pytest.mark.asyncio
+async def test_a_scans_exception_holding_the_token_is_said_with_the_token_masked(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+
+    class Leaky(Files):
+        def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+            if item == "f002":
+                raise PermissionError(f"GET https://api/x?token={token} refused")
+            return super().scan(item, ctx)
+
+    with caplog.at_level(logging.DEBUG):
+        code = await run_harness_async(
+            Leaky(4), str(manifest), wal_dir=tmp_path / "wal", retries=1,
+            on_scan_error="skip", **FAST,
+        )  # fmt: skip
+    assert code == ExitCode.DONE
+    assert token not in caplog.text and "token=*** refused" in caplog.text
+    assert token not in json.dumps(local_engine.bodies(run_id))

@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 
 from walchannel.channel import GrpcEngineChannel
 from walchannel.clock import Clock, SystemClock
-from walchannel.config import GrpcChannelConfig
+from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.driver import ChannelState
 from walchannel.errors import (
     BacklogFullError,
@@ -536,13 +536,21 @@ class _Run:
                         index,
                         item,
                         type(exc).__name__,
-                        exc,
+                        self._said(exc),
                         attempt + 2,
                         options.retries + 1,
                         delay,
                     )
                     await asyncio.sleep(delay)
         return _Outcome(state, [], error)
+
+    def _said(self, exc: BaseException) -> str:
+        """A scan's exception as the runner logs and stores it: the run token masked."""
+        token = self.manifest.run_token
+        text = str(exc)
+        # Inside a URL ("token=...") too: redact_secret spares a token within a
+        # longer run of token characters, so a short one does not eat words.
+        return text.replace(token, "***") if len(token) >= 8 else redact_secret(text, token)
 
     def _context(self, index: int) -> ItemContext:
         return ItemContext(
@@ -611,7 +619,7 @@ class _Run:
         state, exc = outcome.state, outcome.error
         assert exc is not None
         policy = self.options.on_scan_error
-        what = f"{type(exc).__name__}: {exc}"
+        what = f"{type(exc).__name__}: {self._said(exc)}"
         tries = self.options.retries + 1
         logger.error(
             "run %s: item %d (%s) failed (%d %s): %s; on_scan_error=%r",
@@ -622,7 +630,7 @@ class _Run:
             "try" if tries == 1 else "tries",
             what,
             policy,
-            exc_info=exc,
+            exc_info=exc if self.manifest.run_token not in _chain_text(exc) else None,
         )
         if policy == "skip":
             self.skipped_items += 1
@@ -815,6 +823,13 @@ class _Run:
 
 class _StoppedInCommit(Exception):
     """SIGTERM while an item waited for room in the backlog."""
+
+
+def _chain_text(exc: BaseException) -> str:
+    """Every message of ``exc``'s chain, and its frames' source lines, as a traceback shows."""
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
 
 
 def tls_credentials(ca_file: str) -> Any:
