@@ -58,6 +58,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import gc
 import json
 import logging
 import multiprocessing
@@ -1553,6 +1554,10 @@ class World:
 
     def run(self) -> World:
         global _CURRENT
+        # The last schedule's leftovers (channels, coroutines closed when collected)
+        # finalize now, outside any world: a schedule plays the same whatever ran
+        # before it (a corpus of a few seeds, or a sweep).
+        gc.collect()
         loop = self.loop
         _CURRENT = self
         limits = (_product_log._BATCH, _product_rows.READAHEAD_ROWS, _product_rows.TAIL_BYTES)

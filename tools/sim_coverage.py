@@ -145,9 +145,6 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::return": (
         "a second handshake() while streaming: tests/test_channel.py"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop.start::return": (
-        "a second handshake(): tests/test_channel.py"
-    ),
     "walchannel/channel/connection.py::ConnectionLoop.store_ack::return": (
         "an ack to store once the log is closed: close() stores the ack before it closes the "
         "log, and an ack is handed out to store once (Driver.ack_to_store)"
