@@ -1558,6 +1558,10 @@ class World:
         # finalize now, outside any world: a schedule plays the same whatever ran
         # before it (a corpus of a few seeds, or a sweep).
         gc.collect()
+        if not gc.get_freeze_count():
+            # The modules' objects (grpc, protobuf, walchannel) live for the whole
+            # sweep: frozen once, so each schedule's collection skips them.
+            gc.freeze()
         loop = self.loop
         _CURRENT = self
         limits = (_product_log._BATCH, _product_rows.READAHEAD_ROWS, _product_rows.TAIL_BYTES)
