@@ -540,8 +540,9 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "runner_commits_the_last_finished_first",
         "runner/run.py",
-        "                task = window.pop(index, None)\n",
-        "                task = window.pop(max(window), None) if window else None\n",
+        "                task = window.get(index)\n",
+        "                index = max(window) if window else index\n"
+        "                task = window.get(index)\n",
         ("applied", "never", "scanned item", *LOST),
     ),
     Plant(
@@ -558,6 +559,13 @@ PLANTS: tuple[Plant, ...] = (
         "                if answered_before:\n",
         "                if True:\n",
         ("before the log's first answer",),
+    ),
+    Plant(
+        "runner_skip_drops_the_items_other_findings",
+        "runner/run.py",
+        "                number, _ = kept.pop(exc.index)\n",
+        "                number, _ = kept.pop(exc.index)\n                kept.clear()\n",
+        ("never logged finding", "never applied", "the runner exited DONE, but the engine applied"),
     ),
 )
 

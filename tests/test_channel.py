@@ -266,11 +266,11 @@ async def test_stats_never_quarantines_a_damaged_row(
         assert stats.unacked_count == 3 and stats.oldest_unacked_age_s is not None
 
 
-
 def take_over(wal: Path, run_id: str) -> None:
     """Mark the run's (new) log to take the run over, as ``walchannel takeover LOG`` does."""
     with RunLog.open(wal, run_id, correlation_id=f"corr-{run_id}") as log:
         log.mark_takeover()
+
 
 @pytest.mark.parametrize("damage", ["rolled-back", "deleted"])
 @pytest.mark.asyncio

@@ -439,8 +439,7 @@ async def test_every_dial_is_a_connection_of_its_own(tmp_path: Path) -> None:
     await engine.start()
     try:
         channels = [
-            GrpcEngineChannel(engine.channel_config(tmp_path / "wal", f"run-{i}"))
-            for i in range(2)
+            GrpcEngineChannel(engine.channel_config(tmp_path / "wal", f"run-{i}")) for i in range(2)
         ]
         async with channels[0] as first, channels[1] as second:
             await first.handshake("1", "h", "1")

@@ -112,8 +112,7 @@ def test_the_table_of_calls_names_the_real_parameters() -> None:
             p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("", "*", "...")
         ]
         assert shown == [p for p in real if p in shown] and set(shown) <= set(real), (
-            f"docs/channel.md shows {name}({params}); the call is"
-            f" {name}{inspect.signature(method)}"
+            f"docs/channel.md shows {name}({params}); the call is {name}{inspect.signature(method)}"
         )
         if hasattr(BlockingEngineChannel, name):
             blocking = list(inspect.signature(getattr(BlockingEngineChannel, name)).parameters)[1:]

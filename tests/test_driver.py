@@ -369,9 +369,13 @@ def test_a_verified_logs_answer_is_applied_in_one_call(
         assert isinstance(d.failure, EngineBehindError)
         assert plan.failed_reason == FAILED_ENGINE_BEHIND
     if kind is Answer.AHEAD:
-        assert plan.problem == d.last_error == (
-            "protocol error: handshake answer Ack(11) is above seq 10, the highest this log "
-            "can have written; not applied"
+        assert (
+            plan.problem
+            == d.last_error
+            == (
+                "protocol error: handshake answer Ack(11) is above seq 10, the highest this log "
+                "can have written; not applied"
+            )
         )
 
 
@@ -1292,6 +1296,8 @@ def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
     d.on_ack(4, 0.0)
     assert d.held_due() is error
     assert d.held is None and d.held_due() is None
+
+
 # -- what the driver says: exact texts, plans and boundaries (mutation survivors) -------------
 
 GRPC_SAYS_DOWN_TOO_LARGE = "CLIENT: Received message larger than max (900 vs. 500)"
@@ -1569,6 +1575,8 @@ def test_the_down_message_too_large_text_is_read_back_from_a_last_error() -> Non
     assert rf.receive_limit_in("UNAVAILABLE: Socket closed") is None
     assert rf.receive_limit_in("") is None
     assert rf.receive_limit_in(None) is None
+
+
 # -- the driver owns its state -----------------------------------------------------------
 
 

@@ -90,7 +90,6 @@ def inspect_json(path: Path) -> dict[str, object]:
     return report  # type: ignore[no-any-return]
 
 
-
 def config_for(engine: RogueEngine, tmp_path: Path, **kw: object) -> GrpcChannelConfig:
     return engine.channel_config(tmp_path / "wal", "liar-run", "tok-liar", **kw)
 

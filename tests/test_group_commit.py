@@ -43,9 +43,7 @@ def finding(i: int) -> dict[str, Any]:
     return {"n": i, "path": f"src/file_{i}.py"}
 
 
-def config(
-    engine: LocalEngine, wal: Path, run_id: str, token: str, **kw: Any
-) -> GrpcChannelConfig:
+def config(engine: LocalEngine, wal: Path, run_id: str, token: str, **kw: Any) -> GrpcChannelConfig:
     kw.setdefault("group_commit", GroupCommit())
     return local_channel_config(engine, wal, run_id, token, **kw)
 
@@ -228,9 +226,7 @@ async def test_rows_pending_when_the_answer_moves_the_log_are_moved_with_it(
     with RunLog.open(wal, run_id, correlation_id=f"corr-{run_id}") as log:
         log.mark_takeover()  # as `walchannel takeover` does
     caps = GroupCommit(max_rows=1_000_000, max_bytes=1 << 30, max_delay_ms=60_000)
-    async with GrpcEngineChannel(
-        config(local_engine, wal, run_id, token, group_commit=caps)
-    ) as ch:
+    async with GrpcEngineChannel(config(local_engine, wal, run_id, token, group_commit=caps)) as ch:
         handed: dict[int, int] = {}
         dialing = asyncio.create_task(ch.handshake("1", "h", "1"))
         started = time.monotonic()
@@ -406,4 +402,3 @@ def test_group_commit_must_be_a_group_commit() -> None:
             run_token="t",
             group_commit={"max_rows": 4},  # type: ignore[arg-type]
         )
-

@@ -86,7 +86,6 @@ class InterruptingConnection(sqlite3.Connection):
         return cursor
 
 
-
 def base_log(folder: Path) -> Path:
     """A log with rows 1-2 and the marker ``{"step": 0}``, closed; its path."""
     with RunLog.open(folder, RUN, correlation_id="c") as wal:
@@ -404,9 +403,11 @@ def test_an_exception_around_a_takeover_marks_commit_leaves_memory_and_disk_one_
     with pytest.raises(exc, match=f"interrupted {when} statement 3"):
         wal.mark_takeover()
     assert no_write_transaction_open(path)
-    stored = sqlite3.connect(path).execute(
-        "SELECT writer_id, takeover_at IS NOT NULL FROM meta"
-    ).fetchone()
+    stored = (
+        sqlite3.connect(path)
+        .execute("SELECT writer_id, takeover_at IS NOT NULL FROM meta")
+        .fetchone()
+    )
     assert (wal.writer.id, wal.writer.take_over) == (stored[0], bool(stored[1]))
     landed = when == "after"
     assert (wal.writer.id != before.id) is landed

@@ -119,9 +119,7 @@ def test_a_failed_commit_never_hands_out_a_seq_sqlite_holds() -> None:
     assert _disk(state, 6) == LogState(RUN, 7, 2, 4, None, False)
     assert _disk(state, 9) == LogState(RUN, 10, 2, 4, None, False)
     # A stored high-water above the rows (acked and deleted) counts too.
-    assert _disk(state, None, high_water=11, last_acked=11) == LogState(
-        RUN, 12, 11, 4, None, False
-    )
+    assert _disk(state, None, high_water=11, last_acked=11) == LogState(RUN, 12, 11, 4, None, False)
 
 
 def test_a_failed_commit_takes_the_disks_word_for_every_other_fact() -> None:
@@ -133,9 +131,7 @@ def test_a_failed_commit_takes_the_disks_word_for_every_other_fact() -> None:
     )
     # The cursor and unverified_from are the stored ones (a verification
     # that landed cleared it; one that did not keeps it).
-    assert _disk(state, 6, last_acked=3, unverified_from=2) == LogState(
-        RUN, 7, 3, 2, None, False
-    )
+    assert _disk(state, 6, last_acked=3, unverified_from=2) == LogState(RUN, 7, 3, 2, None, False)
     verifying = _state(next_seq=6, last_acked=0, unverified_from=1)
     assert _disk(verifying, 12, high_water=12, unverified_from=None) == LogState(
         RUN, 13, 0, None, None, False
@@ -253,8 +249,7 @@ def test_a_fenced_log_is_refused_at_open_until_it_is_marked_to_take_over() -> No
 def test_an_answer_past_sqlites_range_says_so_in_full_and_the_largest_seq_is_not() -> None:
     too_big = MAX_SEQ + 1
     assert impossible_answer(too_big, unverified_from=None, high_water=10) == (
-        "handshake answer Ack(9223372036854775808) is past 2**63 - 1, the largest seq "
-        "SQLite holds"
+        "handshake answer Ack(9223372036854775808) is past 2**63 - 1, the largest seq SQLite holds"
     )
     # MAX_SEQ itself is a seq SQLite holds: a verified log's answer of it is possible.
     assert impossible_answer(MAX_SEQ, unverified_from=None, high_water=10) is None

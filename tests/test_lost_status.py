@@ -148,4 +148,3 @@ async def test_a_write_racing_the_end_does_not_replace_the_engines_status(
     ends = await end_of_calls(script)
     lost = [end for end in ends if end[0] != code or end[2] != code or said not in end[1]]
     assert not lost, f"{len(lost)} of {CALLS} calls lost their status, e.g. {lost[0]}"
-

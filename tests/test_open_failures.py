@@ -244,9 +244,7 @@ def test_opening_and_inspecting_a_log_import_nothing_late(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     "name", ["a?b#c", "50%20 off", "été"], ids=["query-mark", "percent", "utf-8"]
 )
-def test_a_folder_name_that_means_something_in_a_uri_holds_a_log(
-    tmp_path: Path, name: str
-) -> None:
+def test_a_folder_name_that_means_something_in_a_uri_holds_a_log(tmp_path: Path, name: str) -> None:
     # SQLite opens logs by file: URI: "?", "#" and "%" in the path are quoted.
     path = make_log(tmp_path / name, "run-8", rows=2)
     with RunLog.open(tmp_path / name, "run-8", correlation_id="c") as wal:

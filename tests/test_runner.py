@@ -163,6 +163,68 @@ async def test_concurrent_items_are_committed_in_work_order(
     assert applied(local_engine, run_id)[0] == expected(harness)
 
 
+class Blocked(Files):
+    """Item 0 waits for ``release``; the others finish at once, each with a 100 kB finding."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.release = threading.Event()
+        self.begun: list[int] = []
+
+    def scan(self, item: str, ctx: ItemContext) -> list[dict[str, Any]]:
+        i = int(item[1:])
+        with self.lock:
+            self.begun.append(i)
+        if i == 0:
+            assert self.release.wait(30)
+        return [{"item": item, "n": 0, "blob": "x" * 100_000}]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("concurrency", "waiting_bytes", "most_begun"),
+    [
+        # A slow first item holds the commit, not the scanning: the slots refill
+        # as items finish, until `concurrency` finished items wait behind it ...
+        (2, 64 * 1024 * 1024, 3),
+        (4, 64 * 1024 * 1024, 5),
+        # ... or until the finished ones hold max_waiting_bytes (250 kB: three of them).
+        (4, 250_000, 4),
+    ],
+)
+async def test_a_slow_item_holds_at_most_the_window_of_finished_ones_behind_it(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    concurrency: int,
+    waiting_bytes: int,
+    most_begun: int,
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    harness = Blocked(12)
+    run = asyncio.ensure_future(
+        run_harness_async(
+            harness,
+            str(manifest),
+            wal_dir=tmp_path / "wal",
+            concurrency=concurrency,
+            max_waiting_bytes=waiting_bytes,
+            **FAST,
+        )
+    )
+    # Everything that may begin behind the blocked item has begun ...
+    await eventually(lambda: len(harness.begun) >= most_begun, timeout=20)
+    # ... and nothing more begins while it stays blocked: the window is full.
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        assert len(harness.begun) == most_begun, harness.begun
+    harness.release.set()
+    assert await run == ExitCode.DONE
+    assert sorted(harness.begun) == list(range(12))
+    findings, _ = applied(local_engine, run_id)
+    assert findings == Counter({(f"f{i:03}", 0): 1 for i in range(12)})
+
+
 @pytest.mark.asyncio
 async def test_a_coroutine_scan_runs_on_the_loop(local_engine: LocalEngine, tmp_path: Path) -> None:
     run_id, token = new_run(local_engine)

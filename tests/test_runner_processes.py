@@ -164,6 +164,43 @@ async def test_sigterm_finishes_the_item_in_hand_drains_and_exits_143(
 
 
 @pytest.mark.asyncio
+async def test_ctrl_c_exits_130_and_the_next_start_resumes(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    env = {"RUNNER_ITEMS": "300", "RUNNER_PACE_S": "0.02"}
+    harness = await start(manifest, tmp_path / "wal", **env)
+    await eventually(lambda: len(harness.scanned) >= 10, timeout=BOUND_S, what="10 items")
+    harness.proc.send_signal(signal.SIGINT)
+    text = await ended(harness, ExitCode.INTERRUPTED)
+    assert "Traceback" not in text and token not in text
+    assert local_engine.done(run_id) is None
+    rest = await start(manifest, tmp_path / "wal", **{**env, "RUNNER_PACE_S": "0"})
+    assert await rest.wait() == ExitCode.DONE, rest.err.decode()[-2000:]
+    assert rest.scanned and rest.scanned[0] != "item-0000"
+    audit(local_engine, run_id, 300)
+
+
+@pytest.mark.asyncio
+async def test_a_run_found_by_discovery_says_so_without_httpxs_request_lines(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    run_id, token = new_run(local_engine)
+    manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
+    data = json.loads(manifest.read_text())
+    # The manifest's gRPC address is stale: only discovery finds the engine.
+    data["grpcAddr"] = "127.0.0.1:1"
+    data["httpAddr"] = local_engine.http_addr
+    manifest.write_text(json.dumps(data))
+    env = {"RUNNER_ITEMS": "20", "RUNNER_PACE_S": "0"}
+    harness = await start(manifest, tmp_path / "wal", "--allowed-host", "127.0.0.1", **env)
+    text = await ended(harness, ExitCode.DONE)
+    assert "HTTP Request" not in text, text[-3000:]
+    audit(local_engine, run_id, 20)
+
+
+@pytest.mark.asyncio
 async def test_the_engines_stop_ends_the_run_with_exit_8(
     local_engine: LocalEngine, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ import sqlite3
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from datetime import UTC, datetime
@@ -128,6 +129,8 @@ ROW_LOST = -2
 #: Events and approval requests get unique contents from here on.
 EVENT_BASE = 1_000_000
 APPROVAL_BASE = 2_000_000
+#: The runner's ``runner.finding_skipped`` event of finding i has content SKIP_BASE + i.
+SKIP_BASE = 3_000_000
 
 CONNECT_TIMEOUT_MS = 10_000
 DONE_ACK_TIMEOUT_MS = 5_000
@@ -277,6 +280,10 @@ def _content_of(kind: str, body: dict[str, Any]) -> int:
         return int(body["details"]["c"])
     if body.get("type") == ROW_LOST_TYPE:
         return ROW_LOST
+    if body.get("type") == "runner.finding_skipped":
+        # Named by the item ("lo-hi") and its place in what the scan returned.
+        payload = body["payload"]
+        return SKIP_BASE + int(payload["item"].partition("-")[0]) + int(payload["finding"])
     return int(body["payload"]["c"])
 
 
@@ -332,6 +339,9 @@ def _decode(data: bytes) -> Up:
     elif msg.event.type == ROW_LOST_TYPE:
         content = ROW_LOST
         extra = {k: msg.event.payload[k] for k in msg.event.payload}
+    elif msg.event.type == "runner.finding_skipped":
+        payload = msg.event.payload
+        content = SKIP_BASE + int(str(payload["item"]).partition("-")[0]) + int(payload["finding"])
     else:
         content = int(msg.event.payload["c"])
     found = Up("data", msg.seq, content, len(data), extra, kind)
@@ -365,6 +375,8 @@ def _name(content: int) -> str:
         return "Done"
     if content == ROW_LOST:
         return "row_lost"
+    if content >= SKIP_BASE:
+        return f"the skip of finding {content - SKIP_BASE}"
     if content >= APPROVAL_BASE:
         return f"approval {content - APPROVAL_BASE}"
     if content >= EVENT_BASE:
@@ -1051,6 +1063,7 @@ class World:
                 "runner_scan_failures",
                 "runner_sigterms",
                 "runner_stopped",
+                "runner_findings_skipped",
                 "runs_refused",
                 "batch_events",
                 "power_losses",
@@ -1381,9 +1394,12 @@ class World:
                 lo = hi
             self.runner_concurrency = rr.choice((1, 1, 2, 4))
             self.runner_changed_list = rr.random() < 0.1
-            # A size refusal is the runner's to skip (tests/test_runner.py); an
-            # approval's id is the runner's: neither is played here.
-            self.big = set()
+            # Big findings are refused at send time (the client's own bound below
+            # them) and the runner skips them; one the engine refuses after it is
+            # logged is the channel's (played without the runner). An approval's
+            # id is the runner's: not played here.
+            if self.big:
+                self.max_message_bytes = 3_000
             self.done_big = False
             self.approval_at = None
         # (More often under the runner: a new log must not scan before its first answer.)
@@ -2518,6 +2534,12 @@ class World:
                             f"approval {rid} logged again, though its decision reached "
                             "this channel before"
                         )
+                if c >= SKIP_BASE:
+                    # The runner skipped a finding refused at send time: only a big one.
+                    if c - SKIP_BASE not in self.big:
+                        self.violation(f"the runner skipped finding {c - SKIP_BASE}, which fits")
+                    self.refused_at_send.add(c - SKIP_BASE)
+                    self.stats["runner_findings_skipped"] += 1
                 if c < EVENT_BASE:
                     logged[c] += 1
                 else:
@@ -3945,7 +3967,8 @@ class World:
                 self.violation(
                     f"the runner exited {code.name}, but the engine applied Done {self.done_body}"
                 )
-            if code == ExitCode.DONE and self.done_body != ("completed", self.nf):
+            whole = ("completed", self.nf - len(self.refused_at_send))
+            if code == ExitCode.DONE and self.done_body != whole:
                 self.violation(f"the runner exited DONE, but the engine applied {self.done_body}")
             if code == ExitCode.STOPPED:
                 if not self.stop_issued:
@@ -4729,6 +4752,11 @@ class _TraceHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.w.tr("  [%s %s] %s", record.levelname, record.name, record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            # An unexpected exception: where it was raised, to read the replay by.
+            tb = traceback.extract_tb(record.exc_info[1].__traceback__)[-3:]
+            for frame in tb:
+                self.w.tr("      at %s:%s %s", frame.filename, frame.lineno, frame.name)
 
 
 def _chunk(args: tuple[int, int, str, bool, str]) -> Totals:

@@ -208,8 +208,7 @@ ALLOWED: dict[str, str] = {
     "closers.append(self._replica.aclose)": _ADAPTER,
     "walchannel/channel/connection.py::ConnectionLoop.stop::"
     "with contextlib.suppress(Exception):": _BUG,
-    "walchannel/channel/connection.py::ConnectionLoop.stop::"
-    "await self._stream.teardown()": _BUG,
+    "walchannel/channel/connection.py::ConnectionLoop.stop::await self._stream.teardown()": _BUG,
     # -- channel/stream.py --------------------------------------------------------------
     "walchannel/channel/stream.py::Stream._read_loop::"
     'logger.exception("run %s: reading the stream failed", self._run_id)': _BUG,

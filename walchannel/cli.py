@@ -714,7 +714,7 @@ list changed; 3 fenced; 4 refused (unknown run or wrong token); 5* log held
 by another process; 6 log broken; 7 run failed; 8 stopped by the engine;
 9 deadline; 10 scan failed; 11 expired; 12 completed elsewhere; 13* scan
 exit; 14* Done not acked; 15* no engine; 16* the disk refused the log at
-open; 75* SIGTERM with rows left;
+open; 75* SIGTERM with rows left; 130* Ctrl-C;
 143* SIGTERM (docs/deployment.md).
 """
 
@@ -745,6 +745,13 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=60.0,
         metavar="SECONDS",
         help="no new item once less than this is left of hardDeadline (default 60)",
+    )
+    p.add_argument(
+        "--max-waiting-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="no item begins while finished ones waiting for an earlier one hold this much",
     )
     p.add_argument("--max-unacked-bytes", type=int, metavar="N", help="the backlog's bound")
     p.add_argument("--tls-ca", metavar="FILE", help="TLS to the engine, trusting this CA (PEM)")
@@ -805,12 +812,14 @@ def load_target(target: str) -> Any:
 def _cmd_run(args: argparse.Namespace) -> int:
     import logging
 
-    from walchannel.runner import run_harness
+    from walchannel.runner.exits import ExitCode, said
 
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        # httpx says each discovery request at INFO; walchannel says what matters of it.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         harness = load_target(args.target)
     except ValueError as exc:
@@ -831,6 +840,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         channel["allowed_hosts"] = args.allowed_host
     if args.max_unacked_bytes is not None:
         channel["max_unacked_bytes"] = args.max_unacked_bytes
+    try:
+        return _run(harness, args, channel)
+    except KeyboardInterrupt:
+        # asyncio.run cancelled the runner: its channel is closed, the log
+        # keeps every committed item, and the next start resumes after them.
+        return said(None, ExitCode.INTERRUPTED)
+
+
+def _run(harness: Any, args: argparse.Namespace, channel: dict[str, Any]) -> int:
+    from walchannel.runner import run_harness
+
     return run_harness(
         harness,
         args.manifest,
@@ -845,6 +865,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         first_answer_s=args.first_answer,
         deadline_margin_s=args.deadline_margin,
         progress_every_s=args.progress_every,
+        max_waiting_bytes=args.max_waiting_bytes,
         **channel,
     )
 

@@ -1250,5 +1250,3 @@ class Driver:
     def decision(self, request_id: str) -> tuple[bool, str] | None:
         """``(approved, reason)`` decided for ``request_id``, or None when none came yet."""
         return self._decided.get(request_id)
-
-

@@ -1479,9 +1479,7 @@ class RunLog:
             self._quarantined += 1
             self._state = self._state.row_replaced(seq)
             if self._unacked_bytes is not None:
-                self._unacked_bytes += len(blob) - (
-                    len(raw[2]) if isinstance(raw[2], bytes) else 0
-                )
+                self._unacked_bytes += len(blob) - (len(raw[2]) if isinstance(raw[2], bytes) else 0)
 
         try:
             self._commit("quarantine", f"quarantine seq {seq}", work, then=follow)

@@ -34,6 +34,7 @@ __all__ = [
 
 # -- how a stream ended --------------------------------------------------------------------
 
+
 def fenced_error(
     run_id: str, path: str, writer: Writer | None, why: str, *, engine_high: int | None = None
 ) -> WriterFencedError:
@@ -64,6 +65,7 @@ def fenced_error(
 
 
 # -- a row the engine refuses for its size -------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class RefusalVerdict:
@@ -144,6 +146,7 @@ def unproven_refusal(verdict: RefusalVerdict, refusal: SizeRefusal, *, handshake
 
 
 # -- a down message over the channel's receive limit ---------------------------------------
+
 
 def down_too_large_text(found: DownTooLarge, configured: int) -> str:
     """Say that a down message was over the receive limit, naming the field to raise.

@@ -287,9 +287,7 @@ class PendingGroup:
                 raw_message(exc),
                 delay_ms,
             )
-            self._handle = asyncio.get_running_loop().call_later(
-                delay_ms / 1000, self._try_commit
-            )
+            self._handle = asyncio.get_running_loop().call_later(delay_ms / 1000, self._try_commit)
         except GroupCommitError:
             return  # given up already, its seqs named
         except WalchannelError as exc:  # a closed or lost log: trying again cannot help

@@ -67,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[Any]] = []
     with (workdir / "processes.log").open("w") as plog:
         try:
-            engine, info, dinfo = start_engine_and_discovery(
-                store_path, run_id, env, plog, procs
-            )
+            engine, info, dinfo = start_engine_and_discovery(store_path, run_id, env, plog, procs)
             say(f"engine pid {engine.pid} at {info['grpc_addr']}; discovery {dinfo['http_addr']}")
             report = workdir / "independent-bandit.json"
             audit_proc = start_audit_scan(files, report, plog)

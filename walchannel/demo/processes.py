@@ -99,4 +99,3 @@ def start_engine_and_discovery(
         check=True, env=env, stdout=log, stderr=log,
     )  # fmt: skip
     return engine, info, dinfo
-

@@ -8,10 +8,15 @@ takes the same list (docs/deployment.md).
 from __future__ import annotations
 
 import enum
+import logging
 import signal
 from typing import Final
 
-__all__ = ["NOT_RETRIABLE", "ExitCode"]
+from walchannel.formatting import get_logger
+
+__all__ = ["NOT_RETRIABLE", "ExitCode", "said"]
+
+logger = get_logger(__name__)
 
 
 class ExitCode(enum.IntEnum):
@@ -64,6 +69,9 @@ class ExitCode(enum.IntEnum):
     SIGTERM = 128 + signal.SIGTERM
     #: SIGTERM with rows left in the log (EX_TEMPFAIL).
     ROWS_LEFT = 75
+    #: Ctrl-C (SIGINT, ``KeyboardInterrupt``) in ``walchannel run``: the scan
+    #: in hand is given up, the channel closed; the next start resumes.
+    INTERRUPTED = 128 + signal.SIGINT
 
     @property
     def retriable(self) -> bool:
@@ -87,3 +95,20 @@ NOT_RETRIABLE: Final = frozenset(
         ExitCode.COMPLETED_ELSEWHERE,
     }
 )
+
+
+def said(run_id: str | None, code: ExitCode) -> ExitCode:
+    """Say the run's exit code in one log line, with its name and whether a retry helps.
+
+    Returns:
+        ``code``.
+    """
+    logger.log(
+        logging.INFO if code == ExitCode.DONE else logging.WARNING,
+        "%sexit %d (%s, %s)",
+        "" if run_id is None else f"run {run_id}: ",
+        code,
+        code.name,
+        "retriable: start it again" if code.retriable else "not retriable",
+    )
+    return code

@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import logging
 import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar
+
+import msgpack
 
 from walchannel.channel import GrpcEngineChannel
 from walchannel.clock import Clock, SystemClock
@@ -44,7 +45,7 @@ from walchannel.formatting import get_logger
 from walchannel.grace import GracePeriod
 from walchannel.interface import ApprovalDecision
 from walchannel.runner.context import AsyncItemContext, ItemContext
-from walchannel.runner.exits import ExitCode
+from walchannel.runner.exits import ExitCode, said
 from walchannel.runner.manifest import Manifest, ManifestError
 
 __all__ = [
@@ -67,6 +68,9 @@ FIRST_ANSWER_S: Final = 600.0
 #: No new item once less than this is left of ``hardDeadline``, s: the
 #: items in flight, ``Done`` and its ack need it.
 DEADLINE_MARGIN_S: Final = 60.0
+#: No item begins while the finished items waiting for an earlier one hold
+#: this much (their msgpack size), bytes.
+MAX_WAITING_BYTES: Final = 64 * 1024 * 1024
 #: A wait for room in the backlog (``BacklogFullError``) looks again after, ms.
 BACKLOG_WAIT_MS: Final = 1_000.0
 #: A write the disk refused is tried again after this, doubled up to the max, s.
@@ -124,6 +128,7 @@ class _Outcome:
     state: ItemContext
     findings: list[Mapping[str, Any]]
     error: BaseException | None = None
+    size: int = 0  # what it holds while it waits for an earlier item, bytes (msgpack)
 
 
 # -- the work list ---------------------------------------------------------------------
@@ -200,12 +205,16 @@ class _Options:
     first_answer_s: float
     deadline_margin_s: float
     progress_every_s: float
+    max_waiting_bytes: int
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
             raise ValueError(f"concurrency must be an int >= 1, got {self.concurrency!r}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {self.concurrency!r}")
+        waiting = self.max_waiting_bytes
+        if isinstance(waiting, bool) or not isinstance(waiting, int) or waiting < 1:
+            raise ValueError(f"max_waiting_bytes must be an int >= 1, got {waiting!r}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
         if self.on_scan_error not in ("fail", "skip", "exit"):
@@ -406,7 +415,7 @@ class _Run:
                 if waited >= self.options.first_answer_s or self.deadline_near():
                     logger.error(
                         "run %s: nothing scanned: no engine answered this new log's handshake"
-                        " within %.0f s: %s",
+                        " within %.1f s: %s",
                         self.run_id,
                         waited,
                         exc,
@@ -461,14 +470,18 @@ class _Run:
         begun = start
         try:
             for index in range(start, len(self.items)):
-                while not self.stopping and begun < len(self.items):
-                    if len(window) >= self.options.concurrency:
-                        break
-                    window[begun] = self.loop.create_task(self._scan_item(begun))
-                    begun += 1
-                task = window.pop(index, None)
+                begun = self._begin(window, begun)
+                task = window.get(index)
                 if task is None:
                     break  # stopping, nothing of this item begun
+                # Slots refill as any item finishes, not only the one committed next.
+                while not task.done() and not self.grace.stopping:
+                    running = [t for t in window.values() if not t.done()]
+                    await asyncio.wait(
+                        running, timeout=STOP_POLL_S, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    begun = self._begin(window, begun)
+                del window[index]
                 outcome = await self._await_in_hand(task)
                 if outcome is None:
                     break  # SIGTERM: the item was given up
@@ -493,6 +506,30 @@ class _Run:
                 return "stopped"
             return "deadline"
         return "completed"
+
+    def _begin(self, window: dict[int, asyncio.Task[_Outcome]], begun: int) -> int:
+        """Begin items from ``begun`` while the window has room; return the next not begun.
+
+        Room: fewer than ``concurrency`` scans running, at most ``concurrency``
+        items begun beyond the first not committed (so at most that many
+        finished ones wait for it), and the finished ones holding less than
+        ``max_waiting_bytes``: as a Kafka consumer bounds what it fetched
+        ahead of its committed offset. The first item not committed is never
+        held back: when it is not begun, nothing is.
+        """
+        limit = self.options.concurrency
+        while not self.stopping and begun < len(self.items):
+            finished = [t for t in window.values() if t.done()]
+            held = sum(t.result().size for t in finished if not t.exception())
+            if (
+                len(window) - len(finished) >= limit
+                or len(window) > limit
+                or held >= self.options.max_waiting_bytes
+            ):
+                break
+            window[begun] = self.loop.create_task(self._scan_item(begun))
+            begun += 1
+        return begun
 
     async def _await_in_hand(self, task: asyncio.Task[_Outcome]) -> _Outcome | None:
         # Looked at every STOP_POLL_S: a SIGTERM while a long scan runs starts
@@ -519,7 +556,9 @@ class _Run:
             state = self._context(index)
             try:
                 findings = await self._call_scan(state)
-                return _Outcome(state, findings)
+                if options.concurrency == 1:
+                    return _Outcome(state, findings)  # it never waits for an earlier one
+                return _Outcome(state, findings, size=_size(findings, state.events))
             except (asyncio.CancelledError, HarnessError):
                 # Cancelled, or a result of the wrong shape: a bug of the harness
                 # that no retry mends (exit 2, no Done: a fixed harness resumes).
@@ -862,6 +901,15 @@ def _findings(item: str, found: Any) -> list[Mapping[str, Any]]:
     return list(found)
 
 
+def _size(findings: list[Mapping[str, Any]], events: list[Any]) -> int:
+    """About what an item's findings and events take, bytes (their msgpack size)."""
+    try:
+        return len(msgpack.packb([findings, events], default=repr))
+    except (TypeError, ValueError, OverflowError):
+        # Not packable: its commit refuses it (PayloadError) and skips it.
+        return 0
+
+
 def _skip_event(
     state: ItemContext, number: int | None, path: str, reason: str
 ) -> tuple[str, str, Mapping[str, Any]]:
@@ -937,6 +985,7 @@ async def run_harness_async(
     first_answer_s: float = FIRST_ANSWER_S,
     deadline_margin_s: float = DEADLINE_MARGIN_S,
     progress_every_s: float = 10.0,
+    max_waiting_bytes: int = MAX_WAITING_BYTES,
     _seams: Seams | None = None,
     **channel_options: Any,
 ) -> int:
@@ -948,7 +997,8 @@ async def run_harness_async(
     Args:
         harness: a :class:`Harness`.
         manifest: a :class:`Manifest`, its path, or None (``$WALCHANNEL_MANIFEST``).
-        concurrency: items scanned at once (int >= 1); committed in work order.
+        concurrency: items scanned at once (int >= 1); committed in work order,
+            with at most as many finished ones waiting for an earlier one.
         retries: how often a failed scan is tried again (int >= 0).
         retry_backoff_s: the first wait before a retry, s (doubled each time).
         on_scan_error: past the retries: ``"fail"`` (Done ``failed``),
@@ -961,6 +1011,8 @@ async def run_harness_async(
         deadline_margin_s: no new item once less than this is left of
             ``hardDeadline``, s.
         progress_every_s: the progress line's period, s (0: only at the end).
+        max_waiting_bytes: no item begins while the finished ones waiting for
+            an earlier one hold this much, bytes (their msgpack size).
         channel_options: the other :class:`~walchannel.GrpcChannelConfig`
             fields (``wal_dir``, ``durability``, ``credentials``,
             ``tls_server_name``, ``allowed_hosts``, ...).
@@ -986,30 +1038,18 @@ async def run_harness_async(
             first_answer_s,
             deadline_margin_s,
             progress_every_s,
+            max_waiting_bytes,
         )
         items = _work_list(harness)
         config = loaded.channel_config(**channel_options)
     except (ManifestError, HarnessError) as exc:
         logger.error("%s", exc)
-        return _said(None, ExitCode.USAGE)
+        return said(None, ExitCode.USAGE)
     except (ValueError, TypeError) as exc:
         logger.error("bad option: %s", exc)
-        return _said(None, ExitCode.USAGE)
+        return said(None, ExitCode.USAGE)
     code = await _Run(harness, loaded, items, config, options, _seams or Seams()).run()
-    return _said(loaded.run_id, ExitCode(code))
-
-
-def _said(run_id: str | None, code: ExitCode) -> ExitCode:
-    """Say the run's exit code in one line, with its name and whether a retry can help."""
-    logger.log(
-        logging.INFO if code == ExitCode.DONE else logging.WARNING,
-        "%sexit %d (%s, %s)",
-        "" if run_id is None else f"run {run_id}: ",
-        code,
-        code.name,
-        "retriable: start it again" if code.retriable else "not retriable",
-    )
-    return code
+    return said(loaded.run_id, ExitCode(code))
 
 
 def run_harness(harness: Harness, manifest: Manifest | str | None = None, **options: Any) -> int:
