@@ -124,7 +124,7 @@ def _logs_at(command: str, path: str | None) -> tuple[Path, list[Path]] | None:
     machine: no logs, not an error. A PATH given and missing is an error, as
     is a ``$WALCHANNEL_DIR`` that names no folder (it was set on purpose).
     """
-    folder = Path(path).expanduser() if path else files.default_wal_dir()
+    folder = files.expand_user(Path(path), "PATH") if path else files.default_wal_dir()
     if not path and not os.path.lexists(folder):
         explicit = os.environ.get("WALCHANNEL_DIR")
         if explicit:
@@ -326,8 +326,10 @@ def export_command(args: argparse.Namespace) -> int:
     the log cannot be read, or the output cannot be written. SPEC
     "Operating tools".
     """
-    path = Path(args.log).expanduser()
-    if args.output not in (None, "-") and _is_the_logs_file(Path(args.output).expanduser(), path):
+    path = files.expand_user(Path(args.log), "LOG")
+    if args.output not in (None, "-") and _is_the_logs_file(
+        files.expand_user(Path(args.output), "--output", log=False), path
+    ):
         # Opening the output truncates it: that would destroy the rows to export.
         err(
             "export",
@@ -664,7 +666,7 @@ def takeover_command(args: argparse.Namespace) -> int:
     another writer completed the run, a damaged log) or bad usage. SPEC
     "Operating tools".
     """
-    path = Path(args.log).expanduser()
+    path = files.expand_user(Path(args.log), "LOG")
     run_id = run_id_from_name(path)
     if run_id is None:
         err("takeover", f"{path}: LOG must be a run log named <run_id>{files.LOG_SUFFIX}")

@@ -21,6 +21,7 @@ keeps the message as built (SPEC "The channel", "Text from outside").
     ├── WalLockedError                   another owner holds the run's log
     ├── WalCorruptError                  the log file is not a usable walchannel log
     ├── WalWriteError                    a commit failed (disk full, I/O error)
+    ├── WalLocationError                 the log cannot live there: no home, no -shm, no locks
     ├── WalRemovedError                  the log's files were removed while open (FAILED)
     ├── GroupCommitError                 a group of rows handed out never committed (FAILED)
     ├── BacklogFullError                 max_unacked_bytes would be passed
@@ -57,6 +58,7 @@ __all__ = [
     "RunExpiredError",
     "RunningLoopError",
     "WalCorruptError",
+    "WalLocationError",
     "WalLockedError",
     "WalRemovedError",
     "WalWriteError",
@@ -244,6 +246,24 @@ class WalWriteError(WalchannelError):
         self.path = path
         # Every such error names its file (a message may already).
         super().__init__(message if path in message else f"{path}: {message}")
+
+
+class WalLocationError(WalchannelError):
+    """The log cannot live where it was asked to; nothing was written (SPEC "The log").
+
+    No folder could be chosen (no home folder for the default or a ``~``),
+    or the folder's file system or runtime lacks what the log needs: a
+    shared-memory file beside it for SQLite's WAL (``-shm``), or
+    open-file-description locks. A retry in the same place cannot mend it:
+    choose another folder (``wal_dir``, ``$WALCHANNEL_DIR``).
+
+    Attributes:
+        path: the folder or file it is about.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(message)
 
 
 class WalRemovedError(WalchannelError):

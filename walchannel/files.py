@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import re
 import resource
@@ -26,6 +27,8 @@ from typing import Final
 # escape the open or the read it interrupts unnamed.
 from urllib.parse import quote_from_bytes
 
+from walchannel.errors import WalLocationError
+
 __all__ = [
     "LOG_SUFFIX",
     "LOCK_SUFFIX",
@@ -37,6 +40,7 @@ __all__ = [
     "describe_os_error",
     "disk_bytes",
     "ensure_wal_dir",
+    "expand_user",
     "file_kind",
     "file_size",
     "identity",
@@ -44,6 +48,7 @@ __all__ = [
     "lock_path",
     "log_path",
     "open_failure",
+    "shared_memory_failure",
     "sqlite_uri",
     "temporary_path",
     "watch_files",
@@ -107,14 +112,48 @@ def default_wal_dir() -> Path:
     Empty variables are ignored, and so is a relative ``XDG_STATE_HOME`` (the
     XDG Base Directory spec: such a value is invalid); a leading ``~`` in
     ``WALCHANNEL_DIR`` is the home folder, as a shell would have it.
+
+    Raises:
+        WalLocationError: there is no home folder to put it in (nor to read
+            a ``~`` in ``WALCHANNEL_DIR`` by).
     """
     explicit = os.environ.get("WALCHANNEL_DIR")
     if explicit:
-        return Path(explicit).expanduser()
+        return expand_user(Path(explicit), "WALCHANNEL_DIR")
     state = os.environ.get("XDG_STATE_HOME")
     if state and os.path.isabs(state):
         return Path(state) / "walchannel"
-    return Path.home() / ".local" / "state" / "walchannel"
+    return expand_user(Path("~/.local/state/walchannel"), "the default log folder")
+
+
+def expand_user(path: Path, what: str = "wal_dir", *, log: bool = True) -> Path:
+    """``path`` with a leading ``~`` made the home folder.
+
+    Args:
+        path: a folder or file.
+        what: the setting it came from, named in the error.
+        log: it places a log (the error then says how to set the log folder).
+
+    Raises:
+        WalLocationError: it starts with ``~`` and there is no home folder
+            (``HOME`` unset and no passwd entry for this user, as for a
+            container started with ``--user``).
+    """
+    try:
+        return path.expanduser()
+    except (RuntimeError, KeyError):
+        fix = (
+            "set WALCHANNEL_DIR to the log folder, or pass wal_dir= (walchannel run: --wal-dir;"
+            " the other commands: PATH)"
+            if log
+            else "give it without ~, or set HOME"
+        )
+        raise WalLocationError(
+            f"{what} {str(path)!r} needs a home folder, and there is none (HOME is unset and"
+            f" user id {os.getuid()} has no entry in the password database, as for a container"
+            f" started with --user): {fix}",
+            path=str(path),
+        ) from None
 
 
 def ensure_wal_dir(wal_dir: str | os.PathLike[str] | None) -> Path:
@@ -125,7 +164,7 @@ def ensure_wal_dir(wal_dir: str | os.PathLike[str] | None) -> Path:
     created.
     """
     path = Path(wal_dir) if wal_dir is not None else default_wal_dir()
-    path = path.expanduser()
+    path = expand_user(path)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"wal_dir {str(path)!r} exists and is not a folder")
     if not path.is_dir():
@@ -364,6 +403,64 @@ def _descriptors_short() -> str | None:
         f"this process has {in_use} of its {soft} file descriptors open (RLIMIT_NOFILE) and "
         f"SQLite needs {_SQLITE_FDS} for a log (the file, its -wal and -shm); EMFILE"
     )
+
+
+#: What SQLite's WAL maps of its -shm first: one region of 32 KiB.
+_SHM_REGION: Final = 32 * 1024
+
+
+def shared_memory_failure(path: Path, *, probe: bool = True) -> str | None:
+    """Say why SQLite cannot have the shared memory its WAL needs beside ``path``; None if it can.
+
+    SQLite's WAL keeps its index in ``<log>-shm``, a file it maps into
+    shared memory (https://sqlite.org/wal.html, section 8). That file must
+    be a regular file (or absent), and the folder's file system must map a
+    file shared: virtiofs, 9p, network file systems and some bind mounts
+    cannot. This looks at the ``-shm`` and maps a probe file of its own
+    beside it (removed after), never the ``-shm`` itself.
+
+    Args:
+        path: the log file (or the temporary it is built under).
+        probe: map a probe file in the folder too (the owner's open; a
+            reader writes nothing, so it looks at the ``-shm`` alone).
+
+    Returns:
+        The cause in words, or None when nothing is wrong with either.
+    """
+    shm = Path(f"{path}-shm")
+    kind = file_kind(shm)
+    if kind == "symlink":
+        target = os.readlink(shm)
+        try:
+            mode: int | None = os.stat(shm).st_mode
+        except OSError:
+            mode = None
+        if mode is None or not stat.S_ISREG(mode):
+            what = "nothing that exists" if mode is None else "no regular file"
+            return f"its -shm {shm} is a symbolic link to {target!r}, {what}"
+    elif kind not in ("missing", "file"):
+        return f"its -shm {shm} is a {kind}, not a file SQLite can map"
+    if not probe:
+        return None
+    probe_file = path.parent / f".{path.name}.shm-probe-{os.getpid()}"
+    try:
+        fd = os.open(
+            probe_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError:
+        return None  # no file can be made here: open_failure says why
+    try:
+        os.ftruncate(fd, _SHM_REGION)
+        with mmap.mmap(fd, _SHM_REGION, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            m[0] = 1
+    except (OSError, ValueError) as exc:
+        said = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        return f"the file system of {path.parent} cannot map a file into shared memory ({said})"
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            probe_file.unlink()
+    return None
 
 
 def open_failure(path: Path, *, write: bool) -> str | None:

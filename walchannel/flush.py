@@ -166,7 +166,7 @@ def _token_matches(meta: RunMeta, token: str) -> bool:
 
 def flush_command(args: argparse.Namespace) -> int:
     """Run ``walchannel flush`` with the parsed ``args``; return the exit code (module doc)."""
-    path = Path(args.log).expanduser()
+    path = files.expand_user(Path(args.log), "LOG")
     try:
         run_id = run_id_from_name(path)
         if run_id is None:
@@ -205,7 +205,7 @@ def flush_command(args: argparse.Namespace) -> int:
         ca: bytes | None = None
         if args.ca_file is not None:
             try:
-                ca = Path(args.ca_file).expanduser().read_bytes()
+                ca = files.expand_user(Path(args.ca_file), "--ca-file", log=False).read_bytes()
             except OSError as exc:
                 raise _Refused(f"{args.ca_file}: cannot read: {exc.strerror or exc}") from None
         return asyncio.run(_flush(args, path, run_id, correlation_id, token, ca, allowed))

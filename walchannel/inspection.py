@@ -380,6 +380,12 @@ def next_step(report: RunReport) -> str:
             return "move the log's folder to a shorter path (a symlink does not help)"
         if "EMFILE" in reason:
             return "raise this process's open-file limit (ulimit -n) and inspect again"
+        if "no shared memory" in reason:
+            return (
+                "copy the log, its -wal and its lock file (not the -shm) to a local file"
+                " system together and inspect it there; put wal_dir on one"
+                " (docs/operations.md)"
+            )
         return "inspect as the log's owner or root; do not move it (nothing says it is damaged)"
     if state == "failed":
         completer = completed_by_another(reason)

@@ -24,6 +24,7 @@ survives power loss too. The folder must be on a local file system.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -45,6 +46,7 @@ from walchannel.errors import (
     RunCompletedError,
     WalchannelError,
     WalCorruptError,
+    WalLocationError,
     WalLockedError,
     WalRemovedError,
     WalWriteError,
@@ -105,6 +107,9 @@ SYNCHRONOUS: Final = {"process": "NORMAL", "power": "FULL"}
 # Keep the -wal file from staying large after a burst (bytes).
 JOURNAL_SIZE_LIMIT: Final = 4 * 1024 * 1024
 BUSY_TIMEOUT_MS: Final = 5000
+#: What F_OFD_SETLK answers on a runtime or file system without those locks:
+#: gVisor and WSL1 (EINVAL), an NFS without its lock daemon (ENOLCK).
+LOCKS_LACKING: Final = frozenset({errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 # How long a checkpoint waits for readers to leave the -wal (ms): short, as
 # it runs on the channel's event loop; a held-off checkpoint is retried.
 # Litestream holds a read transaction for good: this bounds the stall.
@@ -252,7 +257,10 @@ class RunLog:
             raise ValueError("correlation_id must be a non-empty str")
         if durability not in SYNCHRONOUS:
             raise ValueError(f"durability must be 'process' or 'power', got {durability!r}")
-        folder = Path(wal_dir).expanduser() if wal_dir is not None else files.default_wal_dir()
+        if wal_dir is not None:
+            folder = files.expand_user(Path(wal_dir))
+        else:
+            folder = files.default_wal_dir()
         path = files.log_path(folder, run_id)
         try:
             # Before anything is written: the log's name is the longest SQLite opens.
@@ -273,6 +281,16 @@ class RunLog:
         except WalLockedError:
             raise
         except OSError as exc:
+            if exc.errno in LOCKS_LACKING:
+                raise WalLocationError(
+                    f"run {run_id}: the log cannot live in {folder}: this runtime or its file"
+                    f" system lacks the open-file-description locks (F_OFD_SETLK:"
+                    f" {files.describe_os_error(exc)}) that keep a second harness off the"
+                    " run's log, as gVisor, WSL1 and network file systems without a lock"
+                    " daemon do. Put wal_dir on a local file system of a runtime that has them"
+                    " (docs/operations.md)",
+                    path=str(folder),
+                ) from None
             raise WalWriteError(
                 f"cannot take the owner lock: {files.describe_os_error(exc)}", path=str(path)
             ) from None
@@ -284,6 +302,21 @@ class RunLog:
             lock.release()
             raise WalWriteError(
                 f"cannot open the log: {files.describe_os_error(exc)}", path=str(path)
+            ) from None
+        except WalWriteError as exc:
+            lock.release()
+            # SQLite says "unable to open database file" or "attempt to write a
+            # readonly database" where its WAL cannot have shared memory: ask why.
+            problem = files.shared_memory_failure(path)
+            if problem is None:
+                raise
+            raise WalLocationError(
+                f"run {run_id}: the log cannot live in {folder}: {problem}. SQLite's WAL keeps"
+                " its index in a file beside the log that it maps into shared memory (the -shm),"
+                " which virtiofs, 9p, network file systems and some bind mounts cannot give."
+                " Put wal_dir on a local file system (docs/operations.md). Nothing was"
+                f" written. ({exc})",
+                path=str(folder),
             ) from None
         except BaseException:
             lock.release()
@@ -593,7 +626,8 @@ class RunLog:
                 why = files.describe_os_error(exc)
             else:
                 cause = files.open_failure(tmp, write=True)
-                why = f"{cause} (SQLite: {exc})" if cause else str(exc)
+                said = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+                why = f"{cause} (SQLite: {exc}, {said})" if cause else f"{exc} ({said})"
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
@@ -953,9 +987,10 @@ class RunLog:
             # into a file no path names any more, the run fails all the same.
             self._files_moved()
             if isinstance(exc, sqlite3.Error):
+                said = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
                 raise WalWriteError(
                     f"run {self._run_id}: cannot {what if isinstance(what, str) else what()} "
-                    f"in {self._path}: {exc}",
+                    f"in {self._path}: {exc} ({said})",
                     path=str(self._path),
                 ) from None
             raise

@@ -331,6 +331,11 @@ class LogReader:
             self._connect(self.path, "mode=ro&immutable=1")
             self._watch = seen
         elif shm is not None:
+            shared = files.shared_memory_failure(self.path, probe=False)
+            if shared is not None:  # a folder, a device, a dangling link: not "denied"
+                raise LogUnreadableError(
+                    str(self.path), f"{shared}: no shared memory for SQLite's WAL index"
+                )
             self._check_readable(f"{self.path}-wal", "-wal")
             self._check_readable(f"{self.path}-shm", "-shm")
             self._connect(self.path, "mode=ro")
@@ -424,6 +429,10 @@ class LogReader:
             name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
             # SQLite names no cause for CANTOPEN: ask the OS (files.open_failure).
             cause = files.open_failure(self.path, write=False)
+            if cause is None:
+                shared = files.shared_memory_failure(self.path, probe=False)
+                if shared is not None:
+                    cause = f"{shared}: no shared memory for SQLite's WAL index"
             said = f"{cause} (SQLite: {exc}, {name})" if cause else f"{exc} ({name})"
             return LogUnreadableError(str(self.path), f"cannot read {what}: {said}")
         if what == "header":

@@ -459,7 +459,7 @@ def restore(
             or restored something that is not this run's walchannel log.
     """
     source = replica_url(url, run_id)
-    folder = Path(wal_dir).expanduser() if wal_dir is not None else files.default_wal_dir()
+    folder = files.expand_user(Path(wal_dir)) if wal_dir is not None else files.default_wal_dir()
     target = files.log_path(folder, run_id)
     try:
         files.check_path_length(target)

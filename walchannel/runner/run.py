@@ -36,6 +36,7 @@ from walchannel.errors import (
     RunRefusedError,
     WalchannelError,
     WalCorruptError,
+    WalLocationError,
     WalLockedError,
     WalRemovedError,
     WalWriteError,
@@ -963,7 +964,7 @@ def _code_for(exc: BaseException) -> ExitCode:
         return ExitCode.RUN_FAILED
     if isinstance(exc, RunExpiredError):
         return ExitCode.EXPIRED
-    if isinstance(exc, WorkListChangedError | HarnessError | ManifestError):
+    if isinstance(exc, WorkListChangedError | HarnessError | ManifestError | WalLocationError):
         return ExitCode.USAGE
     return ExitCode.RUN_FAILED
 
