@@ -23,7 +23,14 @@ BASE = "http://engines.test:8080"
 
 
 def client(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    def streamed(request: httpx.Request) -> httpx.Response:
+        # As a server sends it: a body still to be read (discovery reads it raw).
+        made = handler(request)
+        return httpx.Response(
+            made.status_code, headers=made.headers, stream=httpx.ByteStream(made.content)
+        )
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(streamed))
 
 
 async def ask(

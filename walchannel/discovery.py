@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Literal
+import zlib
+from typing import Final, Literal
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -109,6 +110,59 @@ def parse_answer(body: bytes) -> str:
     return text
 
 
+#: Content-Encodings a server that ignored ``accept-encoding: identity`` may
+#: use, and the zlib window bits that read them (RFC 9110 section 8.4.1).
+_INFLATE: Final = {"gzip": 31, "x-gzip": 31, "deflate": 15}
+#: The most raw bytes read for an answer, compressed or not.
+_MAX_RAW_BYTES: Final = 64 * 1024
+
+
+async def _read_bounded(resp: httpx.Response, url: str) -> bytes:
+    """The answer's body, decoded, read only while it is within :data:`MAX_ANSWER_BYTES`.
+
+    Raw bytes, inflated here with a capped ``zlib`` object: httpx would
+    inflate each whole network chunk first, so a 254 KiB gzip of 256 MiB
+    cost some 141 MiB before any bound could look at it.
+
+    Raises:
+        DiscoveryError: over the bound (raw or decoded), an encoding other
+            than identity, gzip or deflate, or bytes that do not decode.
+    """
+    coding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if coding in ("", "identity"):
+        inflate = None
+    elif coding in _INFLATE:
+        inflate = zlib.decompressobj(_INFLATE[coding])
+    else:
+        raise DiscoveryError(
+            f"{url} answered with content-encoding {coding} though asked for identity; serve"
+            " the address uncompressed"
+        )
+    over = DiscoveryError(f"{url} answer is over {MAX_ANSWER_BYTES} bytes; not read further")
+    body = bytearray()
+    raw = 0
+    async for chunk in resp.aiter_raw():
+        raw += len(chunk)
+        if raw > _MAX_RAW_BYTES:
+            raise over  # compressed bytes that inflate to little: nothing an address needs
+        if inflate is not None:
+            try:
+                # At most one byte past the bound is ever produced.
+                chunk = inflate.decompress(chunk, MAX_ANSWER_BYTES + 1 - len(body))
+            except zlib.error as exc:
+                raise DiscoveryError(
+                    f"{url} answer says content-encoding {coding} but cannot be decoded: {exc}"
+                ) from None
+            if inflate.unconsumed_tail:
+                raise over
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise over
+    if inflate is not None and not inflate.eof:
+        raise DiscoveryError(f"{url} answer says content-encoding {coding} but ends cut short")
+    return bytes(body)
+
+
 async def discover(
     client: httpx.AsyncClient,
     http_addr: str,
@@ -156,13 +210,7 @@ async def discover(
                     continue
                 if resp.status_code != 200:
                     raise DiscoveryError(f"{url} answered HTTP {resp.status_code}")
-                body = bytearray()
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise DiscoveryError(
-                            f"{url} answer is over {MAX_ANSWER_BYTES} bytes; not read further"
-                        )
+                body = await _read_bounded(resp, url)
         except httpx.HTTPError as exc:
             raise DiscoveryError(f"{url}: {type(exc).__name__}: {exc}") from None
         text = parse_answer(bytes(body))
