@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf.struct_pb2 import Struct
 
@@ -222,6 +223,65 @@ async def test_a_stop_or_decision_over_the_receive_limit_behaves_the_same(
         assert engine.accepted(run_id) == seqs
 
 
+class CompressedEngine(BudgetEngine):
+    """As :class:`BudgetEngine`, but its down message goes gzipped: 5 MiB that travel as KiB.
+
+    gRPC inflates it past the limit and says only "Decompressed message
+    larger than max", with no sizes (issue 57, part 2).
+    """
+
+    def __init__(self, body: str) -> None:
+        super().__init__()
+        if body == "stop":
+            self.update = pb.DownMessage(stop=pb.Stop(reason="s" * BIG))
+        assert self.update.ByteSize() > BIG
+
+    async def _script(self, stream: RogueStream) -> None:
+        stream.context.set_compression(grpc.Compression.Gzip)
+        await super()._script(stream)
+
+
+@pytest.mark.parametrize("body", ["budget_update", "stop"])
+@pytest.mark.asyncio
+async def test_a_compressed_down_message_over_the_limit_is_named_as_an_uncompressed_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, body: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="walchannel")
+    engine = CompressedEngine(body)
+    await engine.rogue.start()
+    wal = tmp_path / "wal"
+    config = engine.rogue.channel_config(wal, "gz-run")
+    try:
+        ch = GrpcEngineChannel(config)
+        stops: list[str] = []
+        ch.on_stop(stops.append)
+        try:
+            await ch.handshake("1", "h", "1")
+            ch.send_findings([{"n": i} for i in range(ROWS)])
+            await eventually(lambda: engine.dials >= 4, timeout=30, what="four dials")
+            await eventually(
+                lambda: NAMED in (ch.stats().last_error or ""), timeout=10, what="named"
+            )
+            last_error = ch.stats().last_error or ""
+            assert "compressed" in last_error and "raise it in the config" in last_error
+            assert "gRPC gives no size" in last_error, last_error
+            assert ch.stats().state is not ChannelState.FAILED and not stops
+            assert len(said(caplog, logging.ERROR, "max_receive_message_bytes")) == 1
+        finally:
+            await ch.close()
+        # Raised, the same log delivers every row and the message is acted on.
+        raised = engine.rogue.channel_config(wal, "gz-run", max_receive_message_bytes=8 * MiB)
+        async with GrpcEngineChannel(raised) as ch:
+            ch.on_stop(stops.append)
+            await ch.handshake("1", "h", "1")
+            assert await ch.wait_acked(timeout_ms=20_000)
+            if body == "stop":
+                await eventually(lambda: stops, what="the Stop")
+        assert engine.applied == list(range(1, ROWS + 1))
+    finally:
+        await engine.rogue.stop()
+
+
 # -- the rule, without I/O ---------------------------------------------------------------
 
 
@@ -235,6 +295,14 @@ async def test_a_stop_or_decision_over_the_receive_limit_behaves_the_same(
             (5242890, 4194304),
         ),
         ("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max", (None, None)),
+        # Compressed: gRPC inflates it past the limit and gives no sizes.
+        ("RESOURCE_EXHAUSTED", "Decompressed message larger than max", (None, None, True)),
+        (
+            "RESOURCE_EXHAUSTED",
+            "Stream removed (CLIENT: Decompressed message larger than max)",
+            (None, None, True),
+        ),
+        ("INTERNAL", "Decompressed message larger than max", None),
         # The engine's limit (an up-message refused), a quota, another code: not ours.
         ("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (900 vs. 500)", None),
         ("RESOURCE_EXHAUSTED", "Received message larger than max (900 vs. 500)", None),

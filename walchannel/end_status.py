@@ -107,6 +107,14 @@ PATTERNS: Final[tuple[Pattern, ...]] = (
         Meaning.DOWN_TOO_LARGE,
         re.compile(r"client: received message larger than max(?: \((\d+) vs\.? (\d+)\))?", re.I),
     ),
+    # A compressed down message inflated past the limit: grpcio says only
+    # this (no sizes, no "CLIENT:"). walchannel never compresses what it
+    # sends, so the engine cannot have inflated one of ours.
+    Pattern(
+        "RESOURCE_EXHAUSTED",
+        Meaning.DOWN_TOO_LARGE,
+        re.compile(r"decompressed message larger than max", re.I),
+    ),
     # The client's own limits read like the engine's but for this marker:
     # they say nothing about our rows.
     Pattern("RESOURCE_EXHAUSTED", Meaning.CLIENT_SIDE, re.compile(r"client:", re.I)),
@@ -281,10 +289,13 @@ class DownTooLarge:
     Attributes:
         received: its size (bytes), None when gRPC did not say.
         limit: the limit in force (bytes), None when gRPC did not say.
+        compressed: it came compressed and inflated past the limit (gRPC
+            then gives no sizes).
     """
 
     received: int | None
     limit: int | None
+    compressed: bool = False
 
 
 def parse_receive_limit(code: str | None, details: str | None) -> DownTooLarge | None:
@@ -303,6 +314,8 @@ def parse_receive_limit(code: str | None, details: str | None) -> DownTooLarge |
     read = read_end(code, details)
     if read.meaning is not Meaning.DOWN_TOO_LARGE or read.match is None:
         return None
+    if "decompressed" in read.match.group(0).lower():
+        return DownTooLarge(None, None, compressed=True)
     received, limit = read.match.group(1), read.match.group(2)
     if received is None or limit is None:
         return DownTooLarge(None, None)

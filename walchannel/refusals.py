@@ -159,6 +159,12 @@ def down_too_large_text(found: DownTooLarge, configured: int) -> str:
             when gRPC gave no limit.
     """
     limit = configured if found.limit is None else found.limit
+    if found.compressed:
+        return (
+            f"a compressed down message exceeded max_receive_message_bytes ({limit}) once"
+            " inflated (gRPC gives no size for a compressed one): raise it in the config; the"
+            " rows wait in the log and the channel keeps retrying"
+        )
     what = "a down message" if found.received is None else f"a {found.received}-byte down message"
     return (
         f"{what} exceeded max_receive_message_bytes ({limit}): raise it in the config; "
@@ -167,7 +173,7 @@ def down_too_large_text(found: DownTooLarge, configured: int) -> str:
 
 
 _SAID_TOO_LARGE = re.compile(
-    r"(?:a (\d+)-byte|a) down message exceeded max_receive_message_bytes \((\d+)\)"
+    r"(?:a (\d+)-byte|a|a (compressed)) down message exceeded max_receive_message_bytes \((\d+)\)"
 )
 
 
@@ -187,4 +193,6 @@ def receive_limit_in(text: str | None) -> DownTooLarge | None:
     if found is None:
         return None
     size = found.group(1)
-    return DownTooLarge(int(size) if size else None, int(found.group(2)))
+    return DownTooLarge(
+        int(size) if size else None, int(found.group(3)), compressed=found.group(2) is not None
+    )
