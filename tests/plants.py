@@ -567,6 +567,20 @@ PLANTS: tuple[Plant, ...] = (
         "                number, _ = kept.pop(exc.index)\n                kept.clear()\n",
         ("never logged finding", "never applied", "the runner exited DONE, but the engine applied"),
     ),
+    Plant(
+        "undecodable_down_message_skipped",
+        "channel/stream.py",
+        "                    self._undecodable(exc)\n                    return\n",
+        "                    continue\n",
+        ("did not end the stream", "one went unsaid"),
+    ),
+    Plant(
+        "text_that_is_not_utf8_refused",
+        "wire.py",
+        "    if not repaired:\n",
+        "    if True:\n",
+        ("protocol errors counted", "stuck", "timed out", "never", "approval"),
+    ),
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc_tools
@@ -90,3 +91,53 @@ def test_generator_pin_matches_the_generated_code() -> None:
     ]
     assert pinned and pb2_grpc.GRPC_GENERATED_VERSION in pinned[0]
     assert Path(grpc_tools.__file__).is_file()
+
+
+def test_the_lenient_down_message_mirrors_the_contracts(tmp_path: Path) -> None:
+    """proto/down_lenient.proto reads what engine_channel.proto writes: numbers and wire types."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.struct_pb2 import Value
+
+    from walchannel._proto import down_lenient_pb2 as lenient
+
+    # string and bytes share a wire type (length-delimited), as do enum and int32 (varint).
+    same_wire = {FieldDescriptor.TYPE_STRING: FieldDescriptor.TYPE_BYTES}
+    same_wire[FieldDescriptor.TYPE_ENUM] = FieldDescriptor.TYPE_INT32
+
+    def mirror(strict: Any, loose: Any, seen: set[str]) -> None:
+        if strict.full_name in seen:
+            return
+        seen.add(strict.full_name)
+        fields = {f.number: f for f in strict.fields}
+        assert {f.number for f in loose.fields} == set(fields), strict.full_name
+        for field in loose.fields:
+            want = fields[field.number]
+            assert field.name == want.name, (strict.full_name, field.name)
+            assert field.type == same_wire.get(want.type, want.type), (strict.full_name, field.name)
+            if want.message_type is not None:
+                mirror(want.message_type, field.message_type, seen)
+
+    mirror(pb.DownMessage.DESCRIPTOR, lenient.DownMessage.DESCRIPTOR, set())
+    assert {f.name for f in Value.DESCRIPTOR.fields} == {
+        f.name for f in lenient.Value.DESCRIPTOR.fields
+    }
+    # The committed module is the proto's.
+    out = tmp_path / "lenient.pb"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"--descriptor_set_out={out}",
+            str(ROOT / "proto" / "down_lenient.proto"),
+        ],
+        check=True,
+    )
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    (compiled,) = fds.file
+    for message in compiled.message_type:
+        for field in message.field:
+            field.ClearField("json_name")
+    committed = descriptor_pb2.FileDescriptorProto.FromString(lenient.DESCRIPTOR.serialized_pb)
+    assert committed == compiled, "walchannel/_proto is stale: run `make proto`"

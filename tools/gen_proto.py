@@ -1,4 +1,4 @@
-"""Regenerate walchannel/_proto from proto/engine_channel.proto.
+"""Regenerate walchannel/_proto from proto/engine_channel.proto and proto/down_lenient.proto.
 
 Usage: python tools/gen_proto.py   (or `make proto`)
 
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "walchannel" / "_proto"
 NAME = "engine_channel"
+LENIENT = "down_lenient"
 
 
 def generate(out_dir: Path = OUT_DIR) -> None:
@@ -52,6 +53,19 @@ def generate(out_dir: Path = OUT_DIR) -> None:
             flags=re.MULTILINE,
         )
         path.write_text(text)
+    # The lenient reading of a DownMessage (no service: messages only).
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_out={out_dir}",
+            f"--mypy_out={out_dir}",
+            str(PROTO_DIR / f"{LENIENT}.proto"),
+        ],
+        check=True,
+    )
     shutil.copyfile(PROTO_DIR / f"{NAME}.proto", out_dir / f"{NAME}.proto")
     init = out_dir / "__init__.py"
     if not init.exists():

@@ -129,8 +129,9 @@ ROW_LOST = -2
 #: Events and approval requests get unique contents from here on.
 EVENT_BASE = 1_000_000
 APPROVAL_BASE = 2_000_000
-#: The runner's ``runner.finding_skipped`` event of finding i has content SKIP_BASE + i.
-SKIP_BASE = 3_000_000
+#: The runner's ``runner.finding_skipped`` event of finding i has content SKIP_BASE + i:
+#: an event (below APPROVAL_BASE), above any event counter a schedule reaches.
+SKIP_BASE = 1_500_000
 
 CONNECT_TIMEOUT_MS = 10_000
 DONE_ACK_TIMEOUT_MS = 5_000
@@ -205,6 +206,15 @@ LIES = (
     "within",
     "within",
 )
+#: A text cut mid-character (World.cut_text): two placeholder bytes at its end
+#: become the first two of a three-byte character ("€", cut).
+CUT_PLACE = "\x00\x00"
+CUT_BYTES = b"\xe2\x82"
+#: The share of schedules whose engine sends down messages that do not parse.
+P_GARBAGE = 0.12
+#: Undecodable down messages (World.fault_garbage): cut mid-field, a
+#: wire type no field has, a length past the end.
+GARBAGE = (b"\x0a\x05ab", b"\x22\x02\x08", b"\x0f\x00", b"\x12\xff\xff\xff\xff\x0f")
 
 RUN_ID = "sim"
 CORRELATION_ID = "sim-c"
@@ -375,10 +385,10 @@ def _name(content: int) -> str:
         return "Done"
     if content == ROW_LOST:
         return "row_lost"
-    if content >= SKIP_BASE:
-        return f"the skip of finding {content - SKIP_BASE}"
     if content >= APPROVAL_BASE:
         return f"approval {content - APPROVAL_BASE}"
+    if content >= SKIP_BASE:
+        return f"the skip of finding {content - SKIP_BASE}"
     if content >= EVENT_BASE:
         return f"event {content - EVENT_BASE}"
     return f"finding {content}"
@@ -630,6 +640,7 @@ class Proc:
         self.max_truth = 0  # the highest ack or answer the engine gave it (or stored at open)
         self.max_written = 0  # the highest seq its channel ever wrote
         self.lies_read = 0  # impossible answers its channel read
+        self.garbage_read = 0  # down messages that do not parse, read by its channel
         self.counters = (0, 0, 0)  # stats() sent, replayed, reconnects, last read
         self.calls = 0  # public coroutines it called, and the one awaited now
         self.in_call = 0
@@ -948,7 +959,7 @@ class SimCall:
         w.at(returns_at, w.wake_writer, s)
         await s.write_wait
 
-    async def read(self) -> Any:
+    async def read(self) -> bytes:
         s = self.link
         if s.inbox:
             msg = s.inbox.popleft()
@@ -961,13 +972,15 @@ class SimCall:
         marks = s.marks
         if marks and marks[0][0] is msg:
             msg = w.read_mark(s, marks.popleft())
+        if isinstance(msg, bytes):
+            return msg  # as the engine sent it (bad text, or no message at all)
         if w.rng_group is not None and self.acks_read == 0 and msg.HasField("ack"):
             self.acks_read = 1
             if w.rng_group.random() < 0.5:
                 # Another task of the harness sends as the answer is taken: its row
                 # waits in a group while the answer is verified (SPEC "Group commit").
                 w.loop.call_soon(w.send_beside, s.proc)
-        return msg
+        return msg.SerializeToString()  # the seam carries bytes (wire.decode_down parses)
 
     async def done_writing(self) -> None:
         w, s = self.w, self.link
@@ -1065,6 +1078,8 @@ class World:
                 "runner_stopped",
                 "runner_findings_skipped",
                 "runs_refused",
+                "bad_text",
+                "undecodable",
                 "batch_events",
                 "power_losses",
                 "rolled_back_commits",
@@ -1402,6 +1417,10 @@ class World:
                 self.max_message_bytes = 3_000
             self.done_big = False
             self.approval_at = None
+        # An engine whose encoder cuts text mid-character (issue 57): its Stops,
+        # decisions and budget updates carry bytes that are not UTF-8. A stream of
+        # its own, so the other draws stay as they were.
+        self.bad_text = random.Random(f"walchannel-sim-text:{seed}").random() < 0.1
         # (More often under the runner: a new log must not scan before its first answer.)
         if self.rng_events.random() < (P_LATE_RUN_RUNNER if self.runner else P_LATE_RUN):
             # The run is registered after its harness starts: the first engine refuses
@@ -1486,7 +1505,10 @@ class World:
         try:
             fn(*args)
         except Exception as exc:  # a bug surfaced as an exception is a violation too
-            self.violation(f"world exception {type(exc).__name__}: {exc}")
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.violation(
+                f"world exception {type(exc).__name__}: {exc} (at {where.name}:{where.lineno})"
+            )
             self.finish()
 
     def spawn(self, proc: Proc, coro: Coroutine[Any, Any, None]) -> None:
@@ -1683,6 +1705,11 @@ class World:
             self.at(self.rng6.random() * end, self.fault_remove_files)
         if self.runner and self.rng_runner.random() < 0.3:
             self.at(self.rng_runner.random() * end, self.fault_sigterm)
+        # Down messages that do not parse (issue 57), from a stream of their own.
+        r7 = random.Random(f"walchannel-sim-garbage:{self.seed}")
+        if r7.random() < P_GARBAGE:
+            for _ in range(r7.choice((1, 2, 3))):
+                self.at(r7.random() * end, self.fault_garbage, r7.choice(GARBAGE))
         self.plan_inside(end)
 
     def plan_inside(self, end: float) -> None:
@@ -2035,6 +2062,12 @@ class World:
             proc.lies_read += 1
             self.at(self.now + REDIAL_BOUND_MS, self.check_redialed, s, value)
             return msg
+        if what == "garbage":
+            # It does not parse: a protocol error, the stream ended (SPEC "Down messages").
+            proc.lies_read += 1
+            proc.garbage_read += 1
+            self.at(self.now + REDIAL_BOUND_MS, self.check_undecodable_ended, s, value)
+            return msg
         if what == "answer":
             s.answer_h = value
             stored = self.disk.states[-1].last_acked if self.disk.exists else 0
@@ -2070,6 +2103,36 @@ class World:
         if not ended and proc.alive and not proc.ending and proc.closing is None:
             self.violation(
                 f"the impossible Ack({seq}) on #{s.sid} did not end the stream "
+                f"within {REDIAL_BOUND_MS:.0f} ms"
+            )
+
+    def cut_text(self, down: Any) -> Any:
+        """``down`` as this schedule's engine sends it: its last text cut mid-character.
+
+        The text is the message's last field, so its bytes end the encoding
+        (the caller put :data:`CUT_PLACE` there when :attr:`bad_text`): they
+        become the first two bytes of a three-byte character instead
+        (protobuf #4970). An engine with a sound encoder sends the message.
+        """
+        if not self.bad_text:
+            return down
+        data = down.SerializeToString()
+        assert data.endswith(CUT_PLACE.encode())
+        self.stats["bad_text"] += 1
+        return data[: -len(CUT_PLACE)] + CUT_BYTES
+
+    @property
+    def cut_place(self) -> str:
+        """What ends a text that :meth:`cut_text` will cut ("" for a sound encoder)."""
+        return CUT_PLACE if self.bad_text else ""
+
+    def check_undecodable_ended(self, s: Link, size: int) -> None:
+        """A down message that does not parse ends its stream (the engine re-sends after a dial)."""
+        proc = s.proc
+        ended = s.end is not None or s.end_t is not None
+        if not ended and proc.alive and not proc.ending and proc.closing is None:
+            self.violation(
+                f"the undecodable {size}-byte down message on #{s.sid} did not end the stream "
                 f"within {REDIAL_BOUND_MS:.0f} ms"
             )
 
@@ -2374,6 +2437,11 @@ class World:
         self.pos_of = {}
         self.tr("the log's files are removed while the %s has them open", proc.role)
 
+    def fault_garbage(self, data: bytes) -> None:
+        """The engine sends bytes that are no DownMessage: the stream must end, counted."""
+        if self.chaos and self.live is not None:
+            self.send_down(self.live, ("garbage", data))
+
     def fault_budget(self) -> None:
         s = self.live
         if s is not None:
@@ -2534,7 +2602,7 @@ class World:
                             f"approval {rid} logged again, though its decision reached "
                             "this channel before"
                         )
-                if c >= SKIP_BASE:
+                if SKIP_BASE <= c < APPROVAL_BASE:
                     # The runner skipped a finding refused at send time: only a big one.
                     if c - SKIP_BASE not in self.big:
                         self.violation(f"the runner skipped finding {c - SKIP_BASE}, which fits")
@@ -2774,17 +2842,27 @@ class World:
             s.marks.append((down, "ahead", msg[1]))
         elif what == "stop":
             s.proc.stops_delivered += 1
-            down = pb.DownMessage(stop=pb.Stop(reason=msg[1]))
+            down = self.cut_text(pb.DownMessage(stop=pb.Stop(reason=msg[1] + self.cut_place)))
         elif what == "decision":
             rid, approved, reason = msg[1]
             s.proc.decisions_seen.setdefault(rid, self.now)
-            down = pb.DownMessage(
-                approval_decision=pb.ApprovalDecision(
-                    request_id=rid, approved=approved, reason=reason
+            # Only the reason is cut: a mangled id would name another request.
+            down = self.cut_text(
+                pb.DownMessage(
+                    approval_decision=pb.ApprovalDecision(
+                        request_id=rid, approved=approved, reason=reason + self.cut_place
+                    )
                 )
             )
         elif what == "budget":
-            down = pb.DownMessage(budget_update=pb.BudgetUpdate(message=msg[1]))
+            down = self.cut_text(
+                pb.DownMessage(budget_update=pb.BudgetUpdate(message=msg[1] + self.cut_place))
+            )
+        elif what == "garbage":
+            down = msg[1]
+            self.stats["undecodable"] += 1
+            self.tr("the engine sends #%d %d bytes that are no DownMessage", s.sid, len(down))
+            s.marks.append((down, "garbage", len(down)))
         else:
             down = pb.DownMessage()  # a body this client does not know
         reader, s.reader = s.reader, None
@@ -3497,6 +3575,11 @@ class World:
             self.violation(
                 f"{st.protocol_errors} protocol errors counted, but the engine told this channel "
                 f"{proc.lies_read} impossible answers: {st.last_error}"
+            )
+        if st.protocol_errors < proc.garbage_read:
+            self.violation(
+                f"the channel read {proc.garbage_read} down messages that do not parse, but "
+                f"counted {st.protocol_errors} protocol errors: one went unsaid"
             )
         if st.acked > self.peak:
             self.violation(f"received cursor {st.acked} beyond the engine's {self.peak}")
@@ -4439,6 +4522,9 @@ class World:
         if not proc.alive:
             return False
         expected = self.decided.get(decision.request_id)
+        if expected is not None and self.bad_text:
+            # The cut character at the reason's end reads as one replacement character.
+            expected = (expected[0], expected[1] + "\ufffd")
         if expected != (decision.approved, decision.reason):
             self.violation(
                 f"approval {decision.request_id}: the channel says {decision}, "

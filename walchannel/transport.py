@@ -16,10 +16,7 @@ as :class:`StreamEnded`, naming the gRPC status when one is known.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from walchannel._proto import engine_channel_pb2 as pb
+from typing import Protocol
 
 __all__ = ["StreamCall", "StreamEnded", "Transport"]
 
@@ -60,8 +57,12 @@ class StreamCall(Protocol):
         """
         ...
 
-    async def read(self) -> pb.DownMessage:
-        """Return the next ``DownMessage``.
+    async def read(self) -> bytes:
+        """Return the next ``DownMessage`` as the engine sent it, serialized.
+
+        The channel parses it (:func:`walchannel.wire.decode_down`): text
+        that is not UTF-8 is repaired there, above this seam, so the
+        simulator can send such bytes too.
 
         Raises:
             StreamEnded: the engine ended the call (with its status; OK

@@ -17,19 +17,23 @@ protobuf, never grpc.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from google.protobuf.struct_pb2 import Struct
 
+from walchannel._proto import down_lenient_pb2 as lenient
 from walchannel._proto import engine_channel_pb2 as pb
-
-if TYPE_CHECKING:
-    from google.protobuf.struct_pb2 import Struct
 
 __all__ = [
     "CONTROL_KINDS",
     "DATA_KINDS",
+    "DecodedDown",
+    "DownDecodeError",
     "body_of",
+    "decode_down",
     "handshake_message",
     "heartbeat_message",
     "struct_to_dict",
@@ -185,3 +189,120 @@ def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
     if kind == "heartbeat":
         return kind, {"ts": msg.heartbeat.ts}
     return "", {}
+
+
+# -- down messages: the client's own parse (SPEC "Down messages") ---------------------------
+
+
+class DownDecodeError(ValueError):
+    """A down message that cannot be parsed at all: a protocol error of the engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedDown:
+    """A parsed down message.
+
+    Attributes:
+        message: the message, every text valid (``U+FFFD`` where the engine
+            sent bytes that are not UTF-8).
+        repaired: the fields whose text was not valid UTF-8 (``stop.reason``,
+            ``budget_update.details.<key>``), in the order met; () for none.
+    """
+
+    message: pb.DownMessage
+    repaired: tuple[str, ...] = ()
+
+
+def decode_down(data: bytes) -> DecodedDown:
+    """Parse a serialized ``DownMessage``; text that is not UTF-8 is repaired, not refused.
+
+    An engine in C++ or Go may cut a text mid-character (protobuf #4970):
+    Python's protobuf refuses the whole message. Parsed again with every
+    string read as bytes (``proto/down_lenient.proto``), each text is
+    decoded with replacement characters (never surrogates: SQLite cannot
+    store them), so a ``Stop`` still stops and a decision still decides.
+
+    Args:
+        data: the message as the engine sent it.
+
+    Returns:
+        The message, and which fields were repaired.
+
+    Raises:
+        DownDecodeError: it is not a ``DownMessage`` even read as bytes.
+    """
+    try:
+        return DecodedDown(pb.DownMessage.FromString(data))
+    except DecodeError as exc:
+        strict = exc
+    try:
+        raw = lenient.DownMessage.FromString(data)
+    except DecodeError as exc:
+        said = str(exc).replace("walchannel.lenient.", "")
+        raise DownDecodeError(
+            f"a {len(data)}-byte down message that is not a DownMessage ({said})"
+        ) from None
+    repaired: list[str] = []
+    message = _repaired(raw, repaired)
+    if not repaired:
+        # Parsed as bytes, every text valid: the strict parse failed for another reason.
+        raise DownDecodeError(f"a {len(data)}-byte down message that does not parse ({strict})")
+    return DecodedDown(message, tuple(repaired))
+
+
+def _text(raw: bytes, path: str, repaired: list[str]) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        repaired.append(path)
+        return raw.decode(errors="replace")
+
+
+def _repaired(raw: lenient.DownMessage, repaired: list[str]) -> pb.DownMessage:
+    kind = raw.WhichOneof("body")
+    if kind == "stop":
+        return pb.DownMessage(stop=pb.Stop(reason=_text(raw.stop.reason, "stop.reason", repaired)))
+    if kind == "approval_decision":
+        d = raw.approval_decision
+        return pb.DownMessage(
+            approval_decision=pb.ApprovalDecision(
+                request_id=_text(d.request_id, "approval_decision.request_id", repaired),
+                approved=d.approved,
+                reason=_text(d.reason, "approval_decision.reason", repaired),
+            )
+        )
+    if kind == "budget_update":
+        b = raw.budget_update
+        details = Struct()
+        details.update(_struct(b.details, "budget_update.details", repaired))
+        return pb.DownMessage(
+            budget_update=pb.BudgetUpdate(
+                message=_text(b.message, "budget_update.message", repaired), details=details
+            )
+        )
+    if kind == "ack":
+        return pb.DownMessage(ack=pb.Ack(seq=raw.ack.seq))
+    return pb.DownMessage()
+
+
+def _struct(raw: lenient.Struct, path: str, repaired: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for entry in raw.fields:
+        key = _text(entry.key, f"{path} (a key)", repaired)
+        out[key] = _value(entry.value, f"{path}.{key}", repaired)  # the last of a key wins
+    return out
+
+
+def _value(raw: lenient.Value, path: str, repaired: list[str]) -> Any:
+    kind = raw.WhichOneof("kind")
+    if kind == "number_value":
+        return raw.number_value
+    if kind == "string_value":
+        return _text(raw.string_value, path, repaired)
+    if kind == "bool_value":
+        return raw.bool_value
+    if kind == "struct_value":
+        return _struct(raw.struct_value, path, repaired)
+    if kind == "list_value":
+        return [_value(v, f"{path}[{i}]", repaired) for i, v in enumerate(raw.list_value.values)]
+    return None  # null_value, or no kind set (as Struct reads it)

@@ -24,7 +24,7 @@ class RogueStream:
     def __init__(self, requests: AsyncIterator[pb.UpMessage], context: Any) -> None:
         self.requests = requests
         self.context = context
-        self.out: asyncio.Queue[pb.DownMessage | None] = asyncio.Queue()
+        self.out: asyncio.Queue[pb.DownMessage | bytes | None] = asyncio.Queue()
         self.received: list[pb.UpMessage] = []
 
     async def read(self) -> pb.UpMessage | None:
@@ -37,6 +37,10 @@ class RogueStream:
 
     def send(self, msg: pb.DownMessage) -> None:
         self.out.put_nowait(msg)
+
+    def send_raw(self, data: bytes) -> None:
+        """Send bytes as they are: what a broken encoder puts on the wire."""
+        self.out.put_nowait(data)
 
     def ack(self, seq: int) -> None:
         self.send(pb.DownMessage(ack=pb.Ack(seq=seq)))
@@ -82,7 +86,7 @@ class RogueEngine:
         class Servicer(pb_grpc.EngineChannelServicer):
             async def Open(  # type: ignore[override]
                 self, request_iterator: AsyncIterator[pb.UpMessage], context: Any
-            ) -> AsyncIterator[pb.DownMessage]:
+            ) -> AsyncIterator[pb.DownMessage | bytes]:
                 stream = RogueStream(request_iterator, context)
                 engine.streams.append(stream)
                 task = asyncio.create_task(engine.script(stream))
@@ -96,13 +100,27 @@ class RogueEngine:
                     task.cancel()
 
         self.server = grpc.aio.server(options=self.options)
-        pb_grpc.add_EngineChannelServicer_to_server(Servicer(), self.server)
+        servicer = Servicer()
+        # The generated registration, but a response serializer that lets raw
+        # bytes through (RogueStream.send_raw) as well as messages.
+        handler = grpc.stream_stream_rpc_method_handler(
+            servicer.Open,
+            request_deserializer=pb.UpMessage.FromString,
+            response_serializer=_serialized,
+        )
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("EngineChannel", {"Open": handler}),)
+        )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
 
     async def stop(self) -> None:
         if self.server is not None:
             await self.server.stop(None)
+
+
+def _serialized(msg: pb.DownMessage | bytes) -> bytes:
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
 
 async def answer_handshakes(stream: RogueStream, high: int = 0) -> pb.UpMessage | None:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import grpc
 import grpc.aio
 
-from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.address import Proxy, parse_host_port, proxy_for
 from walchannel.discovery import discover, discovery_client
 from walchannel.end_status import status_lost
@@ -238,7 +237,7 @@ class GrpcCall:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             raise self._ended(exc) from None
 
-    async def read(self) -> pb.DownMessage:
+    async def read(self) -> bytes:
         call = self._call
         try:
             msg = await call.read()
@@ -318,8 +317,11 @@ class GrpcTransport:
             channel = grpc.aio.insecure_channel(addr, options=options)
         else:
             channel = grpc.aio.secure_channel(addr, creds, options=options)
+        # Raw bytes both ways: the channel parses what comes down itself
+        # (wire.decode_down), so a text that is not UTF-8 is repaired, not lost
+        # in grpc.aio's deserializer with a traceback.
         call = channel.stream_stream(
-            METHOD, request_serializer=_identity, response_deserializer=pb.DownMessage.FromString
+            METHOD, request_serializer=_identity, response_deserializer=_identity
         )(metadata=self._metadata)
         route = f" via proxy {proxy.shown}" if proxy is not None else ""
         return GrpcCall(channel, call, route)

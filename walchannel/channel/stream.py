@@ -26,6 +26,7 @@ from walchannel.formatting import get_logger
 from walchannel.row_source import RowMissingError
 from walchannel.transport import StreamEnded
 from walchannel.watchdog import Verdict
+from walchannel.wire import DownDecodeError, decode_down
 
 if TYPE_CHECKING:
     from walchannel._proto import engine_channel_pb2 as pb
@@ -128,6 +129,7 @@ class Stream:
         # Acks that moved nothing, against the heartbeats written (stale_ack).
         self.beats = 0
         self.duplicate_acks = 0
+        self._repaired_said = False  # text repaired this stream: said once
         self.backward_acks = 0
         self._flood_said = False
 
@@ -207,7 +209,23 @@ class Stream:
         answer = self.answer
         try:
             while True:
-                msg = await call.read()
+                data = await call.read()
+                try:
+                    decoded = decode_down(data)
+                except DownDecodeError as exc:
+                    self._undecodable(exc)
+                    return
+                if decoded.repaired and not self._repaired_said:
+                    self._repaired_said = True
+                    logger.warning(
+                        "run %s: a down message from %s held text that is not valid UTF-8 in"
+                        " %r: acted on, with U+FFFD in place of the bad bytes (the engine's"
+                        " encoder cuts text; said once per stream)",
+                        self._run_id,
+                        self.addr,
+                        list(decoded.repaired),
+                    )
+                msg = decoded.message
                 now = now_ms()
                 self.last_down_ms = now
                 self.heartbeats_since_down = 0
@@ -223,6 +241,18 @@ class Stream:
         except Exception as exc:
             logger.exception("run %s: reading the stream failed", self._run_id)
             self.finish(exc)
+
+    def _undecodable(self, exc: DownDecodeError) -> None:
+        """A down message that does not parse: a protocol error; the stream ends.
+
+        Ended, not skipped: it may have been a ``Stop`` or a decision, which
+        the engine sends again after the next handshake (SPEC "Down messages").
+        """
+        said = self._driver.protocol_error(
+            f"the engine at {self.addr} sent {exc}; the stream is ended and dialed again"
+        )
+        logger.error("run %s: %s", self._run_id, said)
+        self.finish(StreamEnded(said))
 
     async def _write_loop(self) -> None:
         call = self.call
