@@ -521,7 +521,9 @@ class _Run:
         limit = self.options.concurrency
         while not self.stopping and begun < len(self.items):
             finished = [t for t in window.values() if t.done()]
-            held = sum(t.result().size for t in finished if not t.exception())
+            held = sum(
+                t.result().size for t in finished if not t.cancelled() and t.exception() is None
+            )
             if (
                 len(window) - len(finished) >= limit
                 or len(window) > limit
