@@ -101,7 +101,8 @@ def test_a_shm_that_cannot_be_shared_memory_is_named_on_a_new_log(
         RunLog.open(folder, "r1", correlation_id="c")
     said = str(caught.value)
     assert str(folder) in said and "-shm" in said and "shared memory" in said, said
-    assert "local file system" in said, said  # what to do
+    # What to do: this -shm is a thing in SQLite's way, not the file system's lack.
+    assert "Move it out of the way" in said and "local file system" not in said, said
     assert "SQLITE_" in said, said  # SQLite's own name for it
 
 
@@ -179,3 +180,21 @@ def test_inspect_names_a_log_it_cannot_read_for_want_of_shared_memory(
     assert "unreadable" in out and "shared memory" in out, out
     assert "local file system" in " ".join(out.split()), out
     assert "as the log's owner or root" not in out
+
+
+@pytest.mark.parametrize("where", ["wal_dir", "a folder below it", "WALCHANNEL_DIR"])
+def test_a_file_where_the_log_folder_should_be_is_named_with_its_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    wal_dir: Path | None = a_file / "below" if where == "a folder below it" else a_file
+    if where == "WALCHANNEL_DIR":
+        monkeypatch.setenv("WALCHANNEL_DIR", str(a_file))
+        wal_dir = None
+    with pytest.raises(WalLocationError) as caught:
+        RunLog.open(wal_dir, "r1", correlation_id="c")
+    said = str(caught.value)
+    assert str(a_file) in said and "not a folder" in said, said
+    assert ("WALCHANNEL_DIR" if where == "WALCHANNEL_DIR" else "wal_dir") in said, said
+    assert a_file.read_text() == "not a folder"

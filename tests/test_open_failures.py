@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from walchannel import RunLog, WalCorruptError, WalWriteError
+from walchannel import RunLog, WalCorruptError, WalLocationError, WalWriteError
 from walchannel.files import SQLITE_MAX_PATH_BYTES, log_path
 from walchannel.inspection import inspect_log
 
@@ -135,9 +135,10 @@ def test_a_new_log_too_long_for_sqlite_is_refused_before_anything_is_written(
 
 def test_something_else_where_the_log_or_its_folder_should_be_is_named(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a folder")
-    with pytest.raises(WalWriteError, match="exists and is not a folder"):
+    # A file where the folder should be: the log cannot live there (no retry mends it).
+    with pytest.raises(WalLocationError, match="exists and is not a folder"):
         RunLog.open(tmp_path / "a-file", "run-4", correlation_id="c")
-    with pytest.raises(WalWriteError, match="a part of its path is a file, not a folder"):
+    with pytest.raises(WalLocationError, match="a part of its path is a file, not a folder"):
         RunLog.open(tmp_path / "a-file" / "below", "run-4", correlation_id="c")
     log_path(tmp_path / "f", "run-4").mkdir(parents=True)
     with pytest.raises(WalCorruptError, match="is a folder, not a log file"):

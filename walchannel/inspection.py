@@ -382,8 +382,9 @@ def next_step(report: RunReport) -> str:
             return "raise this process's open-file limit (ulimit -n) and inspect again"
         if "no shared memory" in reason:
             return (
-                "copy the log, its -wal and its lock file (not the -shm) to a local file"
-                " system together and inspect it there; put wal_dir on one"
+                "with no harness running on it, move the -shm named aside (SQLite makes it"
+                " again; nothing of the log is in it), or copy the log, its -wal and its lock"
+                " file (not the -shm) to a local file system and inspect the copy"
                 " (docs/operations.md)"
             )
         return "inspect as the log's owner or root; do not move it (nothing says it is damaged)"

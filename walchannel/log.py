@@ -273,6 +273,21 @@ class RunLog:
         try:
             folder = files.ensure_wal_dir(folder)
         except OSError as exc:
+            if isinstance(exc, NotADirectoryError | FileExistsError):
+                # A file where the folder is to be: no retry there can mend it.
+                setting = (
+                    "wal_dir (walchannel run: --wal-dir)"
+                    if wal_dir is not None
+                    else "WALCHANNEL_DIR"
+                    if os.environ.get("WALCHANNEL_DIR")
+                    else "the default log folder"
+                )
+                raise WalLocationError(
+                    f"run {run_id}: the log cannot live in {folder}, from {setting}:"
+                    f" {files.describe_os_error(exc)}. Set {setting.split(' (')[0]} to a folder"
+                    " (made if missing), or move the file out of the way",
+                    path=str(folder),
+                ) from None
             raise WalWriteError(
                 f"cannot create the log folder: {files.describe_os_error(exc)}", path=str(path)
             ) from None
@@ -310,12 +325,21 @@ class RunLog:
             problem = files.shared_memory_failure(path)
             if problem is None:
                 raise
+            if problem.startswith("its -shm"):
+                # Something else stands where SQLite makes its -shm: a leftover, a mount.
+                fix = (
+                    "Move it out of the way (SQLite makes the -shm itself; nothing of the"
+                    " log is in it) and start again"
+                )
+            else:
+                fix = (
+                    "virtiofs, 9p, network file systems and some bind mounts cannot give"
+                    " it: put wal_dir on a local file system"
+                )
             raise WalLocationError(
                 f"run {run_id}: the log cannot live in {folder}: {problem}. SQLite's WAL keeps"
-                " its index in a file beside the log that it maps into shared memory (the -shm),"
-                " which virtiofs, 9p, network file systems and some bind mounts cannot give."
-                " Put wal_dir on a local file system (docs/operations.md). Nothing was"
-                f" written. ({exc})",
+                " its index in a file beside the log that it maps into shared memory (the"
+                f" -shm). {fix} (docs/operations.md). No row was written. ({exc})",
                 path=str(folder),
             ) from None
         except BaseException:

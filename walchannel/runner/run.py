@@ -335,7 +335,10 @@ class _Run:
 
     def _ended(self, exc: WalchannelError) -> int:
         code = _code_for(exc)
-        logger.error("run %s: %s (exit %d, %s)", self.run_id, exc, code, code.name)
+        said = str(exc)
+        # Most of walchannel's errors name the run already: once is enough.
+        said = said.removeprefix(f"run {self.run_id}: ")
+        logger.error("run %s: %s (exit %d, %s)", self.run_id, said, code, code.name)
         return code
 
     def _completed(self, channel: GrpcEngineChannel | None, exc: RunCompletedError) -> int:
