@@ -323,7 +323,7 @@ PLANTS: tuple[Plant, ...] = (
         "channel/connection.py",
         "                driver.completed_by_engine()\n",
         "",
-        ("not in the log", "stuck", "no tombstone", "send_done"),
+        ("not in the log", "is missing", "stuck", "no tombstone", "send_done"),
     ),
     Plant(
         "set_aside_call_dropped",

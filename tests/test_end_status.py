@@ -28,6 +28,7 @@ EXAMPLES = [
         "CLIENT: Received message larger than max (900 vs. 500)",
         Meaning.DOWN_TOO_LARGE,
     ),
+    ("RESOURCE_EXHAUSTED", "Decompressed message larger than max", Meaning.DOWN_TOO_LARGE),
     ("RESOURCE_EXHAUSTED", "CLIENT: something else", Meaning.CLIENT_SIDE),
     (
         "RESOURCE_EXHAUSTED",

@@ -407,6 +407,10 @@ def _descriptors_short() -> str | None:
 
 #: What SQLite's WAL maps of its -shm first: one region of 32 KiB.
 _SHM_REGION: Final = 32 * 1024
+#: What mmap(2) answers on a file system that cannot map a file shared.
+_CANNOT_MAP: Final = frozenset(
+    {errno.ENODEV, errno.EINVAL, errno.EACCES, errno.EPERM, errno.ENOTSUP}
+)
 
 
 def shared_memory_failure(path: Path, *, probe: bool = True) -> str | None:
@@ -450,12 +454,18 @@ def shared_memory_failure(path: Path, *, probe: bool = True) -> str | None:
     except OSError:
         return None  # no file can be made here: open_failure says why
     try:
-        os.ftruncate(fd, _SHM_REGION)
-        with mmap.mmap(fd, _SHM_REGION, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
-            m[0] = 1
-    except (OSError, ValueError) as exc:
-        said = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
-        return f"the file system of {path.parent} cannot map a file into shared memory ({said})"
+        try:
+            os.ftruncate(fd, _SHM_REGION)
+        except OSError:
+            return None  # a size limit, a full disk: the cause is SQLite's own error
+        try:
+            # Mapped, never written: a page written on a full tmpfs is a SIGBUS.
+            mmap.mmap(fd, _SHM_REGION, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE).close()
+        except OSError as exc:
+            if exc.errno not in _CANNOT_MAP:
+                return None  # out of memory or address space: not the file system's lack
+            said = describe_os_error(exc)
+            return f"the file system of {path.parent} cannot map a file into shared memory ({said})"
     finally:
         os.close(fd)
         with contextlib.suppress(OSError):
