@@ -4620,6 +4620,19 @@ class World:
         behind = self.lost_by_engine - held
         counts = [0] * self.nf
         others: dict[int, int] = {}
+        # The runner ended the run early (Stop, the deadline): its exit code says
+        # so, or, when it was killed after, the Done the engine applied does.
+        ended_early = self.runner_ended is not None or (
+            self.runner and self.done_body is not None and self.done_body[0] != "completed"
+        )
+        if self.runner and self.done_body is not None:
+            status = self.done_body[0]
+            if (status == "stopped" and not self.stop_issued) or (
+                status == "deadline" and self.deadline_ms is None
+            ):
+                self.violation(
+                    f"the engine applied Done {self.done_body}, which the world never asked for"
+                )
         dones = 0
         for c in applied:
             if c == DONE:
@@ -4671,7 +4684,7 @@ class World:
                 named = self.fenced_stop or (self.refused_stop and i in held)
                 # The runner ended the run early (Stop, the deadline): what it never
                 # logged is not owed; what it logged is.
-                early = self.runner_ended is not None and (
+                early = ended_early and (
                     not self.logged[i]
                     or i in self.affected  # a rolled-back commit's
                     or i in self.lost_contents  # a lost log's
@@ -4703,7 +4716,7 @@ class World:
         second_done = sec is not None and self.completed_by in sec.writers
         for i, n in enumerate(self.logged):
             if n == 0 and i not in self.refused_at_send:
-                if not self.fenced_stop and not second_done and self.runner_ended is None:
+                if not self.fenced_stop and not second_done and not ended_early:
                     self.violation(f"the harness never logged {_name(i)}")
             elif n > 1 and i not in self.affected and i not in self.lost_contents:
                 self.violation(f"the harness logged {_name(i)} {n} times")
