@@ -241,6 +241,13 @@ def test_the_seeds_the_issues_51_to_53_runs_found_hold(capsys: pytest.CaptureFix
     assert sim.main(["--seed-list", seeds, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
 
 
+def test_the_seed_the_issues_54_and_57_run_found_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    # 12919: the runner acted on a Stop (its reason cut mid-character), logged
+    # Done(stopped), and was killed as the ack came; the checker took the run
+    # for a whole one because no exit code said "stopped". Of the checker, fixed.
+    assert sim.main(["--seed-list", "12919", "--quiet"]) == 0, capsys.readouterr().out[-3000:]
+
+
 def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> None:
     # tools/sim_corpus.txt: few seeds that reach every reachable line; the
     # allowlist of tools/sim_coverage.py names why each other line is not.
