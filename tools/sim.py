@@ -2060,13 +2060,18 @@ class World:
         if what == "ahead":
             # An answer above anything the log wrote: a protocol error, the stream ended.
             proc.lies_read += 1
-            self.at(self.now + REDIAL_BOUND_MS, self.check_redialed, s, value)
+            self.at(self.now + REDIAL_BOUND_MS, self.check_ended, s, f"the impossible Ack({value})")
             return msg
         if what == "garbage":
             # It does not parse: a protocol error, the stream ended (SPEC "Down messages").
             proc.lies_read += 1
             proc.garbage_read += 1
-            self.at(self.now + REDIAL_BOUND_MS, self.check_undecodable_ended, s, value)
+            self.at(
+                self.now + REDIAL_BOUND_MS,
+                self.check_ended,
+                s,
+                f"the undecodable {value}-byte down message",
+            )
             return msg
         if what == "answer":
             s.answer_h = value
@@ -2093,17 +2098,20 @@ class World:
             self.stats["heartbeat_lies" if value == "heartbeat" else "ack_lies"] += 1
         proc.lies_read += 1
         self.tr("the engine lies on #%d: Ack(%d) (%s)", s.sid, seq, value)
-        self.at(self.now + REDIAL_BOUND_MS, self.check_redialed, s, seq)
+        self.at(self.now + REDIAL_BOUND_MS, self.check_ended, s, f"the impossible Ack({seq})")
         return pb.DownMessage(ack=pb.Ack(seq=seq))
 
-    def check_redialed(self, s: Link, seq: int) -> None:
-        """An impossible answer ends its stream (a fresh handshake re-syncs)."""
+    def check_ended(self, s: Link, what: str) -> None:
+        """``what`` the client read on ``s`` ended the stream (a fresh handshake re-syncs).
+
+        An impossible answer, or a down message that does not parse (the
+        engine re-sends its Stop and decisions after the next handshake).
+        """
         proc = s.proc
         ended = s.end is not None or s.end_t is not None
         if not ended and proc.alive and not proc.ending and proc.closing is None:
             self.violation(
-                f"the impossible Ack({seq}) on #{s.sid} did not end the stream "
-                f"within {REDIAL_BOUND_MS:.0f} ms"
+                f"{what} on #{s.sid} did not end the stream within {REDIAL_BOUND_MS:.0f} ms"
             )
 
     def cut_text(self, down: Any) -> Any:
@@ -2125,16 +2133,6 @@ class World:
     def cut_place(self) -> str:
         """What ends a text that :meth:`cut_text` will cut ("" for a sound encoder)."""
         return CUT_PLACE if self.bad_text else ""
-
-    def check_undecodable_ended(self, s: Link, size: int) -> None:
-        """A down message that does not parse ends its stream (the engine re-sends after a dial)."""
-        proc = s.proc
-        ended = s.end is not None or s.end_t is not None
-        if not ended and proc.alive and not proc.ending and proc.closing is None:
-            self.violation(
-                f"the undecodable {size}-byte down message on #{s.sid} did not end the stream "
-                f"within {REDIAL_BOUND_MS:.0f} ms"
-            )
 
     # -- an engine that forgets what it acked ----------------------------------------------
 
