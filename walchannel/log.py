@@ -275,17 +275,16 @@ class RunLog:
         except OSError as exc:
             if isinstance(exc, NotADirectoryError | FileExistsError):
                 # A file where the folder is to be: no retry there can mend it.
-                setting = (
-                    "wal_dir (walchannel run: --wal-dir)"
-                    if wal_dir is not None
-                    else "WALCHANNEL_DIR"
-                    if os.environ.get("WALCHANNEL_DIR")
-                    else "the default log folder"
-                )
+                if wal_dir is not None:
+                    setting, fix = "wal_dir", "set wal_dir (walchannel run: --wal-dir)"
+                elif os.environ.get("WALCHANNEL_DIR"):
+                    setting, fix = "WALCHANNEL_DIR", "set WALCHANNEL_DIR"
+                else:
+                    setting, fix = "the default log folder", "set WALCHANNEL_DIR or wal_dir"
                 raise WalLocationError(
                     f"run {run_id}: the log cannot live in {folder}, from {setting}:"
-                    f" {files.describe_os_error(exc)}. Set {setting.split(' (')[0]} to a folder"
-                    " (made if missing), or move the file out of the way",
+                    f" {files.describe_os_error(exc)}: {fix} to a folder (made if missing),"
+                    " or move the file out of the way",
                     path=str(folder),
                 ) from None
             raise WalWriteError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import signal
@@ -129,7 +130,19 @@ class _Outcome:
     state: ItemContext
     findings: list[Mapping[str, Any]]
     error: BaseException | None = None
-    size: int = 0  # what it holds while it waits for an earlier item, bytes (msgpack)
+
+    @functools.cached_property
+    def size(self) -> int:
+        """About what its findings and events take while it waits, bytes (their msgpack size).
+
+        Measured only for an item that waits for an earlier one: the one
+        committed next never does, so most items are packed once, at commit.
+        """
+        try:
+            return len(msgpack.packb([self.findings, self.state.events], default=repr))
+        except (TypeError, ValueError, OverflowError):
+            # Not packable: its commit refuses it (PayloadError) and skips it.
+            return 0
 
 
 # -- the work list ---------------------------------------------------------------------
@@ -524,8 +537,11 @@ class _Run:
         limit = self.options.concurrency
         while not self.stopping and begun < len(self.items):
             finished = [t for t in window.values() if t.done()]
+            first = min(window, default=begun)  # committed next: it holds nothing back
             held = sum(
-                t.result().size for t in finished if not t.cancelled() and t.exception() is None
+                t.result().size
+                for i, t in window.items()
+                if i != first and t.done() and not t.cancelled() and t.exception() is None
             )
             if (
                 len(window) - len(finished) >= limit
@@ -562,9 +578,7 @@ class _Run:
             state = self._context(index)
             try:
                 findings = await self._call_scan(state)
-                if options.concurrency == 1:
-                    return _Outcome(state, findings)  # it never waits for an earlier one
-                return _Outcome(state, findings, size=_size(findings, state.events))
+                return _Outcome(state, findings)
             except (asyncio.CancelledError, HarnessError):
                 # Cancelled, or a result of the wrong shape: a bug of the harness
                 # that no retry mends (exit 2, no Done: a fixed harness resumes).
@@ -905,15 +919,6 @@ def _findings(item: str, found: Any) -> list[Mapping[str, Any]]:
             " (mappings), [] for none"
         )
     return list(found)
-
-
-def _size(findings: list[Mapping[str, Any]], events: list[Any]) -> int:
-    """About what an item's findings and events take, bytes (their msgpack size)."""
-    try:
-        return len(msgpack.packb([findings, events], default=repr))
-    except (TypeError, ValueError, OverflowError):
-        # Not packable: its commit refuses it (PayloadError) and skips it.
-        return 0
 
 
 def _skip_event(
