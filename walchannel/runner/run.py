@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import inspect
 import signal
@@ -131,18 +130,7 @@ class _Outcome:
     findings: list[Mapping[str, Any]]
     error: BaseException | None = None
 
-    @functools.cached_property
-    def size(self) -> int:
-        """About what its findings and events take while it waits, bytes (their msgpack size).
-
-        Measured only for an item that waits for an earlier one: the one
-        committed next never does, so most items are packed once, at commit.
-        """
-        try:
-            return len(msgpack.packb([self.findings, self.state.events], default=repr))
-        except (TypeError, ValueError, OverflowError):
-            # Not packable: its commit refuses it (PayloadError) and skips it.
-            return 0
+    size: int | None = None  # bytes it holds while it waits (msgpack): _held() measures it
 
 
 # -- the work list ---------------------------------------------------------------------
@@ -539,7 +527,7 @@ class _Run:
             finished = [t for t in window.values() if t.done()]
             first = min(window, default=begun)  # committed next: it holds nothing back
             held = sum(
-                t.result().size
+                _held(t.result())
                 for i, t in window.items()
                 if i != first and t.done() and not t.cancelled() and t.exception() is None
             )
@@ -919,6 +907,22 @@ def _findings(item: str, found: Any) -> list[Mapping[str, Any]]:
             " (mappings), [] for none"
         )
     return list(found)
+
+
+def _held(outcome: _Outcome) -> int:
+    """What a finished item holds while it waits for an earlier one, bytes (msgpack).
+
+    Measured once, and only for an item that waits: the one committed next
+    never does, so most items are packed once, at commit.
+    """
+    if outcome.size is None:
+        try:
+            outcome.size = len(
+                msgpack.packb([outcome.findings, outcome.state.events], default=repr)
+            )
+        except (TypeError, ValueError, OverflowError):
+            outcome.size = 0  # not packable: its commit refuses it (PayloadError) and skips it
+    return outcome.size
 
 
 def _skip_event(
