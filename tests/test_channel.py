@@ -600,7 +600,7 @@ async def test_done_applied_but_its_ack_lost_ends_as_a_tombstone(tmp_path: Path)
         streams.append(1)
         if len(streams) > 1:
             await stream.read()
-            await stream.context.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
+            await stream.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
         await answer_handshakes(stream)
         while (msg := await stream.read()) is not None:
             if msg.WhichOneof("body") == "done":
@@ -641,7 +641,7 @@ async def test_after_send_done_gave_up_a_waiter_learns_the_done_was_applied(
         streams.append(1)
         if len(streams) > 1:
             await stream.read()
-            await stream.context.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
+            await stream.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
         await answer_handshakes(stream)
         while (msg := await stream.read()) is not None:
             if msg.WhichOneof("body") == "done":
@@ -774,7 +774,7 @@ async def test_an_engine_echoing_a_short_token_is_masked_whole_word_only(
         streams.append(1)
         if len(streams) == 1:
             await stream.read()
-            await stream.context.abort(
+            await stream.abort(
                 grpc.StatusCode.UNAUTHENTICATED, f"token {token} is not valid at the gate"
             )
         await answer_handshakes(stream)

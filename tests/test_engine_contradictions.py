@@ -62,7 +62,7 @@ class Engine:
             if msg.seq > self.held + 1:
                 text = f"expected seq {self.held + 1}, got seq {msg.seq}"
                 self.expected_ends.append(text)
-                await stream.context.abort(grpc.StatusCode.FAILED_PRECONDITION, text)
+                await stream.abort(grpc.StatusCode.FAILED_PRECONDITION, text)
             if msg.seq == self.held + 1:
                 self.held = msg.seq
             stream.ack(self.held)

@@ -162,7 +162,7 @@ async def end_with_hostile_details(
 
     async def script(stream: RogueStream) -> None:
         await stream.read()  # the handshake: never answered
-        await stream.context.abort(grpc.StatusCode.UNAVAILABLE, HOSTILE)
+        await stream.abort(grpc.StatusCode.UNAVAILABLE, HOSTILE)
 
     engine = RogueEngine(script)
     await engine.start()
@@ -247,7 +247,7 @@ async def test_a_hostile_discovery_answer_is_escaped_in_the_error_and_the_log(
             streams.append(1)
             await answer_handshakes(stream)
             if len(streams) == 1:
-                await stream.context.abort(grpc.StatusCode.UNAVAILABLE, "moving")
+                await stream.abort(grpc.StatusCode.UNAVAILABLE, "moving")
             while await stream.read() is not None:
                 pass
 
