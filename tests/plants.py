@@ -136,7 +136,8 @@ PLANTS: tuple[Plant, ...] = (
         "driver.py",
         "        if unverified is not None:\n",
         "        if unverified is not None and engine_high <= self.acked:\n",
-        ("protocol", "exception", "raised", *LOST),
+        # (Unverified, the log never records its first answer: the runner's check.)
+        ("protocol", "exception", "raised", "before the log's first answer", *LOST),
     ),
     Plant(
         "replay_after_verification_skips_a_row",
@@ -177,6 +178,7 @@ PLANTS: tuple[Plant, ...] = (
             "exceeds what the engine has",
             "beyond the engine",
             "above every ack",
+            "impossible answers",  # an ack past the rows written: the client refuses it
             "lacks Done",
             *LOST,
         ),
@@ -531,10 +533,30 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "runner_marker_before_its_rows",
         "runner/run.py",
-        "        await self._written(lambda: channel.send_findings(findings, events=events, "
-        "progress=marker))\n",
-        "        await self._written(lambda: channel.send_findings([], progress=marker))\n"
-        "        await self._written(lambda: channel.send_findings(findings, events=events))\n",
+        "            channel, lambda: channel.send_findings(findings_out, events=events_out, "
+        "progress=marker)\n",
+        "            channel, lambda: channel.send_findings([], progress=marker)\n"
+        "        )\n"
+        "        await self._written(\n"
+        "            channel, lambda: channel.send_findings(findings_out, events=events_out)\n",
+        LOST,
+    ),
+    # -- the engine's resume point (issue 55) ---------------------------------------
+    Plant(
+        "marker_carried_by_the_last_row",
+        "channel/__init__.py",
+        '                return [self._rows.prepare(kind, {**bodies[0], "progress": point}), '
+        "*items[1:]]\n",
+        "                last = items[-1][0]\n"
+        '                carrier = self._rows.prepare(last, {**bodies[-1], "progress": point})\n'
+        "                return [*items[:-1], carrier]\n",
+        ("after a takeover", *LOST),
+    ),
+    Plant(
+        "takeover_resumes_after_an_item_applied_in_part",
+        "runner/run.py",
+        "        if point.complete or not isinstance(last, dict):\n",
+        "        if True:\n",
         LOST,
     ),
     Plant(

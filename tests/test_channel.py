@@ -68,17 +68,18 @@ async def test_round_trip_and_bodies(
     assert bodies[1]["body"] == {"fields": {"n": 0.0, "path": "src/file_0.py", "line": 0.0}}
     assert ch.progress() == {"next": 8}
     assert ch.send_findings([], progress={"next": 9}) == []  # no findings, marker moves
-    assert ch.progress() == {"next": 9} and ch.unacked_count == 0
+    # (The local engine keeps the resume point: the marker alone travels as seq 10.)
+    assert ch.progress() == {"next": 9} and ch.unacked_count == 1
     assert await ch.send_done("completed", 8, ["src"], "")
     assert local_engine.done(run_id) == {
-        "seq": 10,
+        "seq": 11,
         "status": "completed",
         "findings": 8,
         "coverage": ["src"],
         "exit_reason": "",
     }
     stats = ch.stats()
-    assert stats.acked == 10 and stats.unacked_count == 0 and stats.sent >= 10
+    assert stats.acked == 11 and stats.unacked_count == 0 and stats.sent >= 11
     with pytest.raises(ChannelClosedError):
         ch.send_finding(finding(99))
 

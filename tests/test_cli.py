@@ -428,14 +428,17 @@ async def test_a_sigkilled_harness_is_orphaned_and_flush_delivers_it_once(
     # not as the config's Python warning pointing into walchannel/flush.py.
     assert "plaintext" in flushed.err and "--allowed-host" in flushed.err, flushed.err
     assert "InsecureDiscoveryWarning" not in flushed.err and "flush.py" not in flushed.err
-    assert local_engine.accepted(run_id) == list(range(1, n + 1))
+    # n + 1: the log's marker again, for the engine that keeps the resume point
+    # (its rows were logged before any answer announced it).
+    assert local_engine.accepted(run_id) == list(range(1, n + 2))
     assert local_engine.duplicates(run_id) == 0
-    bodies = local_engine.bodies(run_id)
+    bodies = [b for b in local_engine.bodies(run_id) if b["kind"] == "finding"]
     assert [b["body"]["fields"]["n"] for b in bodies] == [float(i) for i in range(n)]
 
     after = await acli("inspect", log, "--json")
     assert after.rc == 0 and after.json()[0]["state"] == "idle"
-    assert after.json()[0]["unacked_count"] == 0 and after.json()[0]["last_acked_seq"] == n
+    assert after.json()[0]["unacked_count"] == 0 and after.json()[0]["last_acked_seq"] == n + 1
+    assert after.json()[0]["resume_point"]["applied"] == 0  # flush's answer: nothing held yet
     again = await acli(
         "flush",
         log,
@@ -446,7 +449,7 @@ async def test_a_sigkilled_harness_is_orphaned_and_flush_delivers_it_once(
         env=child_env(RUN_TOKEN=token),
     )
     assert again.rc == 0 and "nothing to deliver" in again.out
-    assert local_engine.accepted(run_id) == list(range(1, n + 1))
+    assert local_engine.accepted(run_id) == list(range(1, n + 2))
 
     # A harness killed before its handshake left nothing flush may speak for.
     silent_id, silent_token = new_run("silent")
@@ -927,13 +930,14 @@ def test_json_keys_show_and_export(tmp_path: Path) -> None:
         "unacked_count", "unacked_bytes", "oldest_unacked_age_s", "last_ack_at",
         "last_engine_addr", "last_error", "last_error_at", "locked_by",
         "quarantined", "file_bytes", "writer_id", "writer_epoch", "takeover", "group_commit",
-        "next_step",
+        "resume_point", "next_step",
     }  # fmt: skip
     assert item["run_id"] == run_id and item["file"] == str(log)
     with RunLog.open(wal_dir, run_id, correlation_id=f"corr-{run_id}") as wal:
         writer = wal.writer
     assert (item["writer_id"], item["writer_epoch"], item["takeover"]) == (writer.id, 0, False)
     assert item["group_commit"] is None  # a log written without group commit
+    assert item["resume_point"] is None  # no engine answered this log
     assert item["unacked_bytes"] > 4 * 120 and item["file_bytes"] >= log.stat().st_size
     assert item["quarantined"] == 0 and item["last_ack_at"] is None
 

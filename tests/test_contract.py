@@ -70,9 +70,19 @@ def test_no_package_method_path_and_field_numbers() -> None:
         "heartbeat": 7,
         "approval_request": 8,
         "done": 9,
+        "progress": 10,
+        "transaction": 11,
     }
     down = {f.name: f.number for f in pb.DownMessage.DESCRIPTOR.fields}
     assert down == {"stop": 1, "approval_decision": 2, "budget_update": 3, "ack": 4}
+    # The resume point (SPEC "The engine keeps the resume point"): new fields, backward compatible.
+    assert {f.name: f.number for f in pb.Ack.DESCRIPTOR.fields} == {"seq": 1, "resume": 2}
+    resume = {f.name: f.number for f in pb.ResumePoint.DESCRIPTOR.fields}
+    assert resume == {"marker": 1, "seq": 2, "row_digests": 3}
+    assert {f.name: f.number for f in pb.Progress.DESCRIPTOR.fields} == {
+        "marker": 1,
+        "row_digests": 2,
+    }
     assert [o.name for o in pb.UpMessage.DESCRIPTOR.oneofs] == ["body"]
 
 

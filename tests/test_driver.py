@@ -963,8 +963,9 @@ def test_stop_fires_once_and_decisions_are_kept_by_request_id() -> None:
 # -- what the driver says: exact texts, plans and first state (mutation survivors) --------
 
 _NEXT_STEPS = (
-    "and start again (what the other writer delivered then comes again, unless the "
-    "harness resumes from its own record)"
+    "and start again (a new log under the runner resumes from the engine's resume point "
+    "where the engine keeps one; else what the other writer delivered then comes again, "
+    "unless the harness resumes from its own record)"
 )
 _DEADLINE = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -275,8 +275,12 @@ async def test_each_outcome_exits_with_its_code(
     if code in (ExitCode.REFUSED, ExitCode.USAGE, ExitCode.DEADLINE, ExitCode.EXPIRED):
         assert not harness.scanned
         done = local_engine.done(run_id)
-        # Only a deadline still says how the run ended: its Done, and nothing else.
-        assert local_engine.accepted(run_id) == ([1] if code == ExitCode.DEADLINE else [])
+        # Only a deadline still says how the run ended: its marker (the local engine
+        # keeps the resume point) and its Done, and nothing else.
+        assert local_engine.accepted(run_id) == ([1, 2] if code == ExitCode.DEADLINE else [])
+        assert [m["kind"] for m in local_engine.bodies(run_id)][:1] == (
+            ["progress"] if code == ExitCode.DEADLINE else []
+        )
         assert (done or {}).get("status") == ("deadline" if code == ExitCode.DEADLINE else None)
     assert f"exit {int(code)} ({ExitCode(code).name}" in text
 

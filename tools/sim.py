@@ -78,6 +78,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import looptime
 import msgpack
+from google.protobuf import json_format
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,6 +127,8 @@ pb = load_engine_messages()
 #: Content of the ``done`` row (findings are 0 .. N-1); a ``walchannel.row_lost`` event.
 DONE = -1
 ROW_LOST = -2
+#: Content of a ``progress`` row (a marker for an engine that keeps the resume point).
+PROGRESS = -3
 #: Events and approval requests get unique contents from here on.
 EVENT_BASE = 1_000_000
 APPROVAL_BASE = 2_000_000
@@ -187,6 +190,15 @@ P_LATE_RUN = 0.05
 P_LATE_RUN_RUNNER = 0.2
 #: Schedules whose harness is the runner (SPEC "The runner"): run_harness on a simulated scan.
 P_RUNNER = 0.25
+#: Schedules whose engine keeps the resume point (issue 55), under the runner and not.
+P_RESUME_RUNNER = 0.9
+P_RESUME = 0.2
+#: Schedules of that engine whose answers name an impossible point for a while, and
+#: whose run an older engine (keeping none) has for a while.
+P_BAD_POINTS = 0.15
+P_OLDER_ENGINE = 0.1
+#: A crash that loses the log, more under the runner with that engine (its takeover is free).
+P_LOST_EXACT = 0.8
 #: The share of schedules with a second harness on the run (its own log and writer id).
 P_SECOND = 0.15
 SECOND = "second harness"
@@ -212,6 +224,8 @@ CUT_PLACE = "\x00\x00"
 CUT_BYTES = b"\xe2\x82"
 #: The share of schedules whose engine sends down messages that do not parse.
 P_GARBAGE = 0.12
+#: The share of schedules with one more "within" answer lie (a stream of its own).
+P_WITHIN = 0.25
 #: Undecodable down messages (World.fault_garbage): cut mid-field, a
 #: wire type no field has, a length past the end.
 GARBAGE = (b"\x0a\x05ab", b"\x22\x02\x08", b"\x0f\x00", b"\x12\xff\xff\xff\xff\x0f")
@@ -284,6 +298,8 @@ def _content_of(kind: str, body: dict[str, Any]) -> int:
     """The content of a logged or delivered row, from its body."""
     if kind == "done":
         return DONE
+    if kind == "progress":
+        return PROGRESS
     if kind == "finding":
         return int(body["fields"]["i"])
     if kind == "approval_request":
@@ -319,6 +335,7 @@ class Up(NamedTuple):
     size: int  # encoded bytes
     body: Any  # the row_lost payload, the approval's request id, Done's (status, findings)
     rk: str = ""  # the row's kind: event | finding | approval_request | done
+    point: Any = None  # the (marker, digests) a transaction's first row carries
 
 
 _WIRE: dict[bytes, Up] = {}
@@ -341,6 +358,12 @@ def _decode(data: bytes) -> Up:
     if kind == "done":
         content = DONE
         extra = (msg.done.status, msg.done.findings)
+    elif kind == "progress":
+        content = PROGRESS
+        extra = (
+            json_format.MessageToDict(msg.progress.marker),
+            tuple(msg.progress.row_digests),
+        )
     elif kind == "finding":
         content = int(msg.finding.fields["i"])
     elif kind == "approval_request":
@@ -354,7 +377,11 @@ def _decode(data: bytes) -> Up:
         content = SKIP_BASE + int(str(payload["item"]).partition("-")[0]) + int(payload["finding"])
     else:
         content = int(msg.event.payload["c"])
-    found = Up("data", msg.seq, content, len(data), extra, kind)
+    point = None
+    if msg.HasField("transaction"):
+        t = msg.transaction
+        point = (json_format.MessageToDict(t.marker), tuple(t.row_digests))
+    found = Up("data", msg.seq, content, len(data), extra, kind, point)
     if len(_WIRE) > 200_000:
         _WIRE.clear()
     _WIRE[data] = found
@@ -385,6 +412,8 @@ def _name(content: int) -> str:
         return "Done"
     if content == ROW_LOST:
         return "row_lost"
+    if content == PROGRESS:
+        return "a progress row"
     if content >= APPROVAL_BASE:
         return f"approval {content - APPROVAL_BASE}"
     if content >= SKIP_BASE:
@@ -1150,6 +1179,9 @@ class World:
                 "fenced_stops",
                 "takeovers",
                 "takeover_dups",
+                "exact_takeovers",
+                "bad_points",
+                "partial_points",
                 # A second harness on the run.
                 "second_harnesses",
                 "second_runs",
@@ -1421,6 +1453,24 @@ class World:
         # decisions and budget updates carry bytes that are not UTF-8. A stream of
         # its own, so the other draws stay as they were.
         self.bad_text = random.Random(f"walchannel-sim-text:{seed}").random() < 0.1
+        # An engine that keeps the run's resume point (issue 55): it stores the last
+        # progress row it applied and answers every handshake with it. A stream of its own.
+        self.rng_resume = random.Random(f"walchannel-sim-resume:{seed}")
+        kept = self.rng_resume.random()
+        self.keeps_resume = self.acks_hs and kept < (P_RESUME_RUNNER if self.runner else P_RESUME)
+        # There a lost log is taken over at no cost: played more often, and always taken over.
+        self.exact_takeover = self.keeps_resume and self.runner and self.rollback_ok
+        # Its lies about the point (an impossible one for a while), and a while when an
+        # older engine, which keeps none, has the run (no takeover is exact then).
+        rp = self.rng_points = random.Random(f"walchannel-sim-points:{seed}")
+        self.bad_point_until = -1.0
+        self.bad_points = self.keeps_resume and rp.random() < P_BAD_POINTS
+        self.older_from = self.older_until = -1.0
+        if self.keeps_resume and rp.random() < P_OLDER_ENGINE:
+            self.exact_takeover = False
+            self.older_from = rp.random() * 20_000.0
+            self.older_until = self.older_from + 500.0 + rp.random() * 20_000.0
+        self.marker_at: dict[int, Any] = {}  # seq -> the marker of an applied progress row
         # (More often under the runner: a new log must not scan before its first answer.)
         if self.rng_events.random() < (P_LATE_RUN_RUNNER if self.runner else P_LATE_RUN):
             # The run is registered after its harness starts: the first engine refuses
@@ -1710,6 +1760,13 @@ class World:
         if r7.random() < P_GARBAGE:
             for _ in range(r7.choice((1, 2, 3))):
                 self.at(r7.random() * end, self.fault_garbage, r7.choice(GARBAGE))
+        # More answers above the engine's truth within what was written (issue 53's
+        # contradiction), from a stream of their own: rare among the lies above.
+        if self.bad_points:
+            self.at(self.rng_points.random() * end * 0.8, self.fault_bad_point)
+        r8 = random.Random(f"walchannel-sim-within:{self.seed}")
+        if self.acks_hs and r8.random() < P_WITHIN:
+            self.at(r8.random() * end * 0.8, self.fault_lie, "within")
         self.plan_inside(end)
 
     def plan_inside(self, end: float) -> None:
@@ -2073,6 +2130,13 @@ class World:
                 f"the undecodable {value}-byte down message",
             )
             return msg
+        if what == "bad point":
+            # Nothing of the answer is applied; the stream ends (SPEC "The engine
+            # keeps the resume point").
+            proc.lies_read += 1
+            self.stats["bad_points"] += 1
+            self.at(self.now + REDIAL_BOUND_MS, self.check_ended, s, "the impossible resume point")
+            return msg
         if what == "answer":
             s.answer_h = value
             stored = self.disk.states[-1].last_acked if self.disk.exists else 0
@@ -2099,6 +2163,8 @@ class World:
         proc.lies_read += 1
         self.tr("the engine lies on #%d: Ack(%d) (%s)", s.sid, seq, value)
         self.at(self.now + REDIAL_BOUND_MS, self.check_ended, s, f"the impossible Ack({seq})")
+        if value == "answer":
+            return self.answer_ack(seq)
         return pb.DownMessage(ack=pb.Ack(seq=seq))
 
     def check_ended(self, s: Link, what: str) -> None:
@@ -2165,6 +2231,7 @@ class World:
         # the engine kept acking in the ms before it died (seed 65424).
         self.lost_by_engine.update(applied[len(applied) - k : max(acked, self.acked_sent)])
         del applied[-k:]
+        self.forget_markers()
         self.stats["engine_losses"] += 1
         self.stats["engine_forgets"] += 1
         self.engine_lost = True
@@ -2238,6 +2305,8 @@ class World:
         lost = d.exists and rng.random() < self.p_lost
         if not lost and d.exists and self.p_lost_unanswered:
             lost = self.rng3.random() < self.p_lost_unanswered
+        if not lost and d.exists and self.exact_takeover:
+            lost = self.rng_resume.random() < P_LOST_EXACT
         if lost:
             # A new log under a new writer id: the channel refuses it (WriterFencedError)
             # until the operator takes over; its duplicates are no exemption.
@@ -2314,6 +2383,7 @@ class World:
         first = len(applied) - k + 1
         self.lost_by_engine.update(applied[first - 1 : min(acked, len(applied))])
         del applied[-k:]
+        self.forget_markers()
         self.stats["engine_losses"] += 1
         self.engine_lost = True
         self.tr("the engine's store loses its last %d rows (h=%d)", k, len(applied))
@@ -2817,11 +2887,19 @@ class World:
                 s.productive = True  # the checker's note: progress on this stream
             if s.up_at is None:
                 s.up_at = self.now
-            down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
             # The checker reads it as the client does: the answer, or a data ack.
             answer = self.acks_hs and not s.answered
+            mark = "answer" if answer else "ack"
+            if answer:
+                down = self.answer_ack(msg[1])
+                if self.now < self.bad_point_until and down.ack.HasField("resume"):
+                    # Its resume point above its h: impossible, a protocol error.
+                    down.ack.resume.seq = msg[1] + 1 + self.rng_points.randrange(50)
+                    mark = "bad point"
+            else:
+                down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
             s.answered = True
-            s.marks.append((down, "answer" if answer else "ack", msg[1]))
+            s.marks.append((down, mark, msg[1]))
             if s.proc.role == "harness" and msg[1] > self.acked_sent:
                 self.acked_sent = msg[1]
             if self.forget_armed and not answer and s.proc is self.proc:
@@ -2836,7 +2914,7 @@ class World:
             s.marks.append((down, "lie", msg[1]))
         elif what == "ahead":
             s.answered = True
-            down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
+            down = self.answer_ack(msg[1])
             s.marks.append((down, "ahead", msg[1]))
         elif what == "stop":
             s.proc.stops_delivered += 1
@@ -3132,6 +3210,12 @@ class World:
             else:
                 held.add(content)
             self.tr("engine applies seq %d = %s", seq, _name(content))
+            # The run's resume point, in the same step: the rows of its transaction
+            # begin after a progress row, or at the row that carries it.
+            if content == PROGRESS:
+                self.marker_at[seq] = (*msg.body, seq)
+            elif msg.point is not None:
+                self.marker_at[seq] = (*msg.point, seq - 1)
             if content == ROW_LOST:
                 self.check_row_lost(msg.body)
             if content == DONE:
@@ -3149,6 +3233,35 @@ class World:
         else:
             s.idle_gen += 1
             self.at(self.now + ENGINE_ACK_IDLE_MS, self.engine_idle, s, s.idle_gen)
+
+    def fault_bad_point(self) -> None:
+        """For a while the engine answers handshakes with a resume point above its ``h``."""
+        self.bad_point_until = self.now + 200.0 + self.rng_points.random() * 8_000.0
+
+    def forget_markers(self) -> None:
+        """The engine lost its last rows: the resume point goes back with them."""
+        h = len(self.applied)
+        for q in [q for q in self.marker_at if q > h]:
+            del self.marker_at[q]
+
+    def answer_ack(self, seq: int) -> pb.DownMessage:
+        """A handshake's answer ``Ack(seq)``: with the run's resume point if the engine keeps it.
+
+        The point is the last progress row applied at or below ``seq`` (a
+        lying answer's too: the lie is about ``h``, not the point).
+        """
+        down = pb.DownMessage(ack=pb.Ack(seq=seq))
+        if self.keeps_resume and not self.older_from <= self.now < self.older_until:
+            point = down.ack.resume
+            point.SetInParent()
+            at = [q for q in self.marker_at if q <= min(seq, len(self.applied))]
+            if at:
+                marker, digests, point.seq = self.marker_at[max(at)]
+                point.marker.update(marker)
+                point.row_digests.extend(digests)
+                if seq - point.seq < len(digests) and self.taken_over:
+                    self.stats["partial_points"] += 1  # an item applied in part, taken over
+        return down
 
     def engine_approval(self, s: Link, rid: str) -> None:
         """An approval request: a stored decision goes back at once, else one is made later."""
@@ -3308,7 +3421,12 @@ class World:
             # After the second harness took the run over, the first is stopped: two
             # operators taking it over in turn would fence each other for ever.
             sec = self.second
-            if not self.acks_hs or (sec is not None and sec.took_over) or self.rng3.random() < 0.5:
+            free = self.exact_takeover and sec is None  # the engine's point: nothing twice
+            if (
+                not self.acks_hs
+                or (sec is not None and sec.took_over)
+                or (not free and self.rng3.random() < 0.5)
+            ):
                 self.tr("the operator stops: the run stays another writer's")
                 self.stats["fenced_stops"] += 1
                 self.fenced_stop = True
@@ -4631,6 +4749,13 @@ class World:
                 self.violation(
                     f"the engine applied Done {self.done_body}, which the world never asked for"
                 )
+        # A lost log taken over under the runner, from an engine that keeps the resume
+        # point, costs nothing twice (SPEC "The engine keeps the resume point"); a
+        # log with progress of its own (the second harness's takeover) costs as before.
+        sec = self.second
+        exact = self.runner and self.keeps_resume and (sec is None or not sec.took_over)
+        if exact and self.taken_over:
+            self.stats["exact_takeovers"] += 1
         dones = 0
         for c in applied:
             if c == DONE:
@@ -4647,7 +4772,7 @@ class World:
             elif e in self.affected or e in self.post_completion:
                 if n > 1:
                     self.stats["dup_by_content"] += n - 1
-            elif self.taken_over and n > 1:
+            elif self.taken_over and n > 1 and not exact:
                 self.stats["takeover_dups"] += n - 1  # the takeover's cost (SPEC)
             elif n == 0 and (
                 self.fenced_stop
@@ -4692,8 +4817,13 @@ class World:
             elif n > 1:
                 if i in self.affected:
                     self.stats["dup_by_content"] += n - 1
-                elif self.taken_over:
+                elif self.taken_over and not exact:
                     self.stats["takeover_dups"] += n - 1
+                elif self.taken_over:
+                    self.violation(
+                        f"{_name(i)} applied {n} times after a takeover, though the engine"
+                        " keeps the resume point"
+                    )
                 else:
                     self.violation(f"{_name(i)} applied {n} times (no rolled-back commit of it)")
         sec = self.second

@@ -97,6 +97,17 @@ ALLOWED: dict[str, str] = {
         "close() after a removal of the log's files gave the group up in the commit that "
         "found it, before the group's own turn: tests/test_log_removed.py"
     ),
+    # -- channel/connection.py ------------------------------------------------------------
+    "walchannel/channel/connection.py::ConnectionLoop._resync_marker::"
+    'logger.warning("run %s: cannot log the marker for the engine: %s", self._run_id, exc)': (
+        "the disk refusing the one commit after an answer that first announces a resume "
+        "point: rare in the world's disk-full periods; "
+        "tests/test_resume_point.py::test_a_first_announcement_repeats_the_logs_marker_and_a_"
+        "full_disk_there_loses_nothing refuses it"
+    ),
+    "walchannel/channel/connection.py::ConnectionLoop._resync_marker::return": (
+        "the disk refusing the marker after a first announcement (above)"
+    ),
     # -- channel/__init__.py --------------------------------------------------------------
     "walchannel/channel/__init__.py::GrpcEngineChannel.send_done::return False": (
         "send_done called after hard_deadline passed: the simulated harnesses stop at the "

@@ -26,7 +26,7 @@ from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
 from walchannel.lock import LockOwner, probe_owner
-from walchannel.log_format import MetaDamagedError, Row
+from walchannel.log_format import MetaDamagedError, Row, engine_resume
 from walchannel.log_reader import (
     LogReader,
     LogUnreadableError,
@@ -105,6 +105,7 @@ JSON_KEYS: Final = (
     "writer_epoch",
     "takeover",
     "group_commit",
+    "resume_point",
     "next_step",
 )
 
@@ -212,6 +213,10 @@ class RunReport:
     #: ``{"max_rows", "max_bytes", "max_delay_ms"}``, or None (off, or a log
     #: from before it).
     group_commit: dict[str, Any] | None = None
+    #: The engine's resume point from its last answer (SPEC "The engine keeps
+    #: the resume point"): ``{"marker", "seq", "applied", "takeover"}``, or
+    #: None while the engine announced none (or a log from before it).
+    resume_point: dict[str, Any] | None = None
     shown: tuple[ShownRow, ...] = field(default=())
     shown_quarantined: tuple[QuarantinedRow, ...] = field(default=())
     #: What the operator does next (SPEC "Operating tools"; a ``--json`` key).
@@ -349,6 +354,24 @@ def flush_command(report: RunReport) -> str:
     )
 
 
+def _takeover_cost(report: RunReport) -> str:
+    """What a takeover of the report's run costs (SPEC "The engine keeps the resume point")."""
+    if report.resume_point is not None:
+        return (
+            "the engine keeps the run's resume point: a new log taken over resumes from it"
+            " and nothing delivered comes again"
+        )
+    if not report.last_acked_seq and not report.unacked_count:
+        return (
+            "a new log taken over resumes from the engine's resume point where the engine"
+            " keeps one; with one that does not, what was delivered comes again"
+        )
+    return (
+        "what the other writer delivered then comes again, unless the harness resumes from"
+        " its own record"
+    )
+
+
 def next_step(report: RunReport) -> str:
     """What the operator does about a run in ``report.state`` (SPEC "Operating tools").
 
@@ -361,19 +384,20 @@ def next_step(report: RunReport) -> str:
     state = report.state
     if state == "corrupt":
         # Only a step that works on this file: export, if its rows were read.
+        # The new log's first handshake is fenced (the run is this file's
+        # writer's): say so, and what the takeover then costs.
+        then = (
+            "the harness then starts a new log for the run, which the engine refuses as"
+            " another writer's until 'walchannel takeover' marks it"
+            f" ({_takeover_cost(report)})"
+        )
         if report.salvage is None:
-            return (
-                f"move {log} aside and keep it (export cannot read its rows either); "
-                "the harness then starts a new log for the run"
-            )
+            return f"move {log} aside and keep it (export cannot read its rows either); {then}"
         if report.salvage == 0:
-            return (
-                f"move {log} aside and keep it (it holds no unacked row to export); "
-                "the harness then starts a new log for the run"
-            )
+            return f"move {log} aside and keep it (it holds no unacked row to export); {then}"
         return (
             f"'walchannel export {log} -o FILE' saves its {report.salvage} row(s); then "
-            f"move {log} aside and keep it; the harness then starts a new log for the run"
+            f"move {log} aside and keep it; {then}"
         )
     if state == "unreadable":
         if "bytes long" in reason:
@@ -402,8 +426,7 @@ def next_step(report: RunReport) -> str:
             return (
                 f"another writer has the run: 'walchannel export {log}' to review the rows kept "
                 f"here; or, if this log should write the run, 'walchannel takeover {log}' and "
-                "restart the harness (what the other writer delivered then comes again, "
-                "unless the harness resumes from its own record)"
+                f"restart the harness ({_takeover_cost(report)})"
             )
         if reason.startswith(FAILED_ENGINE_BEHIND[:13]):
             return (
@@ -631,6 +654,7 @@ def _inspect(path: Path, stuck_after_s: float, verify: bool, show: int, clock: C
         writer_epoch=meta.writer_epoch,
         takeover=meta.takeover_at is not None,
         group_commit=_group_commit(meta.group_commit),
+        resume_point=engine_resume(meta.engine_resume),
     )
 
 
@@ -800,4 +824,5 @@ def _salvaged(
         writer_epoch=values.get("writer_epoch"),
         takeover=None if "takeover_at" in reading.damaged else values["takeover_at"] is not None,
         group_commit=_group_commit(values.get("group_commit")),
+        resume_point=engine_resume(values.get("engine_resume")),
     )

@@ -138,6 +138,7 @@ WRITABLE_META: Final = frozenset(
         "failed_at",
         "failed_reason",
         "group_commit",
+        "engine_resume",
     }
 )
 
@@ -1299,7 +1300,7 @@ class RunLog:
         return self._carry_out(plan, "ack", f"store ack {seq}")
 
     @_guarded("verification")
-    def verify(self, engine_high: int) -> int:
+    def verify(self, engine_high: int, *, engine_resume: str | None = None) -> int:
         """Apply the verification rule for the first answered handshake ``Ack(h)``.
 
         In one transaction: when the engine holds seqs at or above
@@ -1312,6 +1313,10 @@ class RunLog:
 
         Args:
             engine_high: ``h``, the engine's answer.
+            engine_resume: the answer's resume point as meta stores it (JSON;
+                None: leave it): stored in the same transaction, so the
+                takeover mark this clears never goes without it (SPEC "The
+                engine keeps the resume point").
 
         Returns:
             The shift applied to the unverified rows (0 for none).
@@ -1323,10 +1328,12 @@ class RunLog:
         """
         self._check_writable()
         plan = self._state.verify(engine_high)
-        self._carry_out(plan, "verify", f"store ack {engine_high}")
+        self._carry_out(plan, "verify", f"store ack {engine_high}", engine_resume)
         return plan.shift_by
 
-    def _carry_out(self, plan: AckPlan, label: str, what: str) -> int:
+    def _carry_out(
+        self, plan: AckPlan, label: str, what: str, engine_resume: str | None = None
+    ) -> int:
         """Carry out an :class:`~walchannel.log_state.AckPlan` in one transaction; rows deleted."""
         now = self._clock.wall_s()
         boot = self._clock.boot_s()
@@ -1377,6 +1384,8 @@ class RunLog:
                     now,
                 ),
             )
+            if engine_resume is not None:
+                conn.execute("UPDATE meta SET engine_resume = ? WHERE id = 1", (engine_resume,))
             return deleted, int(gone_bytes)
 
         def follow(result: tuple[int, int]) -> None:
@@ -1435,8 +1444,8 @@ class RunLog:
         Only the caller-owned fields may be set: the handshake fields,
         ``correlation_id``, ``token_sha256``, ``last_engine_addr``,
         ``http_addr``, ``last_ack_at``, ``last_error``, ``last_error_at``,
-        ``reconnects``, ``failed_at``, ``failed_reason`` and
-        ``group_commit``. The cursor,
+        ``reconnects``, ``failed_at``, ``failed_reason``, ``group_commit``
+        and ``engine_resume``. The cursor,
         high-water, progress and completion belong to the log's own
         operations.
 

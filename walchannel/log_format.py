@@ -63,6 +63,7 @@ __all__ = [
     "check_header",
     "decode_row",
     "encode_body",
+    "engine_resume",
     "quick_check",
     "new_file_id",
     "new_writer_id",
@@ -135,7 +136,8 @@ SCHEMA: Final = (
         writer_epoch INTEGER,
         takeover_at REAL,
         answered_at REAL,
-        group_commit TEXT)""",
+        group_commit TEXT,
+        engine_resume TEXT)""",
 )
 
 _ROW_COLUMNS: Final = ("seq", "kind", "body", "crc32", "appended_at")
@@ -200,6 +202,12 @@ class RunMeta:
     ``group_commit`` is the last owner's ``GroupCommit`` setting as JSON
     (``{"max_rows": ..., "max_bytes": ..., "max_delay_ms": ...}``), None
     when it committed every send before returning (SPEC "Group commit").
+
+    ``engine_resume`` is the engine's resume point from its last answer, as
+    JSON (``{"marker", "seq", "applied", "digests", "takeover"}``;
+    ``takeover``: answered to a handshake that took the run over, kept until
+    the log has progress of its own), None while the engine announced none
+    (SPEC "The engine keeps the resume point").
     """
 
     schema_version: int
@@ -234,6 +242,7 @@ class RunMeta:
     takeover_at: float | None = None
     answered_at: float | None = None
     group_commit: str | None = None
+    engine_resume: str | None = None
 
 
 #: The meta row's columns, in :class:`RunMeta` order.
@@ -252,6 +261,7 @@ OPTIONAL_META_TYPES: Final = {
     "takeover_at": "REAL",
     "answered_at": "REAL",
     "group_commit": "TEXT",
+    "engine_resume": "TEXT",
 }
 OPTIONAL_META_FIELDS: Final = frozenset(OPTIONAL_META_TYPES)
 #: Row columns added the same way (NULL in the rows of an older writer).
@@ -650,6 +660,7 @@ _META_TEXTS_OR_NONE: Final = (
     "file_id",
     "writer_id",
     "group_commit",
+    "engine_resume",
 )
 
 
@@ -725,3 +736,29 @@ def quick_check(conn: sqlite3.Connection) -> list[str]:
         return []
     lines = [line for answer in answers for line in answer.splitlines()]
     return [line for line in lines if line and not line.startswith("***")]
+
+
+def engine_resume(text: str | None) -> dict[str, Any] | None:
+    """The ``engine_resume`` meta value as a mapping; None for none, or a value not ours.
+
+    Keys ``marker`` (a mapping or None), ``seq``, ``applied`` (ints),
+    ``digests`` (a list of ints) and ``takeover`` (bool): :class:`RunMeta`.
+    """
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    keys = {"marker", "seq", "applied", "digests", "takeover"}
+    if not isinstance(value, dict) or set(value) != keys:
+        return None
+    marker, seq, applied = value["marker"], value["seq"], value["applied"]
+    if marker is not None and not isinstance(marker, dict):
+        return None
+    digests = value["digests"]
+    if not isinstance(digests, list) or not all(type(d) is int for d in digests):
+        return None
+    if not (type(seq) is int and type(applied) is int and 0 <= seq <= applied):
+        return None
+    return value if isinstance(value["takeover"], bool) else None

@@ -48,7 +48,7 @@ __all__ = [
 
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
-KINDS = frozenset({"event", "finding", "approval_request", "done"})
+KINDS = frozenset({"event", "finding", "approval_request", "done", "progress"})
 
 #: The largest seq: SQLite's largest INTEGER. No row's seq, and no high-water,
 #: may pass it (SPEC "Dial": an answer that would is impossible).

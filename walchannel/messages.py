@@ -319,6 +319,10 @@ def done_body(
 def progress_marker(progress: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Check the harness's ``progress=`` marker (JSON-like, at most 64 KiB of JSON).
 
+    Its numbers are integers: an engine that keeps the resume point holds the
+    marker in a ``Struct``, as doubles, and the client turns them back into
+    ints (SPEC "Payloads").
+
     Raises:
         PayloadError: naming the bad value's path under ``progress``.
     """
@@ -327,9 +331,27 @@ def progress_marker(progress: Mapping[str, Any] | None) -> dict[str, Any] | None
     # Each value takes at least a byte of JSON: the bound keeps a marker of
     # shared containers from expanding in json.dumps.
     marker = plain_payload(progress, "progress", max_values=MAX_PROGRESS_BYTES)
+    _refuse_floats(marker)
     size = len(json.dumps(marker, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
     if size > MAX_PROGRESS_BYTES:
         raise PayloadError(
             "progress", f"{size} bytes of JSON, over {MAX_PROGRESS_BYTES}: keep the marker small"
         )
     return marker
+
+
+def _refuse_floats(marker: dict[str, Any]) -> None:
+    """Raise ``PayloadError`` naming a float in ``marker`` (checked already: finite, shallow)."""
+    todo: list[tuple[Any, str]] = [(marker, "progress")]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, float):
+            raise PayloadError(
+                path,
+                f"the float {value!r}: a marker's numbers are integers (an engine keeps it as"
+                " a double and it comes back as an int); store a string for anything else",
+            )
+        if isinstance(value, dict):
+            todo.extend((v, f"{path}.{k}") for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))

@@ -55,8 +55,10 @@ def fenced_error(
     return WriterFencedError(
         f"run {run_id}: not this log's to write ({who}): {why}. Every row stays in "
         f"{path or 'the log'}; review them with 'walchannel export {log}', or take "
-        f"the run over with 'walchannel takeover {log}' and start again (what the other "
-        "writer delivered then comes again, unless the harness resumes from its own record)",
+        f"the run over with 'walchannel takeover {log}' and start again (a new log under "
+        "the runner resumes from the engine's resume point where the engine keeps one; "
+        "else what the other writer delivered then comes again, unless the harness resumes "
+        "from its own record)",
         run_id=run_id,
         path=path,
         writer_id=writer.id if writer is not None else None,

@@ -8,6 +8,11 @@ data")::
     finding           {"fields"}
     approval_request  {"request_id", "action", "details"}
     done              {"status", "findings", "coverage", "exit_reason"}
+    progress          {"marker", "digests"}
+
+and the first row of a transaction given a marker, for an engine that keeps
+the resume point, also ``"progress": {"marker", "digests"}`` (the message's
+``transaction`` field).
 
 The same shapes come back from :func:`body_of` (used by the local engine and
 by ``export``); Struct numbers come back as floats. This module loads
@@ -16,6 +21,8 @@ protobuf, never grpc.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -28,6 +35,9 @@ from walchannel._proto import down_lenient_pb2 as lenient
 from walchannel._proto import engine_channel_pb2 as pb
 
 __all__ = [
+    "ResumePoint",
+    "resume_point",
+    "row_digest",
     "CONTROL_KINDS",
     "DATA_KINDS",
     "DecodedDown",
@@ -41,7 +51,7 @@ __all__ = [
 ]
 
 #: Kinds that get a seq and go through the log.
-DATA_KINDS: Final = ("event", "finding", "approval_request", "done")
+DATA_KINDS: Final = ("event", "finding", "approval_request", "done", "progress")
 #: Kinds written directly at seq 0, never logged.
 CONTROL_KINDS: Final = ("handshake", "heartbeat")
 
@@ -89,8 +99,16 @@ def up_message(
             done.findings = body["findings"]
             done.coverage.extend(body["coverage"])
             done.exit_reason = body["exit_reason"]
+        elif kind == "progress":
+            msg.progress.marker.SetInParent()
+            msg.progress.marker.update(body["marker"])
+            msg.progress.row_digests.extend(body["digests"])
         else:
             raise ValueError(f"unknown row kind {kind!r} (seq {seq})")
+        if kind != "progress" and (point := body.get("progress")) is not None:
+            msg.transaction.marker.SetInParent()
+            msg.transaction.marker.update(point["marker"])
+            msg.transaction.row_digests.extend(point["digests"])
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{kind} body of seq {seq} has the wrong shape: {exc!r}") from None
     return msg
@@ -150,6 +168,16 @@ def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
     writer's too: ``writer_id``, ``writer_epoch``, ``take_over``),
     ``heartbeat`` as ``{"ts"}``; an empty body as ``("", {})``.
     """
+    kind, body = _body_of(msg)
+    if msg.HasField("transaction") and kind != "progress":
+        body["progress"] = {
+            "marker": struct_to_dict(msg.transaction.marker),
+            "digests": [int(d) for d in msg.transaction.row_digests],
+        }
+    return kind, body
+
+
+def _body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
     kind = msg.WhichOneof("body")
     if kind == "finding":
         return kind, {"fields": struct_to_dict(msg.finding.fields)}
@@ -176,6 +204,12 @@ def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
             "coverage": list(done.coverage),
             "exit_reason": done.exit_reason,
         }
+    if kind == "progress":
+        progress = msg.progress
+        return kind, {
+            "marker": struct_to_dict(progress.marker),
+            "digests": [int(d) for d in progress.row_digests],
+        }
     if kind == "handshake":
         hs = msg.handshake
         return kind, {
@@ -189,6 +223,85 @@ def body_of(msg: pb.UpMessage) -> tuple[str, dict[str, Any]]:
     if kind == "heartbeat":
         return kind, {"ts": msg.heartbeat.ts}
     return "", {}
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The engine's resume point, from its answer to a handshake (SPEC "Wire contract").
+
+    Attributes:
+        marker: the last progress marker the engine applied for the run
+            (its numbers back to ints), or None while it applied none.
+        seq: the seq after which the marker's transaction's rows begin (its
+            ``progress`` row's own seq, or the seq before the row carrying
+            it; 0: none).
+        applied: the answer's ``h``: rows ``seq + 1 .. applied`` were applied.
+        digests: :func:`row_digest` of each row of the marker's transaction,
+            in order: the first ``applied - seq`` of them were applied (all,
+            when that is at least their number).
+    """
+
+    marker: dict[str, Any] | None
+    seq: int
+    applied: int
+    digests: tuple[int, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every row of the marker's transaction was applied (the marker holds)."""
+        return self.applied - self.seq >= len(self.digests)
+
+
+def resume_point(ack: pb.Ack) -> ResumePoint | None:
+    """Return the resume point an ``Ack`` carries, or None when it announces none.
+
+    Raises:
+        ValueError: the point's seq is above the ack's ``h`` (no engine
+            applied a marker above what it holds), or its marker holds a
+            number that is not an integer (the client sends none).
+    """
+    if not ack.HasField("resume"):
+        return None
+    point = ack.resume
+    seq, applied = int(point.seq), int(ack.seq)
+    if seq > applied:
+        raise ValueError(f"a resume point at seq {seq}, above the Ack({applied}) it came in")
+    digests = tuple(int(d) for d in point.row_digests)
+    if not point.HasField("marker"):
+        return ResumePoint(None, seq, applied, digests)
+    marker = _integers(struct_to_dict(point.marker), "marker")
+    return ResumePoint(marker, seq, applied, digests)
+
+
+def row_digest(kind: str, body: Mapping[str, Any]) -> int:
+    """Return a 64-bit digest of a row's content, the same for the same content logged again.
+
+    The sha256 of the body as canonical JSON (sorted keys); an event's
+    ``ts``, when it was logged and not what it says, is left out. SPEC "The
+    engine keeps the resume point".
+
+    Args:
+        kind: the row's kind (``event``, ``finding``, ...).
+        body: its checked body mapping (the shapes above).
+    """
+    # Not the stamp, nor the marker a first row carries: what the row says.
+    left_out = ("ts", "progress") if kind == "event" else ("progress",)
+    content = {k: v for k, v in body.items() if k not in left_out}
+    text = json.dumps([kind, content], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def _integers(value: Any, path: str) -> Any:
+    """A marker from a Struct with its numbers back to ints (markers hold no others)."""
+    if isinstance(value, dict):
+        return {k: _integers(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integers(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"a resume point whose {path} is {value!r}, not an integer")
+        return int(value)
+    return value
 
 
 # -- down messages: the client's own parse (SPEC "Down messages") ---------------------------
@@ -281,7 +394,16 @@ def _repaired(raw: lenient.DownMessage, repaired: list[str]) -> pb.DownMessage:
             )
         )
     if kind == "ack":
-        return pb.DownMessage(ack=pb.Ack(seq=raw.ack.seq))
+        ack = pb.Ack(seq=raw.ack.seq)
+        if raw.ack.HasField("resume"):
+            resume = raw.ack.resume
+            ack.resume.SetInParent()
+            ack.resume.seq = resume.seq
+            ack.resume.row_digests.extend(resume.row_digests)
+            if resume.HasField("marker"):
+                ack.resume.marker.SetInParent()
+                ack.resume.marker.update(_struct(resume.marker, "ack.resume.marker", repaired))
+        return pb.DownMessage(ack=ack)
     return pb.DownMessage()
 
 

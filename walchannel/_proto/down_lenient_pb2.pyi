@@ -130,19 +130,50 @@ class Ack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    @_builtins.property
+    def resume(self) -> Global___ResumePoint: ...
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
+        resume: Global___ResumePoint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resume", b"resume"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resume", b"resume", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Ack: _TypeAlias = Ack  # noqa: Y015
+
+@_typing.final
+class ResumePoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MARKER_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    ROW_DIGESTS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    @_builtins.property
+    def marker(self) -> Global___Struct: ...
+    @_builtins.property
+    def row_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        marker: Global___Struct | None = ...,
+        seq: _builtins.int = ...,
+        row_digests: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumePoint: _TypeAlias = ResumePoint  # noqa: Y015
 
 @_typing.final
 class Struct(_message.Message):

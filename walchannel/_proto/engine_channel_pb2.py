@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65ngine_channel.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x8a\x02\n\tUpMessage\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x1f\n\thandshake\x18\x04 \x01(\x0b\x32\n.HandshakeH\x00\x12\x17\n\x05\x65vent\x18\x05 \x01(\x0b\x32\x06.EventH\x00\x12 \n\x07\x66inding\x18\x06 \x01(\x0b\x32\r.FindingDraftH\x00\x12\x1f\n\theartbeat\x18\x07 \x01(\x0b\x32\n.HeartbeatH\x00\x12,\n\x10\x61pproval_request\x18\x08 \x01(\x0b\x32\x10.ApprovalRequestH\x00\x12\x15\n\x04\x64one\x18\t \x01(\x0b\x32\x05.DoneH\x00\x42\x06\n\x04\x62ody\"\x99\x01\n\x0b\x44ownMessage\x12\x15\n\x04stop\x18\x01 \x01(\x0b\x32\x05.StopH\x00\x12.\n\x11\x61pproval_decision\x18\x02 \x01(\x0b\x32\x11.ApprovalDecisionH\x00\x12&\n\rbudget_update\x18\x03 \x01(\x0b\x32\r.BudgetUpdateH\x00\x12\x13\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x04.AckH\x00\x42\x06\n\x04\x62ody\"\x91\x01\n\tHandshake\x12\x19\n\x11\x63onnector_version\x18\x01 \x01(\t\x12\x14\n\x0charness_name\x18\x02 \x01(\t\x12\x17\n\x0fharness_version\x18\x03 \x01(\t\x12\x11\n\twriter_id\x18\x04 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x05 \x01(\x04\x12\x11\n\ttake_over\x18\x06 \x01(\x08\"]\n\x05\x45vent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\n\n\x02ts\x18\x04 \x01(\t\"7\n\x0c\x46indingDraft\x12\'\n\x06\x66ields\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x17\n\tHeartbeat\x12\n\n\x02ts\x18\x01 \x01(\t\"_\n\x0f\x41pprovalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"O\n\x04\x44one\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x10\n\x08\x66indings\x18\x02 \x01(\x04\x12\x10\n\x08\x63overage\x18\x03 \x03(\t\x12\x13\n\x0b\x65xit_reason\x18\x04 \x01(\t\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x10\x41pprovalDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pproved\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"I\n\x0c\x42udgetUpdate\x12\x0f\n\x07message\x18\x01 \x01(\t\x12(\n\x07\x64\x65tails\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x32\x35\n\rEngineChannel\x12$\n\x04Open\x12\n.UpMessage\x1a\x0c.DownMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65ngine_channel.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xc9\x02\n\tUpMessage\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x1f\n\thandshake\x18\x04 \x01(\x0b\x32\n.HandshakeH\x00\x12\x17\n\x05\x65vent\x18\x05 \x01(\x0b\x32\x06.EventH\x00\x12 \n\x07\x66inding\x18\x06 \x01(\x0b\x32\r.FindingDraftH\x00\x12\x1f\n\theartbeat\x18\x07 \x01(\x0b\x32\n.HeartbeatH\x00\x12,\n\x10\x61pproval_request\x18\x08 \x01(\x0b\x32\x10.ApprovalRequestH\x00\x12\x15\n\x04\x64one\x18\t \x01(\x0b\x32\x05.DoneH\x00\x12\x1d\n\x08progress\x18\n \x01(\x0b\x32\t.ProgressH\x00\x12\x1e\n\x0btransaction\x18\x0b \x01(\x0b\x32\t.ProgressB\x06\n\x04\x62ody\"\x99\x01\n\x0b\x44ownMessage\x12\x15\n\x04stop\x18\x01 \x01(\x0b\x32\x05.StopH\x00\x12.\n\x11\x61pproval_decision\x18\x02 \x01(\x0b\x32\x11.ApprovalDecisionH\x00\x12&\n\rbudget_update\x18\x03 \x01(\x0b\x32\r.BudgetUpdateH\x00\x12\x13\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x04.AckH\x00\x42\x06\n\x04\x62ody\"\x91\x01\n\tHandshake\x12\x19\n\x11\x63onnector_version\x18\x01 \x01(\t\x12\x14\n\x0charness_name\x18\x02 \x01(\t\x12\x17\n\x0fharness_version\x18\x03 \x01(\t\x12\x11\n\twriter_id\x18\x04 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x05 \x01(\x04\x12\x11\n\ttake_over\x18\x06 \x01(\x08\"]\n\x05\x45vent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\n\n\x02ts\x18\x04 \x01(\t\"7\n\x0c\x46indingDraft\x12\'\n\x06\x66ields\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x17\n\tHeartbeat\x12\n\n\x02ts\x18\x01 \x01(\t\"_\n\x0f\x41pprovalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"O\n\x04\x44one\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x10\n\x08\x66indings\x18\x02 \x01(\x04\x12\x10\n\x08\x63overage\x18\x03 \x03(\t\x12\x13\n\x0b\x65xit_reason\x18\x04 \x01(\t\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x10\x41pprovalDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pproved\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"I\n\x0c\x42udgetUpdate\x12\x0f\n\x07message\x18\x01 \x01(\t\x12(\n\x07\x64\x65tails\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"H\n\x08Progress\x12\'\n\x06marker\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0brow_digests\x18\x02 \x03(\x06\"X\n\x0bResumePoint\x12\'\n\x06marker\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0brow_digests\x18\x03 \x03(\x06\"0\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1c\n\x06resume\x18\x02 \x01(\x0b\x32\x0c.ResumePoint25\n\rEngineChannel\x12$\n\x04Open\x12\n.UpMessage\x1a\x0c.DownMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'engine_channel_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPMESSAGE']._serialized_start=55
-  _globals['_UPMESSAGE']._serialized_end=321
-  _globals['_DOWNMESSAGE']._serialized_start=324
-  _globals['_DOWNMESSAGE']._serialized_end=477
-  _globals['_HANDSHAKE']._serialized_start=480
-  _globals['_HANDSHAKE']._serialized_end=625
-  _globals['_EVENT']._serialized_start=627
-  _globals['_EVENT']._serialized_end=720
-  _globals['_FINDINGDRAFT']._serialized_start=722
-  _globals['_FINDINGDRAFT']._serialized_end=777
-  _globals['_HEARTBEAT']._serialized_start=779
-  _globals['_HEARTBEAT']._serialized_end=802
-  _globals['_APPROVALREQUEST']._serialized_start=804
-  _globals['_APPROVALREQUEST']._serialized_end=899
-  _globals['_DONE']._serialized_start=901
-  _globals['_DONE']._serialized_end=980
-  _globals['_STOP']._serialized_start=982
-  _globals['_STOP']._serialized_end=1004
-  _globals['_APPROVALDECISION']._serialized_start=1006
-  _globals['_APPROVALDECISION']._serialized_end=1078
-  _globals['_BUDGETUPDATE']._serialized_start=1080
-  _globals['_BUDGETUPDATE']._serialized_end=1153
-  _globals['_ACK']._serialized_start=1155
-  _globals['_ACK']._serialized_end=1173
-  _globals['_ENGINECHANNEL']._serialized_start=1175
-  _globals['_ENGINECHANNEL']._serialized_end=1228
+  _globals['_UPMESSAGE']._serialized_end=384
+  _globals['_DOWNMESSAGE']._serialized_start=387
+  _globals['_DOWNMESSAGE']._serialized_end=540
+  _globals['_HANDSHAKE']._serialized_start=543
+  _globals['_HANDSHAKE']._serialized_end=688
+  _globals['_EVENT']._serialized_start=690
+  _globals['_EVENT']._serialized_end=783
+  _globals['_FINDINGDRAFT']._serialized_start=785
+  _globals['_FINDINGDRAFT']._serialized_end=840
+  _globals['_HEARTBEAT']._serialized_start=842
+  _globals['_HEARTBEAT']._serialized_end=865
+  _globals['_APPROVALREQUEST']._serialized_start=867
+  _globals['_APPROVALREQUEST']._serialized_end=962
+  _globals['_DONE']._serialized_start=964
+  _globals['_DONE']._serialized_end=1043
+  _globals['_STOP']._serialized_start=1045
+  _globals['_STOP']._serialized_end=1067
+  _globals['_APPROVALDECISION']._serialized_start=1069
+  _globals['_APPROVALDECISION']._serialized_end=1141
+  _globals['_BUDGETUPDATE']._serialized_start=1143
+  _globals['_BUDGETUPDATE']._serialized_end=1216
+  _globals['_PROGRESS']._serialized_start=1218
+  _globals['_PROGRESS']._serialized_end=1290
+  _globals['_RESUMEPOINT']._serialized_start=1292
+  _globals['_RESUMEPOINT']._serialized_end=1380
+  _globals['_ACK']._serialized_start=1382
+  _globals['_ACK']._serialized_end=1430
+  _globals['_ENGINECHANNEL']._serialized_start=1432
+  _globals['_ENGINECHANNEL']._serialized_end=1485
 # @@protoc_insertion_point(module_scope)

@@ -37,6 +37,8 @@ class UpMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     APPROVAL_REQUEST_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    TRANSACTION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     correlation_id: _builtins.str
     seq: _builtins.int
@@ -53,6 +55,16 @@ class UpMessage(_message.Message):
     def approval_request(self) -> Global___ApprovalRequest: ...
     @_builtins.property
     def done(self) -> Global___Done: ...
+    @_builtins.property
+    def progress(self) -> Global___Progress:
+        """a marker with no rows (to an engine whose Ack carried `resume`)"""
+
+    @_builtins.property
+    def transaction(self) -> Global___Progress:
+        """On the first row of a transaction given a marker, to an engine whose Ack
+        carried `resume`: the marker and the digests of the transaction's rows.
+        """
+
     def __init__(
         self,
         *,
@@ -65,12 +77,14 @@ class UpMessage(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         approval_request: Global___ApprovalRequest | None = ...,
         done: Global___Done | None = ...,
+        progress: Global___Progress | None = ...,
+        transaction: Global___Progress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "body", b"body", "done", b"done", "event", b"event", "finding", b"finding", "handshake", b"handshake", "heartbeat", b"heartbeat"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "body", b"body", "done", b"done", "event", b"event", "finding", b"finding", "handshake", b"handshake", "heartbeat", b"heartbeat", "progress", b"progress", "transaction", b"transaction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "body", b"body", "correlation_id", b"correlation_id", "done", b"done", "event", b"event", "finding", b"finding", "handshake", b"handshake", "heartbeat", b"heartbeat", "run_id", b"run_id", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_request", b"approval_request", "body", b"body", "correlation_id", b"correlation_id", "done", b"done", "event", b"event", "finding", b"finding", "handshake", b"handshake", "heartbeat", b"heartbeat", "progress", b"progress", "run_id", b"run_id", "seq", b"seq", "transaction", b"transaction"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["handshake", "event", "finding", "heartbeat", "approval_request", "done"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["handshake", "event", "finding", "heartbeat", "approval_request", "done", "progress"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -345,20 +359,86 @@ class BudgetUpdate(_message.Message):
 Global___BudgetUpdate: _TypeAlias = BudgetUpdate  # noqa: Y015
 
 @_typing.final
+class Progress(_message.Message):
+    """The harness's resume marker, with a digest of each row of its transaction in
+    order (SPEC "The engine keeps the resume point").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MARKER_FIELD_NUMBER: _builtins.int
+    ROW_DIGESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def marker(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def row_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        marker: _struct_pb2.Struct | None = ...,
+        row_digests: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Progress: _TypeAlias = Progress  # noqa: Y015
+
+@_typing.final
+class ResumePoint(_message.Message):
+    """The last Progress the engine applied for the run: its marker, the seq after
+    which its transaction's rows begin, and their digests (empty/0 while none).
+    Its presence in a handshake's Ack announces that the engine keeps it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MARKER_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    ROW_DIGESTS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    @_builtins.property
+    def marker(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def row_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        marker: _struct_pb2.Struct | None = ...,
+        seq: _builtins.int = ...,
+        row_digests: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumePoint: _TypeAlias = ResumePoint  # noqa: Y015
+
+@_typing.final
 class Ack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """cumulative: everything <= seq is durably accepted"""
+    @_builtins.property
+    def resume(self) -> Global___ResumePoint:
+        """in a handshake's answer, from an engine that keeps it"""
+
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
+        resume: Global___ResumePoint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resume", b"resume"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resume", b"resume", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

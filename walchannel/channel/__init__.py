@@ -34,6 +34,7 @@ serves other threads. Every module of the channel logs under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import os
@@ -43,7 +44,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from walchannel import _killpoints, messages, metrics
+import msgpack
+
+from walchannel import _killpoints, messages, metrics, wire
 from walchannel.channel.connection import ConnectionLoop
 from walchannel.channel.group_commit import PendingGroup
 from walchannel.channel.reporting import Reporter
@@ -73,6 +76,7 @@ from walchannel.payload import check_text
 from walchannel.reentry import FREE, Guard
 from walchannel.replication import SOCKET_ENV
 from walchannel.row_source import RowSource
+from walchannel.wire import ResumePoint
 
 if TYPE_CHECKING:
     from walchannel.channel.replica import ReplicaGate
@@ -323,6 +327,27 @@ class GrpcEngineChannel:
             return marker
         return self._log.progress
 
+    def takeover_point(self) -> ResumePoint | None:
+        """Return the engine's resume point a taken-over run resumes from, or None.
+
+        Set once an engine that keeps the resume point answered a handshake
+        that took the run over, and kept while the log has no progress of its
+        own (a lost log's replacement). While it is not ``complete`` the
+        engine applied only the first ``applied - seq`` rows of the marker's
+        transaction: log the rest again, found by :func:`~walchannel.wire.row_digest`.
+        SPEC "The engine keeps the resume point".
+
+        Raises:
+            ChannelClosedError: the channel's event loop is gone.
+        """
+        self._check_loop()
+        stored = self._connection.engine_resume
+        if stored is None or not stored["takeover"] or self.progress() is not None:
+            return None
+        return ResumePoint(
+            stored["marker"], stored["seq"], stored["applied"], tuple(stored["digests"])
+        )
+
     def stats(self) -> ChannelStats:
         """Return a :class:`~walchannel.ChannelStats` snapshot.
 
@@ -466,11 +491,37 @@ class GrpcEngineChannel:
         Returns the seqs of ``items`` (SPEC "Buffer first", "Group commit").
         """
         marker = messages.progress_marker(progress)
+        rows = items
+        if marker is not None and self._connection.engine_resume is not None:
+            rows = self._with_marker(items, marker)
         if items:
+            # The harness's rows: a marker row travels beside them, outside the bound.
             self._check_backlog(items)
         if self._group is not None:
-            return self._group.add(items, marker)
-        return self._commit_rows(items, marker)
+            seqs = self._group.add(rows, marker)
+        else:
+            seqs = self._commit_rows(rows, marker)
+        return seqs[len(rows) - len(items) :]
+
+    def _with_marker(
+        self, items: list[tuple[str, bytes]], marker: dict[str, Any]
+    ) -> list[tuple[str, bytes]]:
+        """``items`` with ``marker`` for an engine that keeps the resume point.
+
+        The first row carries it, with a digest of each row (SPEC "The engine
+        keeps the resume point"); no row, or a first row it would take past
+        ``max_message_bytes``, gets a ``progress`` row of its own first.
+        """
+        bodies = [msgpack.unpackb(blob) for _, blob in items]
+        point = {
+            "marker": marker,
+            "digests": [wire.row_digest(k, b) for (k, _), b in zip(items, bodies, strict=True)],
+        }
+        if items:
+            kind = items[0][0]
+            with contextlib.suppress(PayloadError):
+                return [self._rows.prepare(kind, {**bodies[0], "progress": point}), *items[1:]]
+        return [self._rows.prepare("progress", point), *items]
 
     def _log_now(self, items: list[tuple[str, bytes]]) -> list[int]:
         """Commit a row its caller then waits on (``Done``, an approval): the group first."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from typing import TYPE_CHECKING, Any, Final
@@ -37,6 +38,7 @@ from walchannel.errors import (
 )
 from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, StopCallback
+from walchannel.log_format import engine_resume
 from walchannel.log_state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
@@ -154,6 +156,12 @@ class ConnectionLoop:
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._pings_warned = False
+        #: The engine's resume point from its last answer, as stored in meta
+        #: (None: it announced none); SPEC "The engine keeps the resume point".
+        self.engine_resume: dict[str, Any] | None = engine_resume(log.meta().engine_resume)
+        # Judged from the answer, not stored yet: (the point, or None to clear it).
+        self._resume_to_store: tuple[dict[str, Any] | None] | None = None
+        self._resync = False  # the answer announced a point the last one did not
 
     # -- starting and stopping -------------------------------------------------------------
 
@@ -458,11 +466,12 @@ class ConnectionLoop:
     async def _open(self, stream: Stream) -> None:
         """Send the handshake, take the answer, start writing. Ends ``stream`` on failure."""
         hello = self.hello().SerializeToString()
+        took_over = self._log.writer.take_over  # the answer's ack clears the mark
         timeout_s = self._config.connect_timeout_ms / 1000
         try:
             async with asyncio.timeout(timeout_s):
                 await stream.call.write(hello)
-                engine_high = await stream.answer if self._config.engine_acks_handshake else None
+                ack = await stream.answer if self._config.engine_acks_handshake else None
         except TimeoutError:
             stream.finish(
                 StreamEnded(f"no handshake answer from {stream.addr} within {timeout_s:.1f} s")
@@ -473,8 +482,19 @@ class ConnectionLoop:
             return
         if stream.ended.is_set():
             return
+        engine_high = None
+        if ack is not None:
+            engine_high = ack.seq
+            if not self._judge_resume(stream, ack, took_over):
+                return
         # None (engine_acks_handshake=False) is decided too: replay from the cursor.
         replay_from = self._take_answer(engine_high)
+        if replay_from is not None and not stream.ended.is_set():
+            self._store_resume()
+            if self._resync and not self._driver.final:
+                self._resync_marker()
+        self._resume_to_store = None  # a refused answer's point is never stored
+        self._resync = False
         if replay_from is None:
             stream.finish(StreamEnded("handshake answer refused"))
             return
@@ -507,6 +527,98 @@ class ConnectionLoop:
                     self._log.path,
                 )
         stream.start()
+
+    def _judge_resume(self, stream: Stream, ack: pb.Ack, took_over: bool) -> bool:
+        """Judge the resume point of the engine's answer; keep what to store of it.
+
+        Stored with the answer's ack, not before it: by the verification
+        transaction that clears a takeover mark (so a kill cannot part
+        them), or just after an ack that clears none (:meth:`_store_resume`);
+        an answer the driver refuses stores nothing of it. Returns False when
+        the point is impossible: a protocol error, nothing applied, the stream
+        ended. SPEC "The engine keeps the resume point".
+        """
+        self._resume_to_store = None
+        try:
+            point = wire.resume_point(ack)
+        except ValueError as exc:
+            said = self._driver.protocol_error(
+                f"the engine at {stream.addr} answered the handshake with {exc}; the stream"
+                " is ended and dialed again"
+            )
+            logger.error("run %s: %s", self._run_id, said)
+            stream.finish(StreamEnded(said))
+            return False
+        before = self.engine_resume
+        resume: dict[str, Any] | None = None
+        if point is None:
+            if before is not None:
+                logger.warning(
+                    "run %s: the engine at %s no longer keeps the run's resume point: no more"
+                    " progress rows are logged for it, and a takeover costs what it did"
+                    " without one (docs/operations.md)",
+                    self._run_id,
+                    stream.addr,
+                )
+        else:
+            # A takeover's point stays the runner's until the log has progress of its own.
+            kept = before is not None and before["takeover"] and self._log.progress is None
+            resume = {
+                "marker": point.marker,
+                "seq": point.seq,
+                "applied": point.applied,
+                "digests": list(point.digests),
+                "takeover": took_over or kept,
+            }
+        if resume != before:
+            self._resume_to_store = (resume,)
+        # A first (or renewed) announcement: the rows logged before it carry no
+        # marker rows, so one repeating the log's marker follows them.
+        self._resync = before is None and resume is not None
+        return True
+
+    def _resync_marker(self) -> None:
+        """Log a ``progress`` row repeating the log's marker (the engine just announced a point).
+
+        Rows after the engine's point are then only the first rows of one
+        stretch, as the runner's takeover counts on (SPEC "The engine keeps
+        the resume point"). Nothing without a marker, or on a log past its
+        ``Done``.
+        """
+        self._resync = False
+        marker = self._log.progress
+        if marker is None or self._log.state.done_seq is not None:
+            return
+        try:
+            items = [self._rows.prepare("progress", {"marker": marker, "digests": []})]
+            seqs = self._log.append_encoded(items)
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot log the marker for the engine: %s", self._run_id, exc)
+            return
+        self._rows.on_commit(seqs, items)
+        self._wakeup.set()
+
+    def _verify_resume(self) -> str | None:
+        """The resume point for the verification transaction to store (JSON), or None."""
+        pending = self._resume_to_store
+        if pending is None or pending[0] is None:
+            return None  # a point withdrawn is stored after (no mark depends on it)
+        return json.dumps(pending[0], sort_keys=True)
+
+    def _store_resume(self) -> None:
+        """Store the judged resume point, unless the verification did or the answer was refused."""
+        pending, self._resume_to_store = self._resume_to_store, None
+        if pending is None:
+            return
+        resume = pending[0]
+        try:
+            self._log.update_meta(
+                engine_resume=None if resume is None else json.dumps(resume, sort_keys=True)
+            )
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot store the resume point: %s", self._run_id, exc)
+            return  # the rows go on; a later answer stores it
+        self.engine_resume = resume
 
     def hello(self) -> pb.UpMessage:
         """The handshake: its stored fields and the log's writer identity (SPEC "Wire contract").
@@ -575,10 +687,13 @@ class ConnectionLoop:
         if answer is Answer.VERIFY:
             unverified = driver.unverified_from
             try:
-                shift = self._log.verify(engine_high)
+                shift = self._log.verify(engine_high, engine_resume=self._verify_resume())
             except WalWriteError as exc:
                 self._reporter.record(raw_message(exc))
                 return None
+            pending = self._resume_to_store
+            if pending is not None and pending[0] is not None:
+                self.engine_resume, self._resume_to_store = pending[0], None
             if shift:
                 logger.warning(
                     "run %s: the engine already holds seqs up to %d, at or above this log's "

@@ -70,7 +70,7 @@ class Stream:
             written on this stream (the bound kept beside the log).
 
     Attributes:
-        answer: the engine's answer ``h`` to the handshake.
+        answer: the engine's answer to the handshake (its ``Ack``: ``h`` and any resume point).
         ended: set once the stream is over; :attr:`reason` says why.
         last_down_ms: when the last down message arrived (the dial's time before).
         heartbeats_since_down: heartbeats written since then.
@@ -113,7 +113,7 @@ class Stream:
         self._run_id = driver.run_id
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self.answer: asyncio.Future[int] = loop.create_future()
+        self.answer: asyncio.Future[pb.Ack] = loop.create_future()
         self.ended = asyncio.Event()
         self.reason: BaseException | None = None
         self.tasks: list[asyncio.Task[None]] = [loop.create_task(self._read_loop())]
@@ -230,7 +230,7 @@ class Stream:
                 self.last_down_ms = now
                 self.heartbeats_since_down = 0
                 if not answer.done() and self._acks_handshake and msg.HasField("ack"):
-                    answer.set_result(msg.ack.seq)
+                    answer.set_result(msg.ack)
                     continue
                 self._on_down(msg, now)
         except asyncio.CancelledError:

@@ -14,12 +14,14 @@ import inspect
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import msgpack
 
+from walchannel import messages
 from walchannel.channel import GrpcEngineChannel
 from walchannel.clock import Clock, SystemClock
 from walchannel.config import GrpcChannelConfig, redact_secret
@@ -48,6 +50,7 @@ from walchannel.interface import ApprovalDecision
 from walchannel.runner.context import AsyncItemContext, ItemContext
 from walchannel.runner.exits import ExitCode, said
 from walchannel.runner.manifest import Manifest, ManifestError
+from walchannel.wire import ResumePoint, row_digest
 
 __all__ = [
     "Harness",
@@ -278,6 +281,9 @@ class _Run:
         self.skipped_items = 0
         self.started = self._now_s()
         self.resumed_at = 0  # items done before this process: not its rate
+        # A takeover's item the engine applied in part: its index, and the
+        # digests of the rows it applied (left out when the item is logged again).
+        self.partial: tuple[int, Counter[int]] | None = None
 
     def _now_s(self) -> float:
         return self.clock.monotonic_ms() / 1000
@@ -367,6 +373,8 @@ class _Run:
         if early is not None:
             return early
         marker = channel.progress()
+        if marker is None and (point := channel.takeover_point()) is not None:
+            marker = self._from_engine(point)
         start, status = self._resume(marker)
         if status is None:
             reporter = self.loop.create_task(self._report_every(channel))
@@ -434,6 +442,57 @@ class _Run:
                     self.run_id,
                     exc,
                 )
+
+    def _from_engine(self, point: ResumePoint) -> Mapping[str, Any] | None:
+        """The marker a lost log taken over resumes from: the engine's (SPEC "The runner").
+
+        A transaction the engine applied in part is its item's: that item is
+        scanned again from the counts before it, and the rows the engine
+        applied (by :func:`~walchannel.wire.row_digest`) are left out.
+        """
+        marker = point.marker
+        after = point.applied - point.seq
+        last = marker.get("last") if marker is not None else None
+        if marker is None or (not point.complete and not isinstance(last, dict)):
+            # Rows before the engine's first marker (or a marker not the runner's):
+            # nothing says which they were.
+            logger.warning(
+                "run %s: taken over: the engine's resume point covers none of the %d rows it"
+                " applied after it: they may come again",
+                self.run_id,
+                after,
+            )
+            return marker
+        if point.complete or not isinstance(last, dict):
+            logger.warning(
+                "run %s: taken over: resuming from the engine's resume point (item %s)",
+                self.run_id,
+                marker.get("next"),
+            )
+            return marker
+        before = dict(marker)
+        try:
+            before["next"] = int(last["index"])
+            for key in ("findings", "skipped_findings", "skipped_items"):
+                before[key] = int(marker.get(key, 0)) - int(last[key])
+        except (KeyError, TypeError, ValueError):
+            return marker  # not the runner's: _resume refuses it
+        applied = Counter(point.digests[:after])
+        # An item taken over in part before: the rows applied then count too.
+        try:
+            applied.update(int(h, 16) for h in last.get("applied", ()))
+        except (TypeError, ValueError):
+            return marker  # not the runner's: _resume refuses it
+        self.partial = (before["next"], applied)
+        logger.warning(
+            "run %s: taken over: resuming from the engine's resume point (item %d, %d of its"
+            " %d rows applied: the rest are logged again)",
+            self.run_id,
+            before["next"],
+            after,
+            len(point.digests),
+        )
+        return before
 
     def _resume(self, marker: Mapping[str, Any] | None) -> tuple[int, str | None]:
         if marker is None:
@@ -696,7 +755,6 @@ class _Run:
         state = outcome.state
         kept = list(enumerate(outcome.findings))
         events = list(state.events)
-        full = False
         while True:
             try:
                 await self._commit(channel, state.index, [f for _, f in kept], events)
@@ -723,17 +781,6 @@ class _Run:
                     exc.reason,
                 )
                 events.append(_skip_event(state, number, path, exc.reason))
-            except BacklogFullError as exc:
-                # Room comes as the engine's acks are stored; the rows wait in the log.
-                if not full:
-                    logger.info("run %s: waiting for room in the backlog: %s", self.run_id, exc)
-                full = True
-                if await channel.wait_acked(timeout_ms=BACKLOG_WAIT_MS):
-                    # All acked, yet no room: the ack is not stored yet (the disk
-                    # refused it): wait, not spin.
-                    await self._sleep_unless_stopped(BACKLOG_WAIT_MS / 1000)
-                elif self.grace.stopping:
-                    raise _StoppedInCommit from None
 
     async def _commit(
         self,
@@ -743,25 +790,59 @@ class _Run:
         events: list[tuple[str, str, Mapping[str, Any]]],
     ) -> None:
         marker = self._marker(index + 1, self.findings + len(findings))
-        await self._written(lambda: channel.send_findings(findings, events=events, progress=marker))
+        # What this transaction adds to the counts: a takeover that finds it
+        # applied in part counts from before it.
+        kinds = [e[0] for e in events]
+        marker["last"] = {
+            "index": index,
+            "findings": len(findings),
+            "skipped_findings": kinds.count("runner.finding_skipped"),
+            "skipped_items": kinds.count("runner.item_skipped"),
+        }
+        events_out, findings_out = events, findings
+        if self.partial is not None and self.partial[0] == index:
+            applied = self.partial[1]
+            events_out, findings_out = _not_applied(events, findings, applied)
+            # The rows left out: a later takeover of this item counts them applied.
+            marker["last"]["applied"] = [f"{d:016x}" for d in sorted(applied.elements())]
+        await self._written(
+            channel, lambda: channel.send_findings(findings_out, events=events_out, progress=marker)
+        )
+        self.partial = None
         self.done_items = index + 1
         self.findings += len(findings)
 
     async def _commit_marker(self, channel: GrpcEngineChannel, next_item: int, status: str) -> None:
         marker = self._marker(next_item if status == "completed" else self.done_items, None)
         marker["status"] = status
-        await self._written(lambda: channel.send_findings([], progress=marker))
+        # (A row too, for an engine that keeps the resume point: room is waited for.)
+        await self._written(channel, lambda: channel.send_findings([], progress=marker))
 
-    async def _written(self, write: Callable[[], _T]) -> _T:
-        """``write()``, again while the disk refuses it (full): the run waits, it does not fail.
+    async def _written(self, channel: GrpcEngineChannel, write: Callable[[], _T]) -> _T:
+        """``write()``, again while the disk refuses it (full) or the backlog has no room.
+
+        The run waits, it does not fail: room comes as the engine's acks are
+        stored; the rows wait in the log.
 
         Raises:
             _StoppedInCommit: SIGTERM while waiting.
         """
         delay = WRITE_RETRY_S
+        full = False
         while True:
             try:
                 return write()
+            except BacklogFullError as exc:
+                if not full:
+                    logger.info("run %s: waiting for room in the backlog: %s", self.run_id, exc)
+                full = True
+                if await channel.wait_acked(timeout_ms=BACKLOG_WAIT_MS):
+                    # All acked, yet no room: the ack is not stored yet (the disk
+                    # refused it): wait, not spin.
+                    await self._sleep_unless_stopped(BACKLOG_WAIT_MS / 1000)
+                elif self.grace.stopping:
+                    raise _StoppedInCommit from None
+                continue
             except WalWriteError as exc:
                 # Nothing of the write was logged; the rows before it are safe.
                 logger.warning(
@@ -923,6 +1004,47 @@ def _held(outcome: _Outcome) -> int:
         except (TypeError, ValueError, OverflowError):
             outcome.size = 0  # not packable: its commit refuses it (PayloadError) and skips it
     return outcome.size
+
+
+def _not_applied(
+    events: list[tuple[str, str, Mapping[str, Any]]],
+    findings: list[Mapping[str, Any]],
+    applied: Counter[int],
+) -> tuple[list[tuple[str, str, Mapping[str, Any]]], list[Mapping[str, Any]]]:
+    """The events and findings of an item the engine did not apply, by row digest.
+
+    ``applied`` counts the digests of the rows it applied (each matches one
+    row). A row that differs from every applied one is kept: a scan that
+    does not repeat itself costs a row twice, never a row lost.
+    """
+    left = Counter(applied)
+
+    def new(kind: str, body: Mapping[str, Any] | None) -> bool:
+        if body is None:
+            return True  # refused by the channel's checks: named there
+        digest = row_digest(kind, body)
+        if left[digest] > 0:
+            left[digest] -= 1
+            return False
+        return True
+
+    kept_events = [e for e in events if new("event", _checked_event(e))]
+    kept_findings = [f for f in findings if new("finding", _checked_finding(f))]
+    return kept_events, kept_findings
+
+
+def _checked_event(event: tuple[str, str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return messages.event_bodies([event], None)[0]  # (its stamp is no content)
+    except PayloadError:
+        return None
+
+
+def _checked_finding(finding: Mapping[str, Any]) -> dict[str, Any] | None:
+    try:
+        return messages.finding_bodies([finding])[0]
+    except PayloadError:
+        return None
 
 
 def _skip_event(

@@ -26,6 +26,7 @@ from walchannel.formatting import get_logger
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 from walchannel.log_format import encode_body
 from walchannel.payload import check_text
+from walchannel.wire import ResumePoint
 
 __all__ = ["InMemoryEngineChannel"]
 
@@ -44,11 +45,21 @@ class InMemoryEngineChannel:
         closed: True after ``close()``.
     """
 
-    def __init__(self, *, progress: Mapping[str, Any] | None = None, approve: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        progress: Mapping[str, Any] | None = None,
+        approve: bool = True,
+        takeover_point: ResumePoint | None = None,
+    ) -> None:
         """Args:
         progress: a marker to start from, as a resumed run would have.
         approve: the decision ``request_approval`` answers with.
+        takeover_point: the engine's resume point :meth:`takeover_point`
+            gives while no marker was set, as after a lost log was taken
+            over (SPEC "The engine keeps the resume point").
         """
+        self._takeover_point = takeover_point
         self._approve = approve
         self.events: list[dict[str, Any]] = []
         self.findings: list[dict[str, Any]] = []
@@ -214,6 +225,10 @@ class InMemoryEngineChannel:
     def progress(self) -> Mapping[str, Any] | None:
         """The last marker passed with ``progress=`` (or given at construction)."""
         return self._progress
+
+    def takeover_point(self) -> ResumePoint | None:
+        """The ``takeover_point=`` given, while no marker was set; then None."""
+        return self._takeover_point if self._progress is None else None
 
     def on_stop(self, callback: StopCallback) -> None:
         """Register a Stop callback; :meth:`stop` fires them (once)."""

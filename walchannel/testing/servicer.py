@@ -65,6 +65,7 @@ from walchannel.testing.store import (
     Admission,
     Decision,
     EngineStore,
+    RunState,
     StoreClosedError,
     Writer,
 )
@@ -158,6 +159,17 @@ def refusal_text(run_id: str, writer: Writer, admission: Admission) -> str:
 
 def _ack(seq: int) -> pb.DownMessage:
     return pb.DownMessage(ack=pb.Ack(seq=seq))
+
+
+def _resume_ack(h: int, state: RunState) -> pb.DownMessage:
+    """``Ack(h)`` with the run's resume point: its last applied marker (empty while none)."""
+    ack = pb.Ack(seq=h)
+    ack.resume.SetInParent()
+    ack.resume.seq = state.resume_seq
+    ack.resume.row_digests.extend(state.resume_digests)
+    if state.resume_marker is not None:
+        ack.resume.marker.update(state.resume_marker)
+    return pb.DownMessage(ack=ack)
 
 
 def _decision_message(decision: Decision) -> pb.DownMessage:
@@ -323,6 +335,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         executor: where store transactions run (one worker: in order).
         ack_every, ack_idle_s, ack_delay_s, ack_handshakes, ack_heartbeats:
             the ack cadence (see :class:`~walchannel.testing.engine.LocalEngine`).
+        resume_points: keep and announce the run's resume point (``LocalEngine``).
 
     Attributes:
         streams: the live stream of each run on this engine.
@@ -342,6 +355,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         ack_delay_s: float,
         ack_handshakes: bool,
         ack_heartbeats: bool,
+        resume_points: bool = True,
     ) -> None:
         self._store = store
         self._executor = executor
@@ -350,6 +364,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         self._ack_delay_s = ack_delay_s
         self._ack_handshakes = ack_handshakes
         self._ack_heartbeats = ack_heartbeats
+        self._resume_points = resume_points
         self.streams: dict[str, EngineStream] = {}
         self.handlers: set[EngineStream] = set()
         self.reject_handshakes = 0
@@ -609,7 +624,13 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             )
         stream.h = max(stream.h, state.h)
         if self._ack_handshakes:
-            self._send_ack(stream)
+            if self._resume_points:
+                # Sent at once: the answer carries the point of the h it names.
+                stream.unacked = 0
+                stream.cancel_idle()
+                stream.send(_resume_ack(stream.h, state), delay_s=self._ack_delay_s)
+            else:
+                self._send_ack(stream)
         if state.stop_reason is not None:
             stream.send(pb.DownMessage(stop=pb.Stop(reason=state.stop_reason)))
         for decision in state.decisions:

@@ -109,7 +109,14 @@ _SCHEMA: Final = (
 )
 # Columns of runs added after the table first shipped: an older store file
 # gets them (NULL) when an engine opens it.
-_RUN_COLUMNS: Final = {"writer_id": "TEXT", "writer_epoch": "INTEGER", "completed_by": "TEXT"}
+_RUN_COLUMNS: Final = {
+    "writer_id": "TEXT",
+    "writer_epoch": "INTEGER",
+    "completed_by": "TEXT",
+    "resume_marker": "TEXT",
+    "resume_seq": "INTEGER",
+    "resume_digests": "TEXT",
+}
 
 Outcome = Literal["applied", "duplicate", "gap", "completed", "fenced", "unknown_run"]
 Verdict = Literal["accepted", "completed", "owned", "fenced", "unknown_run"]
@@ -201,6 +208,9 @@ class RunState:
         decisions: every approval decision made for the run, oldest first.
         completed_by: the writer id whose ``Done`` completed the run (None:
             not completed, or a writer with no id).
+        resume_marker: the last applied ``Progress`` row's marker (None: none).
+        resume_seq: that row's seq (0: none).
+        resume_digests: that row's digests of the rows of its transaction.
     """
 
     h: int
@@ -208,6 +218,9 @@ class RunState:
     stop_reason: str | None
     decisions: tuple[Decision, ...]
     completed_by: str | None = None
+    resume_marker: dict[str, Any] | None = None
+    resume_seq: int = 0
+    resume_digests: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +402,8 @@ class EngineStore:
         """Return the run's high-water, completion, Stop and decisions (None: unknown run)."""
         with self._reading() as conn:
             row = conn.execute(
-                "SELECT h, completed_at, stop_reason, completed_by FROM runs WHERE run_id = ?",
+                "SELECT h, completed_at, stop_reason, completed_by, resume_marker, resume_seq,"
+                " resume_digests FROM runs WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
             if row is None:
@@ -405,6 +419,9 @@ class EngineStore:
             stop_reason=row[2],
             decisions=tuple(Decision(r[0], bool(r[1]), r[2]) for r in decisions),
             completed_by=row[3],
+            resume_marker=json.loads(row[4]) if row[4] is not None else None,
+            resume_seq=int(row[5] or 0),
+            resume_digests=tuple(json.loads(row[6])) if row[6] is not None else (),
         )
 
     def high_water(self, run_id: str) -> int:
@@ -534,9 +551,11 @@ class EngineStore:
         A writer that no longer owns the run (another took it over, or a
         restored copy superseded it) is ``"fenced"``: nothing is applied.
         ``seq == h + 1`` is inserted and becomes the new ``h`` (a ``done``
-        also marks the run completed, by this writer, in the same
-        transaction); ``seq <= h`` is a duplicate: counted, not applied; a
-        higher seq is recorded as a gap ``(h + 1, seq)`` and not applied.
+        also marks the run completed, by this writer, and a ``progress`` row,
+        or the marker a row carries, becomes the run's resume point, in the
+        same transaction); ``seq <= h``
+        is a duplicate: counted, not applied; a higher seq is recorded as a
+        gap ``(h + 1, seq)`` and not applied.
         SPEC "Engine duties".
 
         Args:
@@ -551,6 +570,10 @@ class EngineStore:
         Returns:
             What happened, with the run's high-water after it.
         """
+        # A marker the row carries is the run's resume point, not its content.
+        point = body if kind == "progress" else body.get("progress")
+        if point is not None and kind != "progress":
+            body = {k: v for k, v in body.items() if k != "progress"}
         text = _dump(body)
         request_id = body.get("request_id") if kind == "approval_request" else None
         with self._transaction() as conn:
@@ -592,6 +615,20 @@ class EngineStore:
                 "UPDATE runs SET h = ?, completed_at = ?, completed_by = ? WHERE run_id = ?",
                 (seq, now if done else None, writer.id if done and writer else None, run_id),
             )
+            if point is not None:
+                # The run's resume point moves with the row, in its transaction:
+                # its transaction's rows begin after a progress row, or at the
+                # row that carries it.
+                conn.execute(
+                    "UPDATE runs SET resume_marker = ?, resume_seq = ?, resume_digests = ?"
+                    " WHERE run_id = ?",
+                    (
+                        _dump(point["marker"]),
+                        seq if kind == "progress" else seq - 1,
+                        json.dumps(point["digests"]),
+                        run_id,
+                    ),
+                )
             decision = self._decision(conn, run_id, request_id)
             return AcceptResult("applied", seq, decision)
 

@@ -92,6 +92,9 @@ class LocalEngine:
             slow engine (milliseconds, >= 0); messages behind an ack wait too.
         ack_handshakes: answer handshakes with ``Ack(h)``.
         ack_heartbeats: answer heartbeats with ``Ack(h)``.
+        resume_points: keep the run's resume point and announce it in every
+            handshake's answer (False: an engine without the duty, as before
+            it; SPEC "The engine keeps the resume point").
         server_credentials: serve TLS with these, else plaintext.
         ping_policy: ``"permissive"`` (frequent client pings allowed) or
             ``"strict"`` (gRPC's strict server settings: fast pings get
@@ -132,6 +135,7 @@ class LocalEngine:
         ack_delay_ms: float = 0,
         ack_handshakes: bool = True,
         ack_heartbeats: bool = True,
+        resume_points: bool = True,
         server_credentials: grpc.ServerCredentials | None = None,
         ping_policy: PingPolicy = "permissive",
         reject_tokens_for_handshakes: int = 0,
@@ -182,6 +186,7 @@ class LocalEngine:
             ack_delay_s=ack_delay_ms / 1000,
             ack_handshakes=ack_handshakes,
             ack_heartbeats=ack_heartbeats,
+            resume_points=resume_points,
         )
         self._started = False
         self._stopped = False

@@ -51,6 +51,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ack-every", type=int, default=1, help="ack every N messages")
     parser.add_argument("--no-heartbeat-acks", action="store_true", help="do not answer heartbeats")
     parser.add_argument(
+        "--no-resume-points",
+        action="store_true",
+        help="play an engine that does not keep the run's resume point (an older one)",
+    )
+    parser.add_argument(
         "--log-level",
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -133,6 +138,7 @@ async def _serve_process(args: argparse.Namespace) -> int:
         args.store,
         ack_every=args.ack_every,
         ack_heartbeats=not args.no_heartbeat_acks,
+        resume_points=not args.no_resume_points,
         grpc_port=args.grpc_port,
         http_port=None,
     )

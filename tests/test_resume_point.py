@@ -1,0 +1,357 @@
+"""The engine keeps the resume point (issue 55): a lost log taken over costs nothing twice.
+
+Real processes: ``walchannel run`` (``tests/helpers/runner_harness.py``)
+against the local engine on loopback, SIGKILLed mid-scan; its log folder is
+deleted; the next start is fenced; ``walchannel takeover`` marks the new log;
+the restarted runner resumes from the engine's resume point. Every finding is
+audited by content, and the ``Done`` count. With an engine that does not keep
+the point, the same steps show the documented cost: what the old writer
+delivered comes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import signal
+import sqlite3
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_runner_processes import BOUND_S, Harness, manifest_for, start
+
+from conftest import child_env, eventually, new_run
+from helpers.rogue import RogueEngine, RogueStream
+from walchannel import GrpcEngineChannel, PayloadError, RunLog
+from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.runner import ExitCode
+from walchannel.testing.engine import LocalEngine
+from walchannel.wire import row_digest
+
+ITEMS = 400
+EACH = 5  # findings per item: 2,000 in all
+
+
+def applied(engine: LocalEngine, run_id: str) -> Counter[tuple[str, int]]:
+    got: Counter[tuple[str, int]] = Counter()
+    for message in engine.bodies(run_id):
+        if message["kind"] == "finding":
+            fields: dict[str, Any] = message["body"]["fields"]
+            got[(fields["item"], int(fields["n"]))] += 1
+    return got
+
+
+async def takeover(log: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "walchannel",
+        "takeover",
+        str(log),
+        env=child_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, (out + err).decode()
+
+
+async def lose_the_log(engine: LocalEngine, tmp_path: Path) -> tuple[str, Counter[Any], str]:
+    """Scan about half the items, SIGKILL, delete the log folder, get fenced, take over, finish.
+
+    Returns the run id, what the engine applied before the takeover, and
+    the finishing harness's stderr.
+    """
+    run_id, token = new_run(engine)
+    manifest = manifest_for(tmp_path / "m.json", engine, run_id, token)
+    wal = tmp_path / "wal"
+    env = {"RUNNER_ITEMS": str(ITEMS), "RUNNER_FINDINGS": str(EACH), "RUNNER_PACE_S": "0.002"}
+    first = await start(manifest, wal, "--concurrency", "3", **env)
+
+    def half(h: Harness = first) -> bool:
+        return len(h.scanned) >= ITEMS // 2 or h.proc.returncode is not None
+
+    await eventually(half, timeout=BOUND_S, what="half the items scanned")
+    assert first.proc.returncode is None, "it ended before the kill"
+    first.kill()
+    assert await first.wait() == -signal.SIGKILL
+    before = applied(engine, run_id)
+    assert 0 < sum(before.values()) < ITEMS * EACH
+    shutil.rmtree(wal)  # a container recreated without its volume
+
+    fenced = await start(manifest, wal, **env)
+    assert await fenced.wait() == ExitCode.FENCED, fenced.err.decode()[-2000:]
+    assert not fenced.scanned
+    (log,) = wal.glob("*.wal.sqlite3")
+    await takeover(log)
+
+    last = await start(manifest, wal, **env)
+    assert await last.wait() == ExitCode.DONE, last.err.decode()[-3000:]
+    assert token not in last.err.decode() + fenced.err.decode()
+    return run_id, before, last.err.decode()
+
+
+@pytest.mark.asyncio
+async def test_a_lost_log_taken_over_applies_every_finding_once(tmp_path: Path) -> None:
+    engine = LocalEngine()
+    await engine.start()
+    try:
+        run_id, _, err = await lose_the_log(engine, tmp_path)
+        got = applied(engine, run_id)
+        want = Counter({(f"item-{i:04}", n): 1 for i in range(ITEMS) for n in range(EACH)})
+        assert got == want, (sorted(got - want)[:10], sorted(want - got)[:10])
+        done = engine.done(run_id)
+        assert done is not None and done["status"] == "completed"
+        assert done["findings"] == ITEMS * EACH
+        assert "resuming from the engine's resume point" in err, err
+        assert engine.accepted(run_id) == list(range(1, len(engine.accepted(run_id)) + 1))
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_without_the_engines_point_a_takeover_costs_what_the_old_writer_delivered(
+    tmp_path: Path,
+) -> None:
+    engine = LocalEngine(resume_points=False)
+    await engine.start()
+    try:
+        run_id, before, err = await lose_the_log(engine, tmp_path)
+        got = applied(engine, run_id)
+        # Every finding at least once; those the old writer delivered, twice.
+        assert set(got) == {(f"item-{i:04}", n) for i in range(ITEMS) for n in range(EACH)}
+        assert Counter({k: 2 for k in before}) == Counter({k: v for k, v in got.items() if v > 1})
+        assert "resume point" not in err
+    finally:
+        await engine.stop()
+
+
+# -- the channel: in-process, against the local engine and a scripted one ---------------------
+
+
+def _config(engine: LocalEngine, wal: Path, run_id: str, token: str) -> Any:
+    from walchannel.testing.plugin import local_channel_config
+
+    return local_channel_config(engine, wal, run_id, token)
+
+
+@pytest.mark.asyncio
+async def test_markers_travel_as_rows_only_to_an_engine_that_announced_the_point(
+    tmp_path: Path,
+) -> None:
+    for keeps in (True, False):
+        engine = LocalEngine(resume_points=keeps)
+        await engine.start()
+        try:
+            run_id, token = new_run(engine)
+            wal = tmp_path / f"wal-{keeps}"
+            async with GrpcEngineChannel(_config(engine, wal, run_id, token)) as ch:
+                await ch.handshake("1", "resume", "1")
+                assert ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 1}) == [1, 2]
+                assert ch.send_findings([], progress={"next": 2, "at": "b"}) == []
+                assert await ch.wait_acked(timeout_ms=10_000)
+                assert ch.takeover_point() is None  # no takeover
+                stored = ch.log.meta().engine_resume
+            kinds = [m["kind"] for m in engine.bodies(run_id)]
+            if keeps:
+                # The first row carried the first marker; the second had no row.
+                assert kinds == ["finding", "finding", "progress"]
+                assert "progress" not in engine.bodies(run_id)[0]["body"]  # content only
+                assert stored is not None and json.loads(stored)["takeover"] is False
+                state = engine.store.run_state(run_id)
+                assert state is not None and state.resume_seq == 3
+                assert state.resume_marker == {"next": 2, "at": "b"}
+            else:
+                assert kinds == ["finding", "finding"]
+                assert stored is None
+        finally:
+            await engine.stop()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "marker",
+    [{"next": 1.5}, {"items": [1, {"x": 0.25}]}, {"deep": {"f": float(2**60)}}],
+    ids=["top", "in-a-list", "big"],
+)
+async def test_a_marker_holding_a_float_is_refused_at_send_naming_its_path(
+    local_engine: LocalEngine, tmp_path: Path, marker: dict[str, Any]
+) -> None:
+    run_id, token = new_run(local_engine)
+    async with GrpcEngineChannel(_config(local_engine, tmp_path / "wal", run_id, token)) as ch:
+        await ch.handshake("1", "resume", "1")
+        with pytest.raises(PayloadError, match=r"progress\.\S+: the float") as caught:
+            ch.send_findings([{"n": 1}], progress=marker)
+        assert caught.value.path.startswith("progress.")
+        assert ch.log.state.next_seq == 1  # nothing logged
+        assert ch.progress() is None
+
+
+def _point_ack(h: int, seq: int, marker: dict[str, Any] | None) -> pb.DownMessage:
+    ack = pb.Ack(seq=h)
+    ack.resume.SetInParent()
+    ack.resume.seq = seq
+    if marker is not None:
+        ack.resume.marker.update(marker)
+    return pb.DownMessage(ack=ack)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("seq", "marker", "said"),
+    [
+        (9, {"next": 3}, "a resume point at seq 9, above the Ack(5)"),
+        (2, {"next": 2.5}, "marker.next is 2.5, not an integer"),
+        (3, {"nested": [{"n": 0.5}]}, "marker.nested[0].n is 0.5, not an integer"),
+    ],
+    ids=["above-h", "a-fraction", "nested-fraction"],
+)
+async def test_an_impossible_resume_point_is_a_protocol_error_never_stored(
+    tmp_path: Path, seq: int, marker: dict[str, Any], said: str
+) -> None:
+    answers = [_point_ack(5, seq, marker), _point_ack(0, 0, None)]
+
+    async def script(stream: RogueStream) -> None:
+        await stream.read()
+        stream.send(answers.pop(0) if len(answers) > 1 else answers[0])
+        while (msg := await stream.read()) is not None:
+            if msg.seq:
+                stream.ack(msg.seq)
+
+    engine = RogueEngine(script)
+    await engine.start()
+    try:
+        wal = tmp_path / "wal"
+        async with GrpcEngineChannel(engine.channel_config(wal, "rp-run")) as ch:
+            await ch.handshake("1", "resume", "1")
+            assert ch.stats().protocol_errors == 1
+            assert ch.stats().last_error is not None and said in ch.stats().last_error
+            assert len(engine.streams) == 2  # ended, dialed again, the next answer taken
+            stored = ch.log.meta().engine_resume
+            assert stored is not None
+            want = {"marker": None, "seq": 0, "applied": 0, "digests": [], "takeover": False}
+            assert json.loads(stored) == want
+            assert ch.send_finding({"n": 1}) == 1
+            assert await ch.wait_acked(timeout_ms=10_000)
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_has_progress(
+    tmp_path: Path,
+) -> None:
+    engine = LocalEngine()
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        old, new = tmp_path / "old", tmp_path / "new"
+        async with GrpcEngineChannel(_config(engine, old, run_id, token)) as ch:
+            await ch.handshake("1", "resume", "1")
+            ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 1})
+            ch.send_findings([{"n": 3}], progress={"next": 2})
+            assert await ch.wait_acked(timeout_ms=10_000)
+        shutil.rmtree(old)  # lost; the engine holds 1..3 (markers carried by 1 and 3)
+        with RunLog.open(new, run_id, correlation_id=f"corr-{run_id}") as log:
+            log.mark_takeover()
+        ch = GrpcEngineChannel(_config(engine, new, run_id, token))
+        await ch.handshake("1", "resume", "1")
+        point = ch.takeover_point()
+        assert point is not None and point.marker == {"next": 2} and point.seq == 2
+        assert point.applied == 3 and point.complete and len(point.digests) == 1
+        ch.log.close()  # as a kill: nothing more of this channel reaches the disk
+        await ch.close()
+        async with GrpcEngineChannel(_config(engine, new, run_id, token)) as ch:
+            await ch.handshake("1", "resume", "1")  # the mark is gone; the point stays
+            again = ch.takeover_point()
+            assert again is not None and again.marker == {"next": 2}
+            assert ch.send_findings([{"n": 4}], progress={"next": 3}) == [4]
+            assert ch.takeover_point() is None  # the log's own progress now
+            assert await ch.wait_acked(timeout_ms=10_000)
+        assert engine.store.run_state(run_id).resume_marker == {"next": 3}  # type: ignore[union-attr]
+    finally:
+        await engine.stop()
+
+
+# -- what a rescan leaves out: by content, never by count ---------------------------------
+
+
+def test_a_rescan_leaves_out_only_rows_whose_content_the_engine_applied() -> None:
+    from walchannel.runner.run import _not_applied
+
+    events = [("scan.item", "info", {"item": "a"})]
+    findings: list[dict[str, Any]] = [{"n": 0}, {"n": 1}, {"n": 2}]
+    rows = [("event", {"type": "scan.item", "severity": "info", "payload": {"item": "a"}})]
+    rows += [("finding", {"fields": f}) for f in findings]
+    digests = [row_digest(kind, body) for kind, body in rows]
+    # The engine applied the event and the first finding (an event's ts is not content).
+    applied = Counter(digests[:2])
+    assert _not_applied(events, findings, applied) == ([], findings[1:])
+    # A scan that does not repeat itself: no event this time, the findings in another
+    # order, one new. Only what the engine holds is left out; nothing is lost.
+    again: list[dict[str, Any]] = [{"n": 2}, {"n": 0}, {"n": 3}, {"n": 1}]
+    assert _not_applied([], again, applied) == ([], [{"n": 2}, {"n": 3}, {"n": 1}])
+    # The same finding twice in one item: each applied row matches one of them.
+    twice: list[dict[str, Any]] = [{"n": 0}, {"n": 0}]
+    assert _not_applied([], twice, applied) == ([], [{"n": 0}])
+    assert applied == Counter(digests[:2])  # the caller's counts are left as they were
+
+
+def test_a_digest_is_of_the_content_not_its_stamp_key_order_or_carried_marker() -> None:
+    payload = {"x": 1, "y": [1, 2]}
+    a = {"type": "t", "severity": "info", "payload": payload, "ts": "2026-01-01T00:00:00Z"}
+    b = {"ts": "2027-01-01T00:00:00Z", "payload": {"y": [1, 2], "x": 1}}
+    b.update(severity="info", type="t")
+    assert row_digest("event", a) == row_digest("event", b)
+    one, two = {"fields": {"n": 1}}, {"fields": {"n": 2}}
+    carried = {**one, "progress": {"marker": {"next": 1}, "digests": [1]}}
+    assert row_digest("finding", carried) == row_digest("finding", one)
+    assert row_digest("finding", one) != row_digest("finding", two)
+    assert row_digest("finding", one) != row_digest("event", one)
+    assert 0 <= row_digest("finding", {"fields": {}}) < 2**64
+
+
+@pytest.mark.asyncio
+async def test_a_first_announcement_repeats_the_logs_marker_and_a_full_disk_there_loses_nothing(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Rows and a marker logged before any answer carry no marker for the engine: the
+    # first answer that announces a point is followed by a progress row repeating it.
+    # Where the disk refuses that row (SQLite's authorizer denies the INSERT, as a
+    # full disk would fail it), the channel says so and goes on: nothing is lost.
+    caplog.set_level(logging.WARNING, logger="walchannel")
+    for refused in (False, True):
+        run_id, token = new_run(local_engine)
+        config = _config(local_engine, tmp_path / f"wal-{refused}", run_id, token)
+        with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as made:
+            made.append_many([("finding", {"fields": {"n": 0}})], progress={"next": 1})
+            path = made.path
+        conn = sqlite3.connect(path, isolation_level=None)
+        deny = [refused]
+
+        def authorizer(action: int, table: str | None, *_: object, deny: list[bool] = deny) -> int:
+            if deny[0] and action == sqlite3.SQLITE_INSERT and table == "rows":
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+
+        conn.set_authorizer(authorizer)
+        log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+        async with GrpcEngineChannel(config, log=log) as ch:
+            await ch.handshake("1", "resume", "1")
+            deny[0] = False
+            assert ch.send_finding({"n": 1}) == (2 if refused else 3)
+            assert await ch.wait_acked(timeout_ms=10_000)
+        kinds = [m["kind"] for m in local_engine.bodies(run_id)]
+        said = [r for r in caplog.records if "cannot log the marker" in r.getMessage()]
+        if refused:
+            assert kinds == ["finding", "finding"] and len(said) == 1
+        else:
+            assert kinds == ["finding", "progress", "finding"] and not said
+            state = local_engine.store.run_state(run_id)
+            assert state is not None and state.resume_marker == {"next": 1}
+        caplog.clear()
