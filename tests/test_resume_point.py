@@ -355,3 +355,60 @@ async def test_a_first_announcement_repeats_the_logs_marker_and_a_full_disk_ther
             state = local_engine.store.run_state(run_id)
             assert state is not None and state.resume_marker == {"next": 1}
         caplog.clear()
+
+
+# -- a kill at every point of the item transaction ------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_and_rows_together(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    """Each statement of a send with its marker, interrupted before and after it.
+
+    Whatever lands is all of the transaction or none of it: the engine's
+    point then names the marker with the rows it applied, never one whose
+    rows it lacks (the point cannot run ahead), and never an older marker
+    with the new rows applied behind it beyond its digests.
+    """
+    from test_log_interrupts import InterruptingConnection
+
+    points = 0
+    for n in range(1, 6):
+        for when in ("before", "after"):
+            run_id, token = new_run(local_engine)
+            config = _config(local_engine, tmp_path / f"wal-{n}-{when}", run_id, token)
+            with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as m:
+                path = m.path
+            conn = sqlite3.connect(path, factory=InterruptingConnection, isolation_level=None)
+            log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+            async with GrpcEngineChannel(config, log=log) as ch:
+                await ch.handshake("1", "resume", "1")
+                ch.send_findings([{"n": 0}], progress={"next": 1})
+                conn.arm((n, when, KeyboardInterrupt))
+                landed = True
+                try:
+                    ch.send_findings([{"n": 1}, {"n": 2}], progress={"next": 2})
+                except KeyboardInterrupt:
+                    landed = ch.progress() == {"next": 2}
+                reached = conn.plan is None
+                statements = list(conn.seen)
+                conn.arm(None)
+                assert await ch.wait_acked(timeout_ms=10_000)
+            found = [m["body"]["fields"]["n"] for m in local_engine.bodies(run_id)]
+            state = local_engine.store.run_state(run_id)
+            assert state is not None
+            if landed:
+                assert found == [0.0, 1.0, 2.0], (n, when)
+                assert state.resume_marker == {"next": 2} and state.resume_seq == 1
+                assert len(state.resume_digests) == 2
+            else:
+                assert found == [0.0], (n, when)  # none of it: rows and marker together
+                assert state.resume_marker == {"next": 1} and state.resume_seq == 0
+            points += reached
+            if n == 5:
+                assert not reached, statements  # past the transaction: nothing interrupted
+            else:
+                assert reached and len(statements) >= n, statements
+    # BEGIN, INSERT, UPDATE meta, COMMIT: each interrupted before and after it.
+    assert points == 8
