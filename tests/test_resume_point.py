@@ -412,3 +412,33 @@ async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_a
                 assert reached and len(statements) >= n, statements
     # BEGIN, INSERT, UPDATE meta, COMMIT: each interrupted before and after it.
     assert points == 8
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("first", ["finding", "event"])
+async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_its_place(
+    tmp_path: Path, first: str
+) -> None:
+    # The transaction's first row carries the marker; the engine refuses it for its
+    # size, the channel sets it aside and sends a walchannel.row_lost event in its
+    # place: that event carries the marker on, so the engine's point moves.
+    engine = LocalEngine(max_receive_message_bytes=2_000)
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        async with GrpcEngineChannel(_config(engine, tmp_path / "wal", run_id, token)) as ch:
+            await ch.handshake("1", "resume", "1")
+            big = {"blob": "x" * 3_000}
+            if first == "finding":
+                ch.send_findings([big, {"n": 1}], progress={"next": 1})
+            else:
+                ch.send_findings([{"n": 1}], events=[("big", "info", big)], progress={"next": 1})
+            assert await ch.wait_acked(timeout_ms=10_000)
+            assert ch.stats().quarantined == 1
+        kinds = [(m["kind"], m["body"].get("type")) for m in engine.bodies(run_id)]
+        assert kinds[0] == ("event", "walchannel.row_lost")
+        state = engine.store.run_state(run_id)
+        assert state is not None and state.resume_marker == {"next": 1}
+        assert state.resume_seq == 0 and len(state.resume_digests) == 2
+    finally:
+        await engine.stop()

@@ -64,6 +64,7 @@ from walchannel.log_format import (
     Row,
     RunMeta,
     body_crc,
+    carried_marker,
     check_header,
     decode_row,
     encode_body,
@@ -1598,6 +1599,12 @@ class RunLog:
                 f"run {self._run_id}: seq {seq} is the run's Done; it is never set aside"
             )
         body = row_lost_body(seq, reason, **details)
+        carried = carried_marker(raw[2], raw[3])
+        if carried is not None:
+            # The marker the row carried for the engine stays at its seq: the
+            # engine's resume point must not skip its transaction (SPEC "The
+            # engine keeps the resume point").
+            body["progress"] = carried
         blob = encode_body("event", body)
         now = self._clock.wall_s()
 

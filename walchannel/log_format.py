@@ -60,6 +60,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "UndecodableText",
     "body_crc",
+    "carried_marker",
     "check_header",
     "decode_row",
     "encode_body",
@@ -762,3 +763,18 @@ def engine_resume(text: str | None) -> dict[str, Any] | None:
     if not (type(seq) is int and type(applied) is int and 0 <= seq <= applied):
         return None
     return value if isinstance(value["takeover"], bool) else None
+
+
+def carried_marker(blob: object, crc: object) -> dict[str, Any] | None:
+    """The marker a stored row body carries for the engine (``"progress"``), or None.
+
+    None too for a damaged body (its CRC does not match): nothing in it is trusted.
+    """
+    if not isinstance(blob, bytes) or body_crc(blob) != crc:
+        return None
+    try:
+        body = msgpack.unpackb(blob, raw=False)
+    except Exception:
+        return None  # undecodable: it carries nothing
+    carried = body.get("progress") if isinstance(body, dict) else None
+    return carried if isinstance(carried, dict) else None
