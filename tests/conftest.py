@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import sqlite3
 import sys
 import time
 import traceback
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from walchannel import GrpcChannelConfig, RunLog
     from walchannel.testing.engine import LocalEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +44,22 @@ def new_run(engine: LocalEngine, prefix: str = "run") -> tuple[str, str]:
     token = "tok-" + secrets.token_urlsafe(18)
     engine.register_run(run_id, token)
     return run_id, token
+
+
+def log_on_connection(
+    config: GrpcChannelConfig, factory: type[sqlite3.Connection] = sqlite3.Connection
+) -> tuple[Any, RunLog]:
+    """The run's log as the channel makes it, then opened on a connection of ``factory``.
+
+    Returns the connection (to arm its faults) and the log for ``GrpcEngineChannel(log=)``.
+    """
+    from walchannel import RunLog
+
+    run_id, correlation_id = config.run_id, config.correlation_id
+    with RunLog.open(config.wal_dir, run_id, correlation_id=correlation_id) as made:
+        path = made.path
+    conn = sqlite3.connect(path, factory=factory, isolation_level=None)
+    return conn, RunLog.on_connection(conn, run_id=run_id, correlation_id=correlation_id)
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from conftest import new_run
+from conftest import log_on_connection, new_run
 from helpers.sqlite_probe import no_write_transaction_open
 from walchannel import GrpcEngineChannel, RunLog, log_state
 from walchannel import log as log_module
@@ -346,10 +346,7 @@ async def test_a_harness_that_catches_an_exception_inside_a_commit_loses_no_retu
     run_id, token = new_run(local_engine)
     config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
     # The log file as the channel makes it, then watched by a connection that is interrupted.
-    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as made:
-        path = made.path
-    conn = sqlite3.connect(path, factory=InterruptingConnection, isolation_level=None)
-    log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+    conn, log = log_on_connection(config, InterruptingConnection)
     returned: list[int] = []
     ch = GrpcEngineChannel(config, log=log)
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import new_run
+from conftest import log_on_connection, new_run
 from walchannel import GrpcEngineChannel, ReentrantCallError, RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -140,10 +140,7 @@ async def test_a_send_re_entered_inside_a_transaction_of_the_log_is_refused_and_
 ) -> None:
     run_id, token = new_run(local_engine)
     config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
-    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as made:
-        path = made.path
-    conn = sqlite3.connect(path, factory=_ReenteringConnection, isolation_level=None)
-    log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+    conn, log = log_on_connection(config, _ReenteringConnection)
     async with GrpcEngineChannel(config, log=log) as ch:
         await ch.handshake("1", "reentry", "1")
         seen: list[BaseException] = []

@@ -12,6 +12,7 @@ delivered comes again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -19,13 +20,14 @@ import signal
 import sqlite3
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_runner_processes import BOUND_S, Harness, manifest_for, start
 
-from conftest import child_env, eventually, new_run
+from conftest import child_env, eventually, log_on_connection, new_run
 from helpers.rogue import RogueEngine, RogueStream
 from walchannel import GrpcEngineChannel, PayloadError, RunLog
 from walchannel._proto import engine_channel_pb2 as pb
@@ -98,9 +100,7 @@ async def lose_the_log(engine: LocalEngine, tmp_path: Path) -> tuple[str, Counte
 
 @pytest.mark.asyncio
 async def test_a_lost_log_taken_over_applies_every_finding_once(tmp_path: Path) -> None:
-    engine = LocalEngine()
-    await engine.start()
-    try:
+    async with running() as engine:
         run_id, _, err = await lose_the_log(engine, tmp_path)
         got = applied(engine, run_id)
         want = Counter({(f"item-{i:04}", n): 1 for i in range(ITEMS) for n in range(EACH)})
@@ -110,28 +110,33 @@ async def test_a_lost_log_taken_over_applies_every_finding_once(tmp_path: Path) 
         assert done["findings"] == ITEMS * EACH
         assert "resuming from the engine's resume point" in err, err
         assert engine.accepted(run_id) == list(range(1, len(engine.accepted(run_id)) + 1))
-    finally:
-        await engine.stop()
 
 
 @pytest.mark.asyncio
 async def test_without_the_engines_point_a_takeover_costs_what_the_old_writer_delivered(
     tmp_path: Path,
 ) -> None:
-    engine = LocalEngine(resume_points=False)
-    await engine.start()
-    try:
+    async with running(resume_points=False) as engine:
         run_id, before, err = await lose_the_log(engine, tmp_path)
         got = applied(engine, run_id)
         # Every finding at least once; those the old writer delivered, twice.
         assert set(got) == {(f"item-{i:04}", n) for i in range(ITEMS) for n in range(EACH)}
         assert Counter({k: 2 for k in before}) == Counter({k: v for k, v in got.items() if v > 1})
         assert "resume point" not in err
-    finally:
-        await engine.stop()
 
 
 # -- the channel: in-process, against the local engine and a scripted one ---------------------
+
+
+@contextlib.asynccontextmanager
+async def running(**options: Any) -> AsyncIterator[LocalEngine]:
+    """A started LocalEngine with ``options``, stopped on the way out."""
+    engine = LocalEngine(**options)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
 
 
 def _config(engine: LocalEngine, wal: Path, run_id: str, token: str) -> Any:
@@ -145,9 +150,7 @@ async def test_markers_travel_as_rows_only_to_an_engine_that_announced_the_point
     tmp_path: Path,
 ) -> None:
     for keeps in (True, False):
-        engine = LocalEngine(resume_points=keeps)
-        await engine.start()
-        try:
+        async with running(resume_points=keeps) as engine:
             run_id, token = new_run(engine)
             wal = tmp_path / f"wal-{keeps}"
             async with GrpcEngineChannel(_config(engine, wal, run_id, token)) as ch:
@@ -169,8 +172,6 @@ async def test_markers_travel_as_rows_only_to_an_engine_that_announced_the_point
             else:
                 assert kinds == ["finding", "finding"]
                 assert stored is None
-        finally:
-            await engine.stop()
 
 
 @pytest.mark.asyncio
@@ -246,9 +247,7 @@ async def test_an_impossible_resume_point_is_a_protocol_error_never_stored(
 async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_has_progress(
     tmp_path: Path,
 ) -> None:
-    engine = LocalEngine()
-    await engine.start()
-    try:
+    async with running() as engine:
         run_id, token = new_run(engine)
         old, new = tmp_path / "old", tmp_path / "new"
         async with GrpcEngineChannel(_config(engine, old, run_id, token)) as ch:
@@ -274,8 +273,6 @@ async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_
             assert ch.takeover_point() is None  # the log's own progress now
             assert await ch.wait_acked(timeout_ms=10_000)
         assert engine.store.run_state(run_id).resume_marker == {"next": 3}  # type: ignore[union-attr]
-    finally:
-        await engine.stop()
 
 
 # -- what a rescan leaves out: by content, never by count ---------------------------------
@@ -378,10 +375,7 @@ async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_a
         for when in ("before", "after"):
             run_id, token = new_run(local_engine)
             config = _config(local_engine, tmp_path / f"wal-{n}-{when}", run_id, token)
-            with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as m:
-                path = m.path
-            conn = sqlite3.connect(path, factory=InterruptingConnection, isolation_level=None)
-            log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
+            conn, log = log_on_connection(config, InterruptingConnection)
             async with GrpcEngineChannel(config, log=log) as ch:
                 await ch.handshake("1", "resume", "1")
                 ch.send_findings([{"n": 0}], progress={"next": 1})
@@ -422,9 +416,7 @@ async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_it
     # The transaction's first row carries the marker; the engine refuses it for its
     # size, the channel sets it aside and sends a walchannel.row_lost event in its
     # place: that event carries the marker on, so the engine's point moves.
-    engine = LocalEngine(max_receive_message_bytes=2_000)
-    await engine.start()
-    try:
+    async with running(max_receive_message_bytes=2_000) as engine:
         run_id, token = new_run(engine)
         async with GrpcEngineChannel(_config(engine, tmp_path / "wal", run_id, token)) as ch:
             await ch.handshake("1", "resume", "1")
@@ -440,5 +432,3 @@ async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_it
         state = engine.store.run_state(run_id)
         assert state is not None and state.resume_marker == {"next": 1}
         assert state.resume_seq == 0 and len(state.resume_digests) == 2
-    finally:
-        await engine.stop()
