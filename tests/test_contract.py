@@ -78,7 +78,7 @@ def test_no_package_method_path_and_field_numbers() -> None:
     # The resume point (SPEC "The engine keeps the resume point"): new fields, backward compatible.
     assert {f.name: f.number for f in pb.Ack.DESCRIPTOR.fields} == {"seq": 1, "resume": 2}
     resume = {f.name: f.number for f in pb.ResumePoint.DESCRIPTOR.fields}
-    assert resume == {"marker": 1, "seq": 2, "row_digests": 3}
+    assert resume == {"marker": 1, "seq": 2, "row_digests": 3, "rows": 4}
     assert {f.name: f.number for f in pb.Progress.DESCRIPTOR.fields} == {
         "marker": 1,
         "row_digests": 2,

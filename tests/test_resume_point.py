@@ -193,10 +193,14 @@ async def test_a_marker_holding_a_float_is_refused_at_send_naming_its_path(
         assert ch.progress() is None
 
 
-def _point_ack(h: int, seq: int, marker: dict[str, Any] | None) -> pb.DownMessage:
+def _point_ack(
+    h: int, seq: int, marker: dict[str, Any] | None, rows: int = 0, digests: int = 0
+) -> pb.DownMessage:
     ack = pb.Ack(seq=h)
     ack.resume.SetInParent()
     ack.resume.seq = seq
+    ack.resume.rows = rows
+    ack.resume.row_digests.extend(range(1, digests + 1))
     if marker is not None:
         ack.resume.marker.update(marker)
     return pb.DownMessage(ack=ack)
@@ -204,18 +208,20 @@ def _point_ack(h: int, seq: int, marker: dict[str, Any] | None) -> pb.DownMessag
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
-    ("seq", "marker", "said"),
+    ("answer", "said"),
     [
-        (9, {"next": 3}, "a resume point at seq 9, above the Ack(5)"),
-        (2, {"next": 2.5}, "marker.next is 2.5, not an integer"),
-        (3, {"nested": [{"n": 0.5}]}, "marker.nested[0].n is 0.5, not an integer"),
+        (_point_ack(5, 9, {"next": 3}), "a resume point at seq 9, above the Ack(5)"),
+        (_point_ack(5, 2, {"next": 2.5}), "marker.next is 2.5, not an integer"),
+        (_point_ack(5, 3, {"a": [{"n": 0.5}]}), "marker.a[0].n is 0.5, not an integer"),
+        (_point_ack(5, 2, {"next": 1}, 3, 2), "3 rows applied of 2 after seq 2"),
+        (_point_ack(5, 4, {"next": 1}, 2, 3), "2 rows applied of 3 after seq 4, in an Ack(5)"),
     ],
-    ids=["above-h", "a-fraction", "nested-fraction"],
+    ids=["above-h", "a-fraction", "nested-fraction", "rows-past-digests", "rows-past-h"],
 )
 async def test_an_impossible_resume_point_is_a_protocol_error_never_stored(
-    tmp_path: Path, seq: int, marker: dict[str, Any], said: str
+    tmp_path: Path, answer: pb.DownMessage, said: str
 ) -> None:
-    answers = [_point_ack(5, seq, marker), _point_ack(0, 0, None)]
+    answers = [answer, _point_ack(0, 0, None)]
 
     async def script(stream: RogueStream) -> None:
         await stream.read()
@@ -235,7 +241,8 @@ async def test_an_impossible_resume_point_is_a_protocol_error_never_stored(
             assert len(engine.streams) == 2  # ended, dialed again, the next answer taken
             stored = ch.log.meta().engine_resume
             assert stored is not None
-            want = {"marker": None, "seq": 0, "applied": 0, "digests": [], "takeover": False}
+            want = {"marker": None, "seq": 0, "applied": 0, "digests": [], "rows": 0}
+            want["takeover"] = False
             assert json.loads(stored) == want
             assert ch.send_finding({"n": 1}) == 1
             assert await ch.wait_acked(timeout_ms=10_000)
@@ -263,6 +270,7 @@ async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_
         point = ch.takeover_point()
         assert point is not None and point.marker == {"next": 2} and point.seq == 2
         assert point.applied == 3 and point.complete and len(point.digests) == 1
+        assert point.rows == 1
         ch.log.close()  # as a kill: nothing more of this channel reaches the disk
         await ch.close()
         async with GrpcEngineChannel(_config(engine, new, run_id, token)) as ch:
@@ -395,7 +403,7 @@ async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_a
             if landed:
                 assert found == [0.0, 1.0, 2.0], (n, when)
                 assert state.resume_marker == {"next": 2} and state.resume_seq == 1
-                assert len(state.resume_digests) == 2
+                assert len(state.resume_digests) == 2 and state.resume_rows == 2
             else:
                 assert found == [0.0], (n, when)  # none of it: rows and marker together
                 assert state.resume_marker == {"next": 1} and state.resume_seq == 0
@@ -432,3 +440,26 @@ async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_it
         state = engine.store.run_state(run_id)
         assert state is not None and state.resume_marker == {"next": 1}
         assert state.resume_seq == 0 and len(state.resume_digests) == 2
+        assert state.resume_rows == 2
+
+
+def test_the_engine_counts_a_transactions_rows_by_its_writer_only() -> None:
+    # The local engine's duty, on its real store: after a carrier of 3 rows, a row
+    # of another writer (a taken-over log's own) is none of them; the carrier's
+    # writer's rows count, up to the transaction's number.
+    from walchannel.testing.store import EngineStore, Writer
+
+    a, b = Writer("aaaa", 0), Writer("bbbb", 0)
+    point = {"marker": {"next": 1}, "digests": [1, 2, 3]}
+    # (seq 2's writer, seq 3's writer, the rows counted once seq 4 of A came too)
+    for second, third, rows in ((b, a, 3), (a, a, 3), (b, b, 2)):
+        store = EngineStore()
+        store.register_run("r", "tok")
+        store.accept("r", 1, "finding", {"fields": {"n": 0}, "progress": point}, writer=a)
+        store.accept("r", 2, "finding", {"fields": {"n": 1}}, writer=second)
+        store.accept("r", 3, "finding", {"fields": {"n": 2}}, writer=third)
+        store.accept("r", 4, "finding", {"fields": {"n": 3}}, writer=a)  # past its 3
+        state = store.run_state("r")
+        assert state is not None and state.resume_seq == 0
+        assert state.resume_rows == rows, (second, third)
+        store.close()

@@ -205,7 +205,7 @@ class RunMeta:
     when it committed every send before returning (SPEC "Group commit").
 
     ``engine_resume`` is the engine's resume point from its last answer, as
-    JSON (``{"marker", "seq", "applied", "digests", "takeover"}``;
+    JSON (``{"marker", "seq", "applied", "digests", "rows", "takeover"}``;
     ``takeover``: answered to a handshake that took the run over, kept until
     the log has progress of its own), None while the engine announced none
     (SPEC "The engine keeps the resume point").
@@ -742,8 +742,8 @@ def quick_check(conn: sqlite3.Connection) -> list[str]:
 def engine_resume(text: str | None) -> dict[str, Any] | None:
     """The ``engine_resume`` meta value as a mapping; None for none, or a value not ours.
 
-    Keys ``marker`` (a mapping or None), ``seq``, ``applied`` (ints),
-    ``digests`` (a list of ints) and ``takeover`` (bool): :class:`RunMeta`.
+    Keys ``marker`` (a mapping or None), ``seq``, ``applied``, ``rows``
+    (ints), ``digests`` (a list of ints) and ``takeover`` (bool): :class:`RunMeta`.
     """
     if text is None:
         return None
@@ -751,7 +751,7 @@ def engine_resume(text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except ValueError:
         return None
-    keys = {"marker", "seq", "applied", "digests", "takeover"}
+    keys = {"marker", "seq", "applied", "digests", "rows", "takeover"}
     if not isinstance(value, dict) or set(value) != keys:
         return None
     marker, seq, applied = value["marker"], value["seq"], value["applied"]
@@ -761,6 +761,8 @@ def engine_resume(text: str | None) -> dict[str, Any] | None:
     if not isinstance(digests, list) or not all(type(d) is int for d in digests):
         return None
     if not (type(seq) is int and type(applied) is int and 0 <= seq <= applied):
+        return None
+    if type(value["rows"]) is not int or not 0 <= value["rows"] <= len(digests):
         return None
     return value if isinstance(value["takeover"], bool) else None
 

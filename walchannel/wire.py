@@ -235,21 +235,24 @@ class ResumePoint:
         seq: the seq after which the marker's transaction's rows begin (its
             ``progress`` row's own seq, or the seq before the row carrying
             it; 0: none).
-        applied: the answer's ``h``: rows ``seq + 1 .. applied`` were applied.
+        applied: the answer's ``h``.
         digests: :func:`row_digest` of each row of the marker's transaction,
-            in order: the first ``applied - seq`` of them were applied (all,
-            when that is at least their number).
+            in order.
+        rows: how many of them the engine applied (the first ``rows``): the
+            rows its writer wrote after the marker, up to their number; rows
+            of another writer (a takeover) are none of them.
     """
 
     marker: dict[str, Any] | None
     seq: int
     applied: int
     digests: tuple[int, ...] = ()
+    rows: int = 0
 
     @property
     def complete(self) -> bool:
         """Every row of the marker's transaction was applied (the marker holds)."""
-        return self.applied - self.seq >= len(self.digests)
+        return self.rows >= len(self.digests)
 
 
 def resume_point(ack: pb.Ack) -> ResumePoint | None:
@@ -257,20 +260,26 @@ def resume_point(ack: pb.Ack) -> ResumePoint | None:
 
     Raises:
         ValueError: the point's seq is above the ack's ``h`` (no engine
-            applied a marker above what it holds), or its marker holds a
-            number that is not an integer (the client sends none).
+            applied a marker above what it holds), it counts more rows
+            applied than its digests or than ``h`` holds, or its marker holds
+            a number that is not an integer (the client sends none).
     """
     if not ack.HasField("resume"):
         return None
     point = ack.resume
-    seq, applied = int(point.seq), int(ack.seq)
+    seq, applied, rows = int(point.seq), int(ack.seq), int(point.rows)
     if seq > applied:
         raise ValueError(f"a resume point at seq {seq}, above the Ack({applied}) it came in")
     digests = tuple(int(d) for d in point.row_digests)
+    if rows > len(digests) or seq + rows > applied:
+        raise ValueError(
+            f"a resume point with {rows} rows applied of {len(digests)} after seq {seq},"
+            f" in an Ack({applied})"
+        )
     if not point.HasField("marker"):
-        return ResumePoint(None, seq, applied, digests)
+        return ResumePoint(None, seq, applied, digests, rows)
     marker = _integers(struct_to_dict(point.marker), "marker")
-    return ResumePoint(marker, seq, applied, digests)
+    return ResumePoint(marker, seq, applied, digests, rows)
 
 
 def row_digest(kind: str, body: Mapping[str, Any]) -> int:
@@ -400,6 +409,7 @@ def _repaired(raw: lenient.DownMessage, repaired: list[str]) -> pb.DownMessage:
             ack.resume.SetInParent()
             ack.resume.seq = resume.seq
             ack.resume.row_digests.extend(resume.row_digests)
+            ack.resume.rows = resume.rows
             if resume.HasField("marker"):
                 ack.resume.marker.SetInParent()
                 ack.resume.marker.update(_struct(resume.marker, "ack.resume.marker", repaired))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x64own_lenient.proto\x12\x12walchannel.lenient\"\xe5\x01\n\x0b\x44ownMessage\x12(\n\x04stop\x18\x01 \x01(\x0b\x32\x18.walchannel.lenient.StopH\x00\x12\x41\n\x11\x61pproval_decision\x18\x02 \x01(\x0b\x32$.walchannel.lenient.ApprovalDecisionH\x00\x12\x39\n\rbudget_update\x18\x03 \x01(\x0b\x32 .walchannel.lenient.BudgetUpdateH\x00\x12&\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x17.walchannel.lenient.AckH\x00\x42\x06\n\x04\x62ody\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\x0c\"H\n\x10\x41pprovalDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x10\n\x08\x61pproved\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\x0c\"L\n\x0c\x42udgetUpdate\x12\x0f\n\x07message\x18\x01 \x01(\x0c\x12+\n\x07\x64\x65tails\x18\x02 \x01(\x0b\x32\x1a.walchannel.lenient.Struct\"C\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x06resume\x18\x02 \x01(\x0b\x32\x1f.walchannel.lenient.ResumePoint\"[\n\x0bResumePoint\x12*\n\x06marker\x18\x01 \x01(\x0b\x32\x1a.walchannel.lenient.Struct\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0brow_digests\x18\x03 \x03(\x06\"9\n\x06Struct\x12/\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x1f.walchannel.lenient.FieldsEntry\"D\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.walchannel.lenient.Value\"\xd4\x01\n\x05Value\x12\x14\n\nnull_value\x18\x01 \x01(\x05H\x00\x12\x16\n\x0cnumber_value\x18\x02 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\x0cH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12\x32\n\x0cstruct_value\x18\x05 \x01(\x0b\x32\x1a.walchannel.lenient.StructH\x00\x12\x33\n\nlist_value\x18\x06 \x01(\x0b\x32\x1d.walchannel.lenient.ListValueH\x00\x42\x06\n\x04kind\"6\n\tListValue\x12)\n\x06values\x18\x01 \x03(\x0b\x32\x19.walchannel.lenient.Valueb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x64own_lenient.proto\x12\x12walchannel.lenient\"\xe5\x01\n\x0b\x44ownMessage\x12(\n\x04stop\x18\x01 \x01(\x0b\x32\x18.walchannel.lenient.StopH\x00\x12\x41\n\x11\x61pproval_decision\x18\x02 \x01(\x0b\x32$.walchannel.lenient.ApprovalDecisionH\x00\x12\x39\n\rbudget_update\x18\x03 \x01(\x0b\x32 .walchannel.lenient.BudgetUpdateH\x00\x12&\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x17.walchannel.lenient.AckH\x00\x42\x06\n\x04\x62ody\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\x0c\"H\n\x10\x41pprovalDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x10\n\x08\x61pproved\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\x0c\"L\n\x0c\x42udgetUpdate\x12\x0f\n\x07message\x18\x01 \x01(\x0c\x12+\n\x07\x64\x65tails\x18\x02 \x01(\x0b\x32\x1a.walchannel.lenient.Struct\"C\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x06resume\x18\x02 \x01(\x0b\x32\x1f.walchannel.lenient.ResumePoint\"i\n\x0bResumePoint\x12*\n\x06marker\x18\x01 \x01(\x0b\x32\x1a.walchannel.lenient.Struct\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0brow_digests\x18\x03 \x03(\x06\x12\x0c\n\x04rows\x18\x04 \x01(\x04\"9\n\x06Struct\x12/\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x1f.walchannel.lenient.FieldsEntry\"D\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.walchannel.lenient.Value\"\xd4\x01\n\x05Value\x12\x14\n\nnull_value\x18\x01 \x01(\x05H\x00\x12\x16\n\x0cnumber_value\x18\x02 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\x0cH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12\x32\n\x0cstruct_value\x18\x05 \x01(\x0b\x32\x1a.walchannel.lenient.StructH\x00\x12\x33\n\nlist_value\x18\x06 \x01(\x0b\x32\x1d.walchannel.lenient.ListValueH\x00\x42\x06\n\x04kind\"6\n\tListValue\x12)\n\x06values\x18\x01 \x03(\x0b\x32\x19.walchannel.lenient.Valueb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,13 +42,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACK']._serialized_start=450
   _globals['_ACK']._serialized_end=517
   _globals['_RESUMEPOINT']._serialized_start=519
-  _globals['_RESUMEPOINT']._serialized_end=610
-  _globals['_STRUCT']._serialized_start=612
-  _globals['_STRUCT']._serialized_end=669
-  _globals['_FIELDSENTRY']._serialized_start=671
-  _globals['_FIELDSENTRY']._serialized_end=739
-  _globals['_VALUE']._serialized_start=742
-  _globals['_VALUE']._serialized_end=954
-  _globals['_LISTVALUE']._serialized_start=956
-  _globals['_LISTVALUE']._serialized_end=1010
+  _globals['_RESUMEPOINT']._serialized_end=624
+  _globals['_STRUCT']._serialized_start=626
+  _globals['_STRUCT']._serialized_end=683
+  _globals['_FIELDSENTRY']._serialized_start=685
+  _globals['_FIELDSENTRY']._serialized_end=753
+  _globals['_VALUE']._serialized_start=756
+  _globals['_VALUE']._serialized_end=968
+  _globals['_LISTVALUE']._serialized_start=970
+  _globals['_LISTVALUE']._serialized_end=1024
 # @@protoc_insertion_point(module_scope)

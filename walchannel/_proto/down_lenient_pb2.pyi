@@ -155,7 +155,10 @@ class ResumePoint(_message.Message):
     MARKER_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     ROW_DIGESTS_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    rows: _builtins.int
+    """how many of its transaction's rows the engine applied"""
     @_builtins.property
     def marker(self) -> Global___Struct: ...
     @_builtins.property
@@ -166,10 +169,11 @@ class ResumePoint(_message.Message):
         marker: Global___Struct | None = ...,
         seq: _builtins.int = ...,
         row_digests: _abc.Iterable[_builtins.int] | None = ...,
+        rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "rows", b"rows", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -389,8 +389,9 @@ Global___Progress: _TypeAlias = Progress  # noqa: Y015
 @_typing.final
 class ResumePoint(_message.Message):
     """The last Progress the engine applied for the run: its marker, the seq after
-    which its transaction's rows begin, and their digests (empty/0 while none).
-    Its presence in a handshake's Ack announces that the engine keeps it.
+    which its transaction's rows begin, their digests, and how many of them it
+    applied (rows of the same writer after it; empty/0 while none). Its
+    presence in a handshake's Ack announces that the engine keeps it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -398,7 +399,10 @@ class ResumePoint(_message.Message):
     MARKER_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     ROW_DIGESTS_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    rows: _builtins.int
+    """how many of its transaction's rows the engine applied"""
     @_builtins.property
     def marker(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -409,10 +413,11 @@ class ResumePoint(_message.Message):
         marker: _struct_pb2.Struct | None = ...,
         seq: _builtins.int = ...,
         row_digests: _abc.Iterable[_builtins.int] | None = ...,
+        rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marker", b"marker", "row_digests", b"row_digests", "rows", b"rows", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -333,7 +333,7 @@ class GrpcEngineChannel:
         Set once an engine that keeps the resume point answered a handshake
         that took the run over, and kept while the log has no progress of its
         own (a lost log's replacement). While it is not ``complete`` the
-        engine applied only the first ``applied - seq`` rows of the marker's
+        engine applied only the first ``rows`` rows of the marker's
         transaction: log the rest again, found by :func:`~walchannel.wire.row_digest`.
         SPEC "The engine keeps the resume point".
 
@@ -345,7 +345,11 @@ class GrpcEngineChannel:
         if stored is None or not stored["takeover"] or self.progress() is not None:
             return None
         return ResumePoint(
-            stored["marker"], stored["seq"], stored["applied"], tuple(stored["digests"])
+            stored["marker"],
+            stored["seq"],
+            stored["applied"],
+            tuple(stored["digests"]),
+            stored["rows"],
         )
 
     def stats(self) -> ChannelStats:

@@ -568,6 +568,7 @@ class ConnectionLoop:
                 "seq": point.seq,
                 "applied": point.applied,
                 "digests": list(point.digests),
+                "rows": point.rows,
                 "takeover": took_over or kept,
             }
         if resume != before:

@@ -451,17 +451,18 @@ class _Run:
         applied (by :func:`~walchannel.wire.row_digest`) are left out.
         """
         marker = point.marker
-        after = point.applied - point.seq
+        after = point.rows
         last = marker.get("last") if marker is not None else None
         if marker is None or (not point.complete and not isinstance(last, dict)):
             # Rows before the engine's first marker (or a marker not the runner's):
             # nothing says which they were.
-            logger.warning(
-                "run %s: taken over: the engine's resume point covers none of the %d rows it"
-                " applied after it: they may come again",
-                self.run_id,
-                after,
-            )
+            if point.applied > point.seq:
+                logger.warning(
+                    "run %s: taken over: the engine's resume point covers none of the %d rows"
+                    " it applied after it: they may come again",
+                    self.run_id,
+                    point.applied - point.seq,
+                )
             return marker
         if point.complete or not isinstance(last, dict):
             logger.warning(

@@ -167,6 +167,7 @@ def _resume_ack(h: int, state: RunState) -> pb.DownMessage:
     ack.resume.SetInParent()
     ack.resume.seq = state.resume_seq
     ack.resume.row_digests.extend(state.resume_digests)
+    ack.resume.rows = state.resume_rows
     if state.resume_marker is not None:
         ack.resume.marker.update(state.resume_marker)
     return pb.DownMessage(ack=ack)

@@ -116,6 +116,8 @@ _RUN_COLUMNS: Final = {
     "resume_marker": "TEXT",
     "resume_seq": "INTEGER",
     "resume_digests": "TEXT",
+    "resume_rows": "INTEGER",
+    "resume_writer": "TEXT",
 }
 
 Outcome = Literal["applied", "duplicate", "gap", "completed", "fenced", "unknown_run"]
@@ -211,6 +213,7 @@ class RunState:
         resume_marker: the last applied ``Progress`` row's marker (None: none).
         resume_seq: that row's seq (0: none).
         resume_digests: that row's digests of the rows of its transaction.
+        resume_rows: how many of them were applied (its writer's rows after it).
     """
 
     h: int
@@ -221,6 +224,7 @@ class RunState:
     resume_marker: dict[str, Any] | None = None
     resume_seq: int = 0
     resume_digests: tuple[int, ...] = ()
+    resume_rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +407,7 @@ class EngineStore:
         with self._reading() as conn:
             row = conn.execute(
                 "SELECT h, completed_at, stop_reason, completed_by, resume_marker, resume_seq,"
-                " resume_digests FROM runs WHERE run_id = ?",
+                " resume_digests, resume_rows FROM runs WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
             if row is None:
@@ -422,6 +426,7 @@ class EngineStore:
             resume_marker=json.loads(row[4]) if row[4] is not None else None,
             resume_seq=int(row[5] or 0),
             resume_digests=tuple(json.loads(row[6])) if row[6] is not None else (),
+            resume_rows=int(row[7] or 0),
         )
 
     def high_water(self, run_id: str) -> int:
@@ -618,16 +623,27 @@ class EngineStore:
             if point is not None:
                 # The run's resume point moves with the row, in its transaction:
                 # its transaction's rows begin after a progress row, or at the
-                # row that carries it.
+                # row that carries it (the first of them, applied now).
+                carrier = kind != "progress"
                 conn.execute(
-                    "UPDATE runs SET resume_marker = ?, resume_seq = ?, resume_digests = ?"
-                    " WHERE run_id = ?",
+                    "UPDATE runs SET resume_marker = ?, resume_seq = ?, resume_digests = ?,"
+                    " resume_rows = ?, resume_writer = ? WHERE run_id = ?",
                     (
                         _dump(point["marker"]),
-                        seq if kind == "progress" else seq - 1,
+                        seq - 1 if carrier else seq,
                         json.dumps(point["digests"]),
+                        1 if carrier else 0,
+                        writer.id if writer is not None else "",
                         run_id,
                     ),
+                )
+            else:
+                # One more row of the point's transaction, if its writer wrote it
+                # and the transaction has rows left (a takeover's rows are not its).
+                conn.execute(
+                    "UPDATE runs SET resume_rows = resume_rows + 1 WHERE run_id = ?"
+                    " AND resume_writer = ? AND resume_rows < json_array_length(resume_digests)",
+                    (run_id, writer.id if writer is not None else ""),
                 )
             decision = self._decision(conn, run_id, request_id)
             return AcceptResult("applied", seq, decision)
