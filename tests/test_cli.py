@@ -1098,3 +1098,25 @@ def test_inspect_and_export_never_load_grpc_or_httpx(tmp_path: Path) -> None:
     _OUTPUTS.extend((proc.stdout, proc.stderr))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[1, 1, 0] []"
+
+
+@pytest.mark.parametrize(
+    ("typed", "nearest"), [("inpsect", "inspect"), ("flsh", "flush"), ("frobnicate", None)]
+)
+def test_a_mistyped_command_names_the_nearest_one(typed: str, nearest: str | None) -> None:
+    # argparse's own suggestion exists only from Python 3.14 (issue 58).
+    result = cli(typed, env=child_env(WALCHANNEL_RUN_TOKEN=new_token()))
+    assert result.rc == 2
+    assert f"{typed!r} is no command" in result.err
+    assert ("did you mean" in result.err) is (nearest is not None)
+    if nearest is not None:
+        assert f"did you mean '{nearest}'?" in result.err
+    assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize(("command", "option"), [("inspect", "--jsn"), ("demo", "--fats")])
+def test_an_unknown_option_is_said_with_its_commands_usage(command: str, option: str) -> None:
+    result = cli(command, option, env=child_env(WALCHANNEL_RUN_TOKEN=new_token()))
+    assert result.rc == 2
+    assert f"usage: walchannel {command} " in result.err  # not the top-level usage
+    assert f"walchannel {command}: error: unrecognized arguments: {option}" in result.err

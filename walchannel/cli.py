@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import subprocess
@@ -901,6 +902,11 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``walchannel`` argument parser (one subparser per command)."""
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``walchannel`` parser and each command's, by name."""
     parser = argparse.ArgumentParser(
         prog="walchannel",
         description="Operate walchannel run logs: inspect, flush, export, prune; run the demo.",
@@ -911,7 +917,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
-    return parser
+    return parser, dict(sub.choices)
+
+
+def _unknown_command(parser: argparse.ArgumentParser, word: str, commands: Sequence[str]) -> int:
+    """Say that ``word`` is no command, naming the nearest (argparse does only from 3.14)."""
+    parser.print_usage(sys.stderr)
+    near = difflib.get_close_matches(word, commands, n=1, cutoff=0.75)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    err(None, f"{word!r} is no command{hint} (commands: {', '.join(commands)})")
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -924,9 +939,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0 all is well, 1 something needs attention, 2 bad
         usage or refused (per command: see ``walchannel COMMAND --help``).
     """
-    parser = build_parser()
+    parser, commands = _parsers()
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and not words[0].startswith("-") and words[0] not in commands:
+        return _unknown_command(parser, words[0], list(commands))
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(words)
+        if extra:
+            # Named by the command's own parser, with its usage, not the top one's.
+            commands.get(args.command or "", parser).error(
+                f"unrecognized arguments: {' '.join(extra)}"
+            )
     except SystemExit as exc:  # argparse exits on --help and on usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     handler: Handler | None = getattr(args, "handler", None)
