@@ -1119,8 +1119,11 @@ def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None
     assert plan == AnswerPlan(Answer.FOREIGN, None, failed_reason=fenced_reason(_FOREIGN_WHY))
     error = d.failure
     assert isinstance(error, WriterFencedError)
+    # Never answered: the likeliest cause, a harness on the wrong folder, comes first.
     assert str(error) == (
-        f"run r: not this log's to write (writer w-me (epoch 0)): {_FOREIGN_WHY}. Every row "
+        f"run r: not this log's to write (writer w-me (epoch 0)): {_FOREIGN_WHY}. If this "
+        "harness ran before, check wal_dir / WALCHANNEL_DIR: its log is not where it was "
+        "(this one is /wal/r.wal); fix the folder and restart. Every row "
         "stays in /wal/r.wal; review them with 'walchannel export /wal/r.wal', or take the "
         f"run over with 'walchannel takeover /wal/r.wal' {_NEXT_STEPS}"
     )

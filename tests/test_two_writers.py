@@ -231,6 +231,8 @@ async def test_an_explicit_takeover_fences_the_old_writer_and_the_new_one_comple
         takeovers = engine.takeovers(run_id)
         done = engine.done(run_id)
     assert_fenced(a, log_in(tmp_path / "a", run_id), "writer fenced")
+    # A's log had answers: no folder to check, it is not a misplaced log.
+    assert "check wal_dir / WALCHANNEL_DIR" not in a.err
     # What A delivered comes again from B, which started over (the takeover's cost).
     assert counts == Counter(FILES) + Counter(FILES[:10]), counts
     assert done is not None and done["findings"] == len(FILES)
@@ -272,6 +274,9 @@ async def test_a_restart_on_a_misplaced_log_is_refused_and_a_takeover_continues_
         assert applied(engine, run_id) == Counter(FILES[:10])  # 0 findings applied twice
         log = log_in(wrong_log, run_id)
         assert_fenced(again, log, "owned by another writer")
+        # The likeliest cause first: the log is not where it was (issue 58).
+        hint = again.err.index("check wal_dir / WALCHANNEL_DIR")
+        assert hint < again.err.index("take the run over with"), again.err[-3000:]
         # Takeover: the mistaken log becomes the run's writer and the run
         # continues as before the change (it starts over: the cost said above).
         took = await asyncio.create_subprocess_exec(

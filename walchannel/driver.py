@@ -310,6 +310,7 @@ class Driver:
         self._log = log
         self._run_id = config.run_id
         self._writer = writer
+        self._ever_up = False  # a stream of this channel came up: the log had an answer
         self._path = path
         # What the engine said when it ended the run for this writer.
         self._engine_refused: str | None = None
@@ -782,7 +783,11 @@ class Driver:
             engine_high: the engine's high-water, when the evidence is the log's.
         """
         self._fenced_failure = fenced_reason(why)
-        return fenced_error(self._run_id, self._path, self._writer, why, engine_high=engine_high)
+        writer = self._writer
+        answered = self._ever_up or writer is None or writer.answered
+        return fenced_error(
+            self._run_id, self._path, writer, why, engine_high=engine_high, answered=answered
+        )
 
     def on_verified(self, engine_high: int, shift: int) -> None:
         """The log applied the verification rule for ``h`` with ``shift``; follow it.
@@ -939,6 +944,7 @@ class Driver:
         or an ack covers a row written on it. Moves to ``STREAMING``.
         """
         self._write_pos = max(replay_from, self._acked + 1)
+        self._ever_up = True
         self._up_since_ms = now_ms
         self._ends_down = self._refused_down = 0
         self._first_written = None

@@ -36,12 +36,19 @@ __all__ = [
 
 
 def fenced_error(
-    run_id: str, path: str, writer: Writer | None, why: str, *, engine_high: int | None = None
+    run_id: str,
+    path: str,
+    writer: Writer | None,
+    why: str,
+    *,
+    engine_high: int | None = None,
+    answered: bool | None = None,
 ) -> WriterFencedError:
     """The :class:`~walchannel.errors.WriterFencedError` of a log that may not write its run.
 
     The one text, for the channel and ``walchannel flush``: who, why, where
-    the rows stay, and the two next steps (review them; take the run over).
+    the rows stay, and the next steps (for a log no engine ever answered,
+    first: check the log folder; then review the rows, or take the run over).
 
     Args:
         run_id: the run.
@@ -49,11 +56,22 @@ def fenced_error(
         writer: the log's writer identity (None: unknown).
         why: the cause.
         engine_high: the engine's high-water, when the evidence is the log's own.
+        answered: an engine ever answered this log (None: as ``writer`` says).
     """
     who = f"writer {writer.id} (epoch {writer.epoch})" if writer is not None else "this writer"
     log = shlex.quote(path) if path else "LOG"
+    # A log no engine ever answered is most often a harness started on the wrong
+    # folder (issue 58): say that first, before the takeover and its cost.
+    where = ""
+    if answered is None:
+        answered = writer is None or writer.answered
+    if not answered:
+        where = (
+            " If this harness ran before, check wal_dir / WALCHANNEL_DIR: its log is not"
+            f" where it was (this one is {path or 'new'}); fix the folder and restart."
+        )
     return WriterFencedError(
-        f"run {run_id}: not this log's to write ({who}): {why}. Every row stays in "
+        f"run {run_id}: not this log's to write ({who}): {why}.{where} Every row stays in "
         f"{path or 'the log'}; review them with 'walchannel export {log}', or take "
         f"the run over with 'walchannel takeover {log}' and start again (a new log under "
         "the runner resumes from the engine's resume point where the engine keeps one; "
