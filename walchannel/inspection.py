@@ -12,6 +12,7 @@ This module imports neither grpc nor httpx.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from walchannel import files
+from walchannel.address import parse_host_port
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import format_age
@@ -331,13 +333,21 @@ def flush_command(report: RunReport) -> str:
 
     It names where the token will go — the discovery URL the harness's last
     handshake stored (``--http-addr``), else the last engine it streamed to
-    (``--grpc-addr``), else a placeholder to fill in — and the variable it
-    is read from (``--token-env`` :data:`FLUSH_TOKEN_ENV`); when the last
+    (``--grpc-addr``), else a placeholder to fill in; for plaintext
+    discovery, ``--allowed-host`` with the last engine's host — and the
+    variable it is read from (``--token-env`` :data:`FLUSH_TOKEN_ENV`); when the last
     error is a down message over the receive limit, ``--max-receive-message-bytes``
     with its size rounded up to whole MiB. Shell-quoted.
     """
     if report.http_addr:
         where = f"--http-addr {shlex.quote(report.http_addr)}"
+        engine = report.last_engine_addr
+        if report.http_addr.startswith("http://") and engine:
+            # Plaintext discovery: name the host its answer may send the token to,
+            # as the harness's allowed_hosts did (flush warns without it).
+            with contextlib.suppress(ValueError):
+                host = parse_host_port(engine)[0]
+                where += f" --allowed-host {shlex.quote(host)}"
     elif report.last_engine_addr:
         where = f"--grpc-addr {shlex.quote(report.last_engine_addr)}"
     else:
@@ -351,6 +361,17 @@ def flush_command(report: RunReport) -> str:
         limit = f" --max-receive-message-bytes {-(-size // _MiB) * _MiB}"
     return (
         f"walchannel flush {shlex.quote(report.file)} {where} --token-env {FLUSH_TOKEN_ENV}{limit}"
+    )
+
+
+def _token_note(report: RunReport) -> str:
+    """After a ``flush`` step: what an UNAUTHENTICATED last error may mean for it."""
+    if "UNAUTHENTICATED" not in (report.last_error or ""):
+        return ""
+    return (
+        "; the last error is UNAUTHENTICATED: if the harness had a wrong token, add"
+        " --replace-token with the right one; if the token is right, the engine may be a"
+        " replacement that does not know the run yet: wait, then flush as printed"
     )
 
 
@@ -452,7 +473,7 @@ def next_step(report: RunReport) -> str:
                 "a walchannel bug: report the reason's text; the rows are kept: restart "
                 f"the harness or '{flush}'"
             )
-        return f"read the last error; restart the harness or '{flush}'"
+        return f"read the last error; restart the harness or '{flush}'{_token_note(report)}"
     if state == "orphaned":
         run = report.run_id or "the run"
         unknown = ""
@@ -461,6 +482,7 @@ def next_step(report: RunReport) -> str:
         return (
             f"restart the harness for {run} (it resumes from this log), or if it will "
             f"not come back, with the run's token in ${FLUSH_TOKEN_ENV}: '{flush}'{unknown}"
+            f"{_token_note(report)}"
         )
     if state == "stuck":
         if report.last_error:
