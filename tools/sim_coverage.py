@@ -97,6 +97,25 @@ ALLOWED: dict[str, str] = {
         "close() after a removal of the log's files gave the group up in the commit that "
         "found it, before the group's own turn: tests/test_log_removed.py"
     ),
+    # -- channel/stream.py ----------------------------------------------------------------
+    "walchannel/channel/stream.py::Stream._watchdog::logger.warning(": (
+        "a process that did not run for over twice the keepalive (SIGSTOP): the simulated "
+        "processes share one loop in virtual time, none is frozen alone; "
+        "tests/test_frozen.py stops a real harness"
+    ),
+    "walchannel/channel/stream.py::Stream._watchdog::self.last_down_ms = now_ms()": (
+        "a frozen process (above)"
+    ),
+    "walchannel/channel/stream.py::Stream._watchdog::self.heartbeats_since_down = 0": (
+        "a frozen process (above)"
+    ),
+    "walchannel/channel/stream.py::Stream._watchdog::if self.write_since_ms is not None:": (
+        "a frozen process (above)"
+    ),
+    "walchannel/channel/stream.py::Stream._watchdog::self.write_since_ms = self.last_down_ms": (
+        "a frozen process (above)"
+    ),
+    "walchannel/channel/stream.py::Stream._watchdog::continue": ("a frozen process (above)"),
     # -- channel/connection.py ------------------------------------------------------------
     "walchannel/channel/connection.py::ConnectionLoop._resync_marker::"
     'logger.warning("run %s: cannot log the marker for the engine: %s", self._run_id, exc)': (

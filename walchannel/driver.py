@@ -62,7 +62,7 @@ from walchannel.log_state import (
     refused_at_open,
 )
 from walchannel.refusals import fenced_error
-from walchannel.watchdog import Verdict, stream_verdict, watchdog_period_ms
+from walchannel.watchdog import Verdict, loop_stalled, stream_verdict, watchdog_period_ms
 
 if TYPE_CHECKING:
     import random
@@ -1190,6 +1190,10 @@ class Driver:
     def watchdog_period_ms(self) -> float:
         """How often the watchdog looks at a live stream (ms)."""
         return watchdog_period_ms(self._dead_stream_ms, self._keepalive_ms)
+
+    def loop_stalled(self, late_ms: float) -> bool:
+        """:func:`~walchannel.watchdog.loop_stalled` with this channel's keepalive."""
+        return loop_stalled(late_ms, self._keepalive_ms)
 
     def stream_verdict(
         self,

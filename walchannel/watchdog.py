@@ -15,6 +15,7 @@ from typing import Final
 __all__ = [
     "KEEPALIVE_TIMEOUT_MS",
     "Verdict",
+    "loop_stalled",
     "stall_bound_ms",
     "stream_verdict",
     "watchdog_period_ms",
@@ -38,6 +39,17 @@ def watchdog_period_ms(dead_stream_ms: float | None, keepalive_ms: float) -> flo
     """How often the watchdog looks (ms): a quarter of the shortest bound, at least 50 ms."""
     stall_ms = keepalive_ms + KEEPALIVE_TIMEOUT_MS
     return max(50.0, min(dead_stream_ms or stall_ms, keepalive_ms) / 4)
+
+
+def loop_stalled(late_ms: float, keepalive_ms: float) -> bool:
+    """Tell whether the watchdog woke so late that the process itself did not run.
+
+    ``late_ms`` past its timer, more than twice the keepalive: no heartbeat
+    could go out and no down message be read in that time (a ``SIGSTOP``, a
+    ``docker pause``, a starved host), so silence then says nothing of the
+    stream, which gets a fresh chance (SPEC "Reconnect").
+    """
+    return late_ms > 2 * keepalive_ms
 
 
 def stall_bound_ms(keepalive_ms: float, pending_bytes: int, min_send_rate: float) -> float:

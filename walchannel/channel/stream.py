@@ -355,13 +355,33 @@ class Stream:
         this case: its ping queues behind the blocked bytes and its timeout
         only starts once the ping is written; a proxy answers pings itself.
         Both bounds also wait the time :meth:`pending_bytes` need at
-        ``min_send_rate_bytes_per_s``: a slow link is not a dead one.
-        The rules are :meth:`~walchannel.driver.Driver.stream_verdict`'s.
+        ``min_send_rate_bytes_per_s``: a slow link is not a dead one. A
+        watchdog that wakes more than twice the keepalive late (the process
+        did not run: ``SIGSTOP``) says so and starts the stream's clocks
+        again. The rules are :meth:`~walchannel.driver.Driver.stream_verdict`'s.
         """
         driver = self._driver
         now_ms = self._clock.monotonic_ms
         while not self.ended.is_set():
-            await asyncio.sleep(driver.watchdog_period_ms() / 1000)
+            period_ms = driver.watchdog_period_ms()
+            due = now_ms() + period_ms
+            await asyncio.sleep(period_ms / 1000)
+            late = now_ms() - due
+            if driver.loop_stalled(late):
+                # Nothing ran here: no heartbeat went out, no answer was read.
+                # Silence says nothing of the stream; it gets a fresh chance.
+                logger.warning(
+                    "run %s: the event loop did not run for %.1f s (the process was stopped,"
+                    " or starved); the stream to %s gets a fresh chance",
+                    self._run_id,
+                    late / 1000,
+                    self.addr,
+                )
+                self.last_down_ms = now_ms()
+                self.heartbeats_since_down = 0
+                if self.write_since_ms is not None:
+                    self.write_since_ms = self.last_down_ms
+                continue
             pending = self.pending_bytes()
             found = driver.stream_verdict(
                 now_ms(),
