@@ -124,10 +124,11 @@ class BlockingEngineChannel:
         self._calls.add(call)  # before it runs: its end discards it
         try:
             asyncio.run_coroutine_threadsafe(call.run(coro, self._calls), self._loop)
-        except RuntimeError:  # closed meanwhile, by another thread
+        except RuntimeError as exc:  # closed meanwhile, by another thread
             self._calls.discard(call)
             coro.close()
-            raise ChannelClosedError("the blocking channel is closed") from None
+            # asyncio's own words kept: "Event loop is closed", or what else it was.
+            raise ChannelClosedError(f"the blocking channel is closed ({exc})") from None
         if self._loop.is_closed():
             # _stop_loop closes the loop before it fails the calls left: one
             # added after that look is failed here (the other side of the race).
