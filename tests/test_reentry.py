@@ -17,12 +17,13 @@ import os
 import signal
 import sqlite3
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import log_on_connection, new_run
+from conftest import child_env, log_on_connection, new_run
 from walchannel import GrpcEngineChannel, ReentrantCallError, RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -234,3 +235,63 @@ def msgpack_body(log: RunLog, seq: int) -> bytes:
 
     (row,) = log.unacked(after_seq=seq - 1, limit=1)
     return encode_body(row.kind, row.body)
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_send_from_a_handler_inside_another_calls_wait_is_refused(
+    tmp_path: Path,
+) -> None:
+    # A signal handler interrupts the main thread while it waits in a call of the
+    # blocking channel. Its send would wait inside that wait: under a fast timer such
+    # waits nested until the recursion limit (seen twice under load). It is refused,
+    # nothing logged; a read from the handler is answered.
+    engine = LocalEngine(ack_delay_ms=300)  # the main thread waits on acks for a while
+    await engine.start()
+    try:
+        run_id, token = new_run(engine)
+        config = local_channel_config(engine, tmp_path / "wal", run_id, token)
+        code = textwrap.dedent(
+            f"""
+            import json, signal
+            from walchannel import BlockingEngineChannel, GrpcChannelConfig
+            from walchannel.errors import ReentrantCallError
+            said = {{}}
+            with BlockingEngineChannel(GrpcChannelConfig(**{_plain(config)!r})) as ch:
+                ch.handshake("1", "nested", "1")
+                def handler(signum, frame):
+                    said["stats"] = ch.stats().unacked_count
+                    try:
+                        ch.send_event("tick", "info", {{}})
+                    except ReentrantCallError as exc:
+                        said["refused"] = str(exc)
+                signal.signal(signal.SIGALRM, handler)
+                ch.send_finding({{"n": 0}})
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                assert ch.wait_acked(timeout_ms=10_000)
+                assert ch.send_finding({{"n": 1}}) == 2  # nothing of the refused send
+            print(json.dumps(said))
+            """
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=child_env(),
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        said = json.loads(out.decode().strip().splitlines()[-1])
+        assert said["stats"] == 1  # the read answered
+        assert "while this thread waits in another one" in said["refused"]
+        assert engine.accepted(run_id) == [1, 2]
+    finally:
+        await engine.stop()
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    return {
+        "grpc_addr": config.grpc_addr,
+        "run_id": config.run_id,
+        "correlation_id": config.correlation_id,
+        "run_token": config.run_token,
+        "wal_dir": str(config.wal_dir),
+        "connect_timeout_ms": 5_000,
+    }

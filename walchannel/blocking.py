@@ -33,7 +33,7 @@ from typing import Any, Self, TypeVar
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.driver import ChannelState
-from walchannel.errors import ChannelClosedError, RunningLoopError
+from walchannel.errors import ChannelClosedError, ReentrantCallError, RunningLoopError
 from walchannel.formatting import get_logger
 from walchannel.handoff import Handoff
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
@@ -72,6 +72,8 @@ class BlockingEngineChannel:
 
     def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
         self._run_id = config.run_id
+        # Per calling thread: how many calls it waits in (a handler's send then is refused).
+        self._waiting = threading.local()
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name=f"walchannel-loop-{config.run_id}", daemon=True
@@ -110,7 +112,9 @@ class BlockingEngineChannel:
 
     # -- plumbing -----------------------------------------------------------------
 
-    def _submit(self, coro: Coroutine[Any, Any, _T], *, closing: bool = False) -> _T:
+    def _submit(
+        self, coro: Coroutine[Any, Any, _T], *, closing: bool = False, read: bool = False
+    ) -> _T:
         if threading.current_thread() is self._loop_thread:
             coro.close()
             raise RunningLoopError(
@@ -120,6 +124,16 @@ class BlockingEngineChannel:
         if not (self._accepting or closing) or self._loop.is_closed():
             coro.close()
             raise ChannelClosedError("the blocking channel is closed")
+        depth: int = getattr(self._waiting, "depth", 0)
+        if depth and not read:
+            # A signal handler's call inside another call's wait on this thread:
+            # nested waits under a fast timer grow without bound (RecursionError).
+            coro.close()
+            raise ReentrantCallError(
+                f"run {self._run_id}: a call of the blocking channel was made while this "
+                "thread waits in another one (a signal handler): refused, nothing logged; "
+                "call it after that call returns"
+            )
         call: Handoff[_T] = Handoff()
         self._calls.add(call)  # before it runs: its end discards it
         try:
@@ -133,7 +147,11 @@ class BlockingEngineChannel:
             # _stop_loop closes the loop before it fails the calls left: one
             # added after that look is failed here (the other side of the race).
             call.finish(error=ChannelClosedError("the blocking channel is closed"))
-        return call.wait()
+        self._waiting.depth = depth + 1
+        try:
+            return call.wait()
+        finally:
+            self._waiting.depth = depth
 
     def _refuse_in_loop(self, call: str) -> None:
         """Raise :class:`~walchannel.RunningLoopError` when this thread runs an event loop.
@@ -160,6 +178,14 @@ class BlockingEngineChannel:
             return fn(*args, **kwargs)
 
         return self._submit(run())
+
+    def _read(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on the loop: a read, never refused (also inside another call's wait)."""
+
+        async def run() -> _T:
+            return fn()
+
+        return self._submit(run(), read=True)
 
     def _enqueue(self, callback: Callable[..., None], *args: Any) -> None:
         """Hand a callback to the dispatcher thread (runs on the loop thread)."""
@@ -240,12 +266,12 @@ class BlockingEngineChannel:
     @property
     def last_acked_seq(self) -> int:
         """The highest seq received in an ack."""
-        return self._call(lambda: self._channel.last_acked_seq)
+        return self._read(lambda: self._channel.last_acked_seq)
 
     @property
     def unacked_count(self) -> int:
         """Logged rows not covered by a received ack."""
-        return self._call(lambda: self._channel.unacked_count)
+        return self._read(lambda: self._channel.unacked_count)
 
     def handshake(self, connector_version: str, harness_name: str, harness_version: str) -> None:
         """As :meth:`GrpcEngineChannel.handshake`, blocking up to ``connect_timeout_ms``.
@@ -336,11 +362,11 @@ class BlockingEngineChannel:
 
     def progress(self) -> Mapping[str, Any] | None:
         """The last committed progress marker (None for a new run)."""
-        return self._call(self._channel.progress)
+        return self._read(self._channel.progress)
 
     def stats(self) -> ChannelStats:
         """As :meth:`GrpcEngineChannel.stats`."""
-        return self._call(self._channel.stats)
+        return self._read(self._channel.stats)
 
     def on_stop(self, callback: StopCallback) -> None:
         """Call ``callback(reason)`` on the dispatcher thread when the engine sends Stop (once)."""
