@@ -44,8 +44,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-import msgpack
-
 from walchannel import _killpoints, messages, metrics, wire
 from walchannel.channel.connection import ConnectionLoop
 from walchannel.channel.group_commit import PendingGroup
@@ -488,16 +486,20 @@ class GrpcEngineChannel:
     # -- sending (buffer first) ------------------------------------------------------------
 
     def _send_rows(
-        self, items: list[tuple[str, bytes]], progress: Mapping[str, Any] | None
+        self,
+        items: list[tuple[str, bytes]],
+        progress: Mapping[str, Any] | None,
+        bodies: list[dict[str, Any]],
     ) -> list[int]:
         """Log what a ``send_*`` sends: committed now, or handed to the pending group.
 
-        Returns the seqs of ``items`` (SPEC "Buffer first", "Group commit").
+        ``bodies`` are ``items``' plain bodies, in order (their digests, for a
+        marker). Returns the seqs of ``items`` (SPEC "Buffer first", "Group commit").
         """
         marker = messages.progress_marker(progress)
         rows = items
         if marker is not None and self._connection.engine_resume is not None:
-            rows = self._with_marker(items, marker)
+            rows = self._with_marker(items, bodies, marker)
         if items:
             # The harness's rows: a marker row travels beside them, outside the bound.
             self._check_backlog(items)
@@ -508,7 +510,10 @@ class GrpcEngineChannel:
         return seqs[len(rows) - len(items) :]
 
     def _with_marker(
-        self, items: list[tuple[str, bytes]], marker: dict[str, Any]
+        self,
+        items: list[tuple[str, bytes]],
+        bodies: list[dict[str, Any]],
+        marker: dict[str, Any],
     ) -> list[tuple[str, bytes]]:
         """``items`` with ``marker`` for an engine that keeps the resume point.
 
@@ -516,7 +521,6 @@ class GrpcEngineChannel:
         keeps the resume point"); no row, or a first row it would take past
         ``max_message_bytes``, gets a ``progress`` row of its own first.
         """
-        bodies = [msgpack.unpackb(blob) for _, blob in items]
         point = {
             "marker": marker,
             "digests": [wire.row_digest(k, b) for (k, _), b in zip(items, bodies, strict=True)],
@@ -667,7 +671,7 @@ class GrpcEngineChannel:
             if ts is None:
                 ts = messages.rfc3339_at(self._clock.wall_s())
             body = messages.event_body(type, severity, payload, ts, max_values=self._max_values)
-            seq = self._send_rows([self._rows.prepare("event", body)], progress)[0]
+            seq = self._send_rows([self._rows.prepare("event", body)], progress, [body])[0]
             if hooks is not None:
                 hooks.on_send(started)
             return seq
@@ -697,7 +701,7 @@ class GrpcEngineChannel:
             started = hooks.clock_ns() if hooks is not None else 0
             self._check_sendable()
             body = messages.finding_body(finding, max_values=self._max_values)
-            seq = self._send_rows([self._rows.prepare("finding", body)], progress)[0]
+            seq = self._send_rows([self._rows.prepare("finding", body)], progress, [body])[0]
             if hooks is not None:
                 hooks.on_send(started)
             return seq
@@ -740,10 +744,12 @@ class GrpcEngineChannel:
             self._check_sendable()
             bodies = messages.finding_bodies(findings, max_values=self._max_values)
             items = []
+            plain: list[dict[str, Any]] = []
             if events:
                 ts = messages.rfc3339_at(self._clock.wall_s())
-                for body in messages.event_bodies(events, ts, max_values=self._max_values):
-                    items.append(self._rows.prepare("event", body))
+                plain = messages.event_bodies(events, ts, max_values=self._max_values)
+                items = [self._rows.prepare("event", body) for body in plain]
+            plain += bodies
             for index, body in enumerate(bodies):
                 try:
                     items.append(self._rows.prepare("finding", body))
@@ -751,7 +757,7 @@ class GrpcEngineChannel:
                     raise PayloadError(f"findings[{index}]", exc.reason, index=index) from None
             seqs: list[int] = []
             if items or progress is not None:
-                seqs = self._send_rows(items, progress)
+                seqs = self._send_rows(items, progress, plain)
             if hooks is not None:
                 hooks.on_send(started)
             return seqs
