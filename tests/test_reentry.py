@@ -269,6 +269,8 @@ async def test_a_blocking_send_from_a_handler_inside_another_calls_wait_is_refus
                 signal.setitimer(signal.ITIMER_REAL, 0.05)
                 assert ch.wait_acked(timeout_ms=10_000)
                 assert ch.send_finding({{"n": 1}}) == 2  # nothing of the refused send
+                # close() does not wait for acks: wait, so the engine has applied it
+                assert ch.wait_acked(timeout_ms=10_000)
             print(json.dumps(said))
             """
         )
