@@ -334,6 +334,55 @@ async def test_engine_flood_of_down_messages_is_survived(tmp_path: Path) -> None
 
 
 @pytest.mark.asyncio
+async def test_a_flood_of_one_fault_is_one_line_per_kind_then_a_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 58, item 6: 15,000 unknown down messages made 15,000 WARNING lines.
+    # Three kinds of per-message fault, each repeated: one line each, then a count
+    # when the stream ends.
+    n = 5_000
+    cut = b"\xe2\x82"  # a UTF-8 character cut in two
+
+    async def script(stream: RogueStream) -> None:
+        await answer_handshakes(stream)
+        for i in range(n):
+            stream.send_raw(b"\x2a\x00")  # field 5: an unknown body
+            # budget_update (field 3) whose message (field 1) is the cut text
+            stream.send_raw(b"\x1a" + bytes([len(cut) + 2, 0x0A, len(cut)]) + cut)
+            stream.send(
+                pb.DownMessage(
+                    approval_decision=pb.ApprovalDecision(request_id=f"nobody-{i}", approved=True)
+                )
+            )
+        await stream.read()
+        stream.ack(1)
+
+    budgets: list[str] = []
+    caplog.set_level(logging.INFO, logger="walchannel")
+    async with rogue_channel(script, tmp_path) as (_, ch):
+        ch.on_budget_update(lambda m, d: budgets.append(m))
+        await ch.handshake("1", "catalogue", "1")
+        ch.send_finding({"n": 1})
+        await while_progressing(
+            lambda: ch.last_acked_seq == 1,
+            lambda: (len(budgets), ch.last_acked_seq),
+            what="the flood, then the ack behind it",
+        )
+    assert budgets == ["\ufffd"] * n  # every message acted on
+    text = caplog.text
+    for kind in (
+        "down messages with an unknown body",
+        "down messages with text that is not valid UTF-8",
+        "decisions no call waits on",
+    ):
+        assert f"{n - 1} more {kind}" in text, kind
+    assert text.count("unknown body") == 2, text[-2000:]
+    assert text.count("not valid UTF-8") == 2
+    assert text.count("that this channel is not waiting on") == 1
+    assert len(caplog.records) < 40
+
+
+@pytest.mark.asyncio
 async def test_engine_stream_ending_without_status_is_a_reconnect(tmp_path: Path) -> None:
     async def script(stream: RogueStream) -> None:
         await answer_handshakes(stream, high=len(done))
@@ -380,8 +429,9 @@ def test_files_log_folder_not_writable(nobody_dir: Path) -> None:
     locked = work / "wal"
     locked.mkdir(mode=0o755)  # owned by root: nobody cannot create files in it
     result = as_nobody(work, lambda: RunLog.open(locked, "run-1", correlation_id="c"))
-    assert result[:2] == ("raised", "WalWriteError"), result  # type: ignore[index]
-    assert str(locked) in str(result[2]) + str(result[3])  # type: ignore[index]
+    # Not a WalWriteError (a full disk to the runner, retriable): where it cannot live.
+    assert result[:2] == ("raised", "WalLocationError"), result  # type: ignore[index]
+    assert f"the folder {locked} is not writable by uid {NOBODY}" in str(result[2]), result  # type: ignore[index]
     assert list(locked.iterdir()) == []
 
 
@@ -403,8 +453,9 @@ def test_files_log_file_read_only(nobody_dir: Path) -> None:
             return ("opened", log.unacked_count)
 
     result = as_nobody(work, try_open)
-    assert result[:2] == ("raised", "WalWriteError"), result  # type: ignore[index]
-    assert "readonly" in str(result[2]) and str(path) in str(result[3])  # type: ignore[index]
+    assert result[:2] == ("raised", "WalLocationError"), result  # type: ignore[index]
+    said = str(result[2])  # type: ignore[index]
+    assert f"{path} is not writable by uid {NOBODY}" in said and "chmod" in said, result
     assert path.read_bytes() == before
 
 

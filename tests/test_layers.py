@@ -54,6 +54,7 @@ ORDER = [
     "walchannel.metrics",
     "walchannel.discovery",
     "walchannel.channel.replica",
+    "walchannel.channel.repeats",
     "walchannel.channel.reclaim",
     "walchannel.channel.reporting",
     "walchannel.channel.refused_rows",

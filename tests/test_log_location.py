@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,42 @@ def test_a_file_where_the_log_folder_should_be_is_named_with_its_setting(
     assert str(a_file) in said and "not a folder" in said, said
     assert ("WALCHANNEL_DIR" if where == "WALCHANNEL_DIR" else "wal_dir") in said, said
     assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a child as another uid (needs root)")
+@pytest.mark.parametrize(
+    "where", ["the folder itself", "a folder above one to be made", "a folder it cannot enter"]
+)
+def test_a_folder_the_user_cannot_write_names_the_uid_and_says_not_writable(where: str) -> None:
+    # Issue 58, item 7: "cannot take the owner lock: permission denied" named
+    # neither who nor what; as a WalWriteError the runner took it for a full
+    # disk (exit 16, "retriable"); a folder it cannot enter was a bare PermissionError.
+    from helpers.users import as_user
+
+    uid = 4243
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # not under a 0700 pytest folder
+        base = Path(top) / "base"
+        locked = base / "wal"
+        locked.mkdir(parents=True)
+        os.chmod(top, 0o755)
+        os.chmod(locked, 0o555)
+        os.chmod(base, 0o700 if where == "a folder it cannot enter" else 0o555)
+        wal_dir = locked if where == "the folder itself" else base / "new" / "wal"
+        refusing = locked if where == "the folder itself" else base
+        how = "cannot be entered" if where == "a folder it cannot enter" else "is not writable"
+
+        def open_it() -> object:
+            try:
+                RunLog.open(wal_dir, "run-ro", correlation_id="c")
+            except WalLocationError as exc:
+                return ("location", str(exc), exc.path)
+            except Exception as exc:
+                return ("other", type(exc).__name__, str(exc))
+            return ("opened", "", "")
+
+        kind, said, path = as_user(uid, open_it)
+        assert kind == "location", said
+        assert f"the folder {refusing} {how} by uid {uid}" in said, said
+        assert "EACCES" in said and "WALCHANNEL_DIR" in said and "run-ro" in said, said
+        assert path == str(wal_dir), said
+        assert not list(locked.iterdir())  # nothing written

@@ -22,7 +22,9 @@ deadlock with an engine served by it. SPEC "The channel".
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
+import contextlib
 import random
 import threading
 import time
@@ -33,7 +35,12 @@ from typing import Any, Self, TypeVar
 from walchannel.channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 from walchannel.driver import ChannelState
-from walchannel.errors import ChannelClosedError, ReentrantCallError, RunningLoopError
+from walchannel.errors import (
+    ChannelClosedError,
+    ReentrantCallError,
+    RunningLoopError,
+    WalchannelError,
+)
 from walchannel.formatting import get_logger
 from walchannel.handoff import Handoff
 from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
@@ -41,6 +48,20 @@ from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats,
 __all__ = ["BlockingEngineChannel"]
 
 logger = get_logger(__name__)
+
+# Channels not closed yet: the interpreter's exit closes them (their loop
+# threads are daemons, which would otherwise die with unsent rows).
+_LEFT_OPEN: set[BlockingEngineChannel] = set()
+
+
+@atexit.register
+def _close_left_open() -> None:
+    for channel in list(_LEFT_OPEN):
+        try:
+            channel._close_at_exit()
+        except Exception:
+            logger.exception("closing %r at exit failed", channel)
+
 
 _T = TypeVar("_T")
 #: How long close() lets calls still queued on the loop finish (they return
@@ -109,6 +130,7 @@ class BlockingEngineChannel:
             self._stop_loop()
             raise
         self._dispatcher.start()
+        _LEFT_OPEN.add(self)
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -411,6 +433,7 @@ class BlockingEngineChannel:
         deadline = time.monotonic() + timeout_ms / 1000
         if not self._close_once.acquire(blocking=False):
             return  # closed, or being closed (by another thread, or the call a handler interrupted)
+        _LEFT_OPEN.discard(self)
         self._stop_dispatching()
         self._accepting = False
         try:
@@ -439,6 +462,23 @@ class BlockingEngineChannel:
                 if left_running
                 else "",
             )
+
+    def _close_at_exit(self) -> None:
+        """The interpreter exits with this channel open: say so, give its logged rows
+        up to ``close_timeout_ms`` to be acked, then :meth:`close`. SPEC "Cancellation"."""
+        bound_ms = self._channel.config.close_timeout_ms
+        with contextlib.suppress(WalchannelError):
+            self._read(
+                lambda: self._channel._say_left_open(
+                    "BlockingEngineChannel never closed; walchannel closes it at exit, after"
+                    f" up to {bound_ms} ms (close_timeout_ms) for its rows' acks. Close a"
+                    " channel when the harness ends ('with BlockingEngineChannel(...)' or"
+                    " 'channel.close()')"
+                )
+            )
+            if self._channel.state is not ChannelState.IDLE:  # handshake() was called
+                self.wait_acked(timeout_ms=bound_ms)
+        self.close()
 
     def __enter__(self) -> Self:
         return self

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import mmap
 import os
+import pwd
 import re
 import resource
 import stat
@@ -382,6 +383,42 @@ def describe_os_error(exc: OSError) -> str:
     }.get(code or 0)
     detail = f"{what} ({said})" if what else said
     return f"{detail}; {name}" if name else detail
+
+
+def user_name() -> str:
+    """`` (name)`` of this process's effective user, or "" for a uid with no passwd entry."""
+    try:
+        return f" ({pwd.getpwuid(os.geteuid()).pw_name})"
+    except KeyError:
+        return ""  # a container's uid with no passwd entry
+
+
+def not_writable(folder: Path, exc: OSError) -> str | None:
+    """Say who cannot write where, when ``exc`` (from creating a log in ``folder``) is a
+    permission or read-only refusal; None for any other error.
+
+    Returns:
+        e.g. ``"the folder /srv/wal is not writable by uid 1000 (scanner): EACCES"``,
+        with what to do.
+    """
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return None
+    # A folder to be made, or one that cannot be entered: the one that refused is above.
+    while not os.path.exists(folder) and folder != folder.parent:
+        folder = folder.parent
+    name = errno.errorcode[exc.errno]
+    if exc.errno == errno.EROFS:
+        return (
+            f"the folder {folder} is on a read-only file system ({name}): point wal_dir /"
+            " WALCHANNEL_DIR at a writable volume"
+        )
+    uid = os.geteuid()
+    user = user_name()
+    how = "is not writable" if os.access(folder, os.X_OK) else "cannot be entered"
+    return (
+        f"the folder {folder} {how} by uid {uid}{user} ({name}): give that user"
+        " write access to it, or point wal_dir / WALCHANNEL_DIR at a folder it can write"
+    )
 
 
 #: Descriptors SQLite holds for a log in WAL mode: the file, its -wal, its -shm.

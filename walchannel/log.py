@@ -289,6 +289,11 @@ class RunLog:
                     " or move the file out of the way",
                     path=str(folder),
                 ) from None
+            refused = files.not_writable(folder, exc)
+            if refused is not None:
+                raise WalLocationError(
+                    f"run {run_id}: the log cannot live in {folder}: {refused}", path=str(folder)
+                ) from None
             raise WalWriteError(
                 f"cannot create the log folder: {files.describe_os_error(exc)}", path=str(path)
             ) from None
@@ -307,6 +312,11 @@ class RunLog:
                     " (docs/operations.md)",
                     path=str(folder),
                 ) from None
+            refused = files.not_writable(folder, exc)
+            if refused is not None:
+                raise WalLocationError(
+                    f"run {run_id}: the log cannot live in {folder}: {refused}", path=str(folder)
+                ) from None
             raise WalWriteError(
                 f"cannot take the owner lock: {files.describe_os_error(exc)}", path=str(path)
             ) from None
@@ -323,6 +333,15 @@ class RunLog:
             lock.release()
             # SQLite says "unable to open database file" or "attempt to write a
             # readonly database" where its WAL cannot have shared memory: ask why.
+            for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                if os.path.lexists(part) and not os.access(part, os.R_OK | os.W_OK):
+                    raise WalLocationError(
+                        f"run {run_id}: the log cannot be written: {part} is not writable by"
+                        f" uid {os.geteuid()}{files.user_name()}: run the harness as its"
+                        " owner, or give that user read and write access to it"
+                        " (chown / chmod u+rw)",
+                        path=str(part),
+                    ) from None
             problem = files.shared_memory_failure(path)
             if problem is None:
                 raise

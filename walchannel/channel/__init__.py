@@ -40,6 +40,7 @@ import math
 import os
 import random
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -266,6 +267,7 @@ class GrpcEngineChannel:
             handshake_fields=handshake_fields,
             pending_token_hash=pending_token_hash,
             commit_pending=None if self._group is None else self._group.commit,
+            on_left_open=self._left_open,
         )
         # Its files removed while open (a commit finds it): the run fails, whoever committed.
         log.on_removed(self._connection.log_removed)
@@ -1092,6 +1094,32 @@ class GrpcEngineChannel:
             self._teardown = asyncio.get_running_loop().create_task(
                 self._connection.aclose(), name=f"walchannel-{self._run_id}-teardown"
             )
+
+    def _left_open(self, how: str) -> None:
+        """The harness's code ended the connection loop with the channel open: close it now.
+
+        Not a failure of the run: the received ack is stored, the log closed
+        and its lock released, as a cancelled ``close()`` does; a
+        ``ResourceWarning`` (as an unclosed file gives) and a WARNING line
+        say so, and ``last_error`` keeps it for ``inspect``. SPEC "Cancellation".
+        """
+        self._say_left_open(
+            f"{how}; walchannel closed it: the received ack is stored and the log released,"
+            " the unacked rows stay for the next channel. Close a channel before its event"
+            " loop ends ('async with GrpcEngineChannel(...)' or 'await channel.close()')"
+        )
+        try:
+            self._close_now()
+        finally:
+            self._log.close()
+
+    def _say_left_open(self, what: str) -> None:
+        """Say that the harness left this channel open: a ``ResourceWarning``, a WARNING
+        line and ``last_error`` (for ``inspect``), each ``the channel was left open (what)``."""
+        text = f"run {self._run_id}: the channel was left open ({what})"
+        warnings.warn(f"unclosed {self!r}: {text}", ResourceWarning, source=self, stacklevel=1)
+        logger.warning("%s", text)
+        self._reporter.record(text)
 
     def _mark_closed(self) -> None:
         """The part of closing that awaits nothing: ack stored, ``CLOSED``, waiters answered.

@@ -8,8 +8,9 @@ the engine sends down (acks, ``Stop``, decisions, budget updates) is taken
 here, and so is every end of stream (:meth:`Driver.on_end
 <walchannel.driver.Driver.on_end>` decides; this carries the decision out).
 However the loop's task ends with the channel still open (cancelled from
-outside, a ``BaseException`` inside it), the run fails once, with
-``FAILED_INTERNAL``, and every waiter wakes (SPEC "Cancellation").
+outside, a ``BaseException`` inside it), the channel was left open: it
+closes itself and every waiter wakes (SPEC "Cancellation"). An exception of
+walchannel's own in the loop fails the run with ``FAILED_INTERNAL``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class ConnectionLoop:
             before a handshake answer is judged: the driver reads the log's
             high-water there and the verification renumbers the log's rows,
             so none may wait outside them (SPEC "Group commit"). None without.
+        on_left_open: called with how the loop ended when it ended with the
+            channel open (SPEC "Cancellation"): the channel closes itself.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class ConnectionLoop:
         handshake_fields: tuple[str, str, str] | None,
         pending_token_hash: str | None,
         commit_pending: Callable[[], None] | None = None,
+        on_left_open: Callable[[str], None],
     ) -> None:
         self._config = config
         self._run_id = config.run_id
@@ -138,6 +142,7 @@ class ConnectionLoop:
         """What the handshake sends: set by ``handshake()``, read from the log's meta."""
         self._pending_token_hash = pending_token_hash
         self._commit_pending = commit_pending
+        self._on_left_open = on_left_open
         self.addr = config.grpc_addr
         """The engine's address: the configured one, then what discovery answered."""
         self.stop_callbacks: list[StopCallback] = []
@@ -183,7 +188,9 @@ class ConnectionLoop:
         if self._stream is not None:
             self._stream.finish(StreamEnded("closed"))
         runner = self._runner
-        if runner is not None and not runner.done():
+        # Not from the loop's own task: it is ending already (a second cancel
+        # would cut its stream's teardown short).
+        if runner is not None and not runner.done() and runner is not asyncio.current_task():
             runner.cancel()
 
     def abandon(self) -> None:
@@ -242,47 +249,33 @@ class ConnectionLoop:
     # -- the loop's end --------------------------------------------------------------------
 
     def _runner_done(self, runner: asyncio.Task[None]) -> None:
-        """The loop's task ended: if the channel is still open, the run fails here.
+        """The loop's task ended: if the channel is still open, it was left open.
 
         The loop runs until ``close()`` or a final state; ended any other way
         (cancelled from outside: a ``task.cancel()`` of the harness's, or
         ``asyncio.run`` finishing with the channel never closed; or a
         ``BaseException`` such as ``KeyboardInterrupt`` raised inside it),
-        no ack can come: :meth:`_loop_ended`.
+        the harness's code ended it, not walchannel's: ``on_left_open``.
         """
         if runner.cancelled():
-            self._loop_ended(CANCELLED_FROM_OUTSIDE)
+            self._left_open(CANCELLED_FROM_OUTSIDE)
         else:
             exc = runner.exception()
-            what = "ended" if exc is None else f"ended by {type(exc).__name__}: {exc}"
-            self._loop_ended(what)
+            self._left_open("ended" if exc is None else f"ended by {type(exc).__name__}: {exc}")
 
-    def _fail_if_cancelled(self) -> bool:
-        """In the loop: a cancel from outside is being delivered; fail the run now. True if so."""
+    def _close_if_cancelled(self) -> bool:
+        """In the loop: a cancel from outside is being delivered; close now. True if so."""
         task = asyncio.current_task()
         if task is None or not task.cancelling() or self._driver.closed:
             return False
-        self._loop_ended(CANCELLED_FROM_OUTSIDE)
+        self._left_open(CANCELLED_FROM_OUTSIDE)
         return True
 
-    def _loop_ended(self, what: str) -> None:
-        """The loop was ``what`` with the channel open: ``FAILED``, ``FAILED_INTERNAL``.
-
-        Every waiter wakes at once (``wait_acked`` False; ``send_done``,
-        ``request_approval`` and ``send_*`` raise the error) instead of
-        hanging until its timeout. The rows stay in the log; the next
-        channel's healthy answer clears the mark. SPEC "Cancellation".
-        """
+    def _left_open(self, what: str) -> None:
         driver = self._driver
         if driver.closed or driver.final:
             return
-        self._reporter.fail(
-            WalchannelError(
-                f"run {self._run_id}: the connection loop was {what}; no ack can come. "
-                f"The rows stay in {self._log.path}; close() this channel and open a new one"
-            ),
-            reason=f"{FAILED_INTERNAL}: the connection loop was {what}",
-        )
+        self._on_left_open(f"its connection loop was {what}")
 
     # -- hard_deadline ---------------------------------------------------------------------
 
@@ -453,9 +446,9 @@ class ConnectionLoop:
             if not stream.ended.is_set() and not self._driver.final:
                 await stream.ended.wait()
         finally:
-            # Cancelled from outside: fail the run before the teardown's awaits,
-            # so the waiters wake now, not once the network lets go.
-            cancelled = self._fail_if_cancelled()
+            # Cancelled from outside: close before the teardown's awaits, so
+            # the waiters wake now, not once the network lets go.
+            cancelled = self._close_if_cancelled()
             await stream.read_final_status()
             self._rows.clear_readahead()
             await stream.teardown()
@@ -863,7 +856,20 @@ class ConnectionLoop:
             for callback in list(self.budget_callbacks):
                 self._reporter.call_back(callback, msg.budget_update.message, details)
         else:
-            logger.warning("run %s: ignoring a down message with an unknown body", self._run_id)
+            self._say(
+                "down messages with an unknown body",
+                logging.WARNING,
+                "run %s: ignoring a down message with an unknown body (a newer engine's?)",
+                self._run_id,
+            )
+
+    def _say(self, kind: str, level: int, message: str, *args: object) -> None:
+        """A per-message line: once per kind per stream, the rest counted (OncePerKind)."""
+        stream = self._stream
+        if stream is None:
+            logger.log(level, message, *args)
+        else:
+            stream.said.say(kind, level, message, *args)
 
     def _on_stop(self, reason: str) -> None:
         if not self._driver.on_stop():
@@ -875,7 +881,9 @@ class ConnectionLoop:
     def _on_decision(self, request_id: str, approved: bool, reason: str) -> None:
         self._driver.on_decision(request_id, approved, reason)
         if not self._waiters.decided(ApprovalDecision(request_id, approved, reason)):
-            logger.info(
+            self._say(
+                "decisions no call waits on",
+                logging.INFO,
                 "run %s: decision for approval request %r that this channel is not "
                 "waiting on; cached",
                 self._run_id,
@@ -895,7 +903,13 @@ class ConnectionLoop:
             if self._stream is not None:
                 self._stream.stale_ack(seq, driver.acked)
         else:  # a protocol error, counted, never applied
-            logger.error("run %s: %s", self._run_id, driver.last_error)
+            self._say(
+                f"impossible acks ({kind.name})",
+                logging.ERROR,
+                "run %s: %s",
+                self._run_id,
+                driver.last_error,
+            )
             if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
                 # Rows never written: a fresh handshake re-syncs.
                 self._stream.finish(

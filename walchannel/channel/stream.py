@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from walchannel import _killpoints
+from walchannel.channel.repeats import OncePerKind
 from walchannel.errors import ChannelClosedError, WalchannelError, WalCorruptError
 from walchannel.formatting import get_logger
 from walchannel.row_source import RowMissingError
@@ -129,9 +131,9 @@ class Stream:
         # Acks that moved nothing, against the heartbeats written (stale_ack).
         self.beats = 0
         self.duplicate_acks = 0
-        self._repaired_said = False  # text repaired this stream: said once
         self.backward_acks = 0
-        self._flood_said = False
+        #: Per-message faults of the engine: each kind said once, the rest counted.
+        self.said = OncePerKind(logger, f"run {self._run_id}: the stream to {addr}")
 
     @property
     def route(self) -> str:
@@ -170,12 +172,11 @@ class Stream:
             self.backward_acks += 1
         else:
             self.duplicate_acks += 1
-        if self._flood_said:
-            return
         beyond = self.duplicate_acks - self.beats
         if beyond > DUPLICATE_ACKS_WARN or self.backward_acks > BACKWARD_ACKS_WARN:
-            self._flood_said = True
-            logger.warning(
+            self.said.say(
+                "acks that moved nothing past the bound",
+                logging.WARNING,
                 "run %s: the engine at %s sent %d duplicate acks beyond its %d heartbeat "
                 "answers and %d acks going backwards on this stream; a correct engine sends "
                 "neither (an engine that lost its store may): nothing is applied from them",
@@ -215,12 +216,13 @@ class Stream:
                 except DownDecodeError as exc:
                     self._undecodable(exc)
                     return
-                if decoded.repaired and not self._repaired_said:
-                    self._repaired_said = True
-                    logger.warning(
+                if decoded.repaired:
+                    self.said.say(
+                        "down messages with text that is not valid UTF-8",
+                        logging.WARNING,
                         "run %s: a down message from %s held text that is not valid UTF-8 in"
                         " %r: acted on, with U+FFFD in place of the bad bytes (the engine's"
-                        " encoder cuts text; said once per stream)",
+                        " encoder cuts text)",
                         self._run_id,
                         self.addr,
                         list(decoded.repaired),
@@ -472,4 +474,5 @@ class Stream:
         finally:
             # Even when cancelled: the connection (its socket) must go.
             self.tasks.clear()
+            self.said.summary()
             await self.call.close()
