@@ -30,7 +30,13 @@ import grpc
 import pytest
 
 from conftest import PYTHON, ROOT, child_env, eventually
-from walchannel import EngineBehindError, EngineUnavailableError, GrpcEngineChannel, RunLog
+from walchannel import (
+    EngineBehindError,
+    EngineUnavailableError,
+    GrpcEngineChannel,
+    RunCompletedError,
+    RunLog,
+)
 from walchannel.formatting import format_age, format_size
 from walchannel.inspection import JSON_KEYS
 from walchannel.log_format import check_header
@@ -825,8 +831,10 @@ async def test_a_completed_run_shows_completed_and_prune_removes_it(
 ) -> None:
     wal_dir = tmp_path / "wal"
     tombs = []
+    tokens = []
     for _ in range(2):
         run_id, token = new_run("done")
+        tokens.append(token)
         local_engine.register_run(run_id, token)
         config = local_channel_config(local_engine, wal_dir, run_id, token)
         async with GrpcEngineChannel(config) as ch:
@@ -870,6 +878,19 @@ async def test_a_completed_run_shows_completed_and_prune_removes_it(
     assert sorted(p.name for p in wal_dir.iterdir() if p.name.endswith(".wal.sqlite3")) == [
         "idle-run.wal.sqlite3"
     ]
+
+    # A restart after prune: the engine says the run is completed; the new log
+    # it made is a tombstone, not "idle … the run has no Done" (issue 58).
+    run_id = tombs[0].name.removesuffix(".wal.sqlite3")
+    config = local_channel_config(local_engine, wal_dir, run_id, tokens[0])
+    async with GrpcEngineChannel(config) as ch:
+        with pytest.raises(RunCompletedError):
+            await ch.handshake("1", "cli-test", "1")
+    listed = await acli("inspect", tombs[0], "--json")
+    assert listed.rc == 0, listed.err
+    assert [v["state"] for v in by_run(listed).values()] == ["completed"]
+    with pytest.raises(RunCompletedError):
+        GrpcEngineChannel(config)  # no dial needed any more
 
 
 # -- the rest of the surface -------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import eventually, new_run
+from walchannel.inspection import inspect_log
 from walchannel.runner import ExitCode
 from walchannel.testing.engine import LocalEngine
 
@@ -371,6 +372,14 @@ async def test_a_new_log_on_a_run_another_log_wrote_scans_nothing(
     code = ExitCode.COMPLETED_ELSEWHERE if first_ends == "completed" else ExitCode.FENCED
     await ended(other, code)
     assert not other.scanned and len(local_engine.accepted(run_id)) == applied
+    if first_ends == "completed":
+        # The log this open made is a tombstone, not "idle … the run has no Done"
+        # (as after `prune` and a restart, issue 58); a retry needs no engine.
+        report = inspect_log(tmp_path / "wal-b" / f"{run_id}.wal.sqlite3")
+        assert report.state == "completed", report
+        again = await start(manifest, tmp_path / "wal-b", **env)
+        await ended(again, ExitCode.COMPLETED_ELSEWHERE)
+        assert not again.scanned
 
 
 @pytest.mark.asyncio

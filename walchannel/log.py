@@ -1421,7 +1421,8 @@ class RunLog:
 
     @_guarded("completion")
     def complete_by_engine(self) -> int:
-        """Turn a log holding an unacked ``Done`` into a tombstone on the engine's word.
+        """Turn a log holding an unacked ``Done``, or nothing unacked, into a tombstone
+        on the engine's word.
 
         For the engine's FAILED_PRECONDITION "run completed" answer when this
         log holds ``Done``: the engine applied a ``Done`` of this run (it takes
@@ -1435,7 +1436,7 @@ class RunLog:
             How many rows were deleted.
 
         Raises:
-            ValueError: the log holds no unacked ``Done``.
+            ValueError: the log holds unacked rows and no ``Done``.
             ChannelClosedError, WalLockedError, WalWriteError: as :meth:`append`.
         """
         self._check_writable()

@@ -553,12 +553,19 @@ class LogState(NamedTuple):
         (after a rollback the engine's ``Done`` may sit at another seq).
         docs/design.md, "A channel that fails while send_done waits".
 
+        A log holding nothing unacked becomes a tombstone too: nothing of it
+        can be lost, and a restart then knows the run is over without a dial
+        (a new log after ``prune`` stayed ``idle`` for ever, issue 58).
+
         Raises:
-            ValueError: the log holds no unacked ``Done``: its rows are
+            ValueError: the log holds unacked rows but no ``Done``: they are
                 undeliverable and stay (the channel marks the run failed).
         """
-        if self.done_seq is None:
-            raise ValueError(f"run {self.run_id}: no Done is logged; the log stays as it is")
+        if self.done_seq is None and self.unacked_count > 0:
+            raise ValueError(
+                f"run {self.run_id}: rows are unacked and no Done is logged; the log stays"
+                " as it is"
+            )
         return LogState(
             self.run_id, self.next_seq, self.last_acked, self.unverified_from, None, True
         )

@@ -810,6 +810,11 @@ class ConnectionLoop:
         a tombstone the run has already failed there, and this stores it.
         """
         driver = self._driver
+        if completion is Completion.NOTHING and self._log.writable:
+            try:
+                self._log.complete_by_engine()  # nothing here to lose: a tombstone says so
+            except WalchannelError as exc:
+                logger.warning("run %s: cannot mark the log completed: %s", self._run_id, exc)
         if completion is not Completion.TOMBSTONE:
             # Rows this log still holds cannot be delivered (here) any more: the
             # reason flags the run for an operator (inspect: failed; export saves them).
@@ -866,10 +871,8 @@ class ConnectionLoop:
     def _say(self, kind: str, level: int, message: str, *args: object) -> None:
         """A per-message line: once per kind per stream, the rest counted (OncePerKind)."""
         stream = self._stream
-        if stream is None:
-            logger.log(level, message, *args)
-        else:
-            stream.said.say(kind, level, message, *args)
+        assert stream is not None  # down messages come only from a stream's reader
+        stream.said.say(kind, level, message, *args)
 
     def _on_stop(self, reason: str) -> None:
         if not self._driver.on_stop():
