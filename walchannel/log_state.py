@@ -563,8 +563,7 @@ class LogState(NamedTuple):
         """
         if self.done_seq is None and self.unacked_count > 0:
             raise ValueError(
-                f"run {self.run_id}: rows are unacked and no Done is logged; the log stays"
-                " as it is"
+                f"run {self.run_id}: rows are unacked and no Done is logged; the log stays as it is"
             )
         return LogState(
             self.run_id, self.next_seq, self.last_acked, self.unverified_from, None, True
