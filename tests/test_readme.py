@@ -594,3 +594,51 @@ async def test_the_readme_runner_harness_killed_twice_applies_every_finding_once
     done = local_engine.done(run_id)
     assert done is not None and done["status"] == "completed" and done["coverage"] == ["src"]
     assert token not in err.decode()
+
+
+@pytest.mark.asyncio
+async def test_the_readme_local_engine_command_runs_as_printed(tmp_path: Path) -> None:
+    # Issue 58, item 8: one command starts an engine with discovery and a run,
+    # and the command it prints runs the README's harness to the end.
+    block = (ROOT / "README.md").read_text().split("To try it now", 1)[1]
+    engine_line, run_line = block.split("```sh", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert engine_line == "walchannel engine --manifest manifest.json"
+    (tmp_path / "scanner.py").write_text(_python_block_after("## Use it in your harness"))
+    for i in range(5):
+        (tmp_path / "src").mkdir(exist_ok=True)
+        (tmp_path / "src" / f"m{i}.py").write_text("x = 1  # TODO\npass\n# TODO again\n")
+    engine = await asyncio.create_subprocess_exec(
+        PYTHON, "-m", *engine_line.split(), cwd=tmp_path, env=child_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        said: list[str] = []
+        assert engine.stdout is not None
+        while not said or not said[-1].startswith("Ctrl-C"):
+            line = await asyncio.wait_for(engine.stdout.readline(), 30)
+            assert line, (said, await engine.stderr.read() if engine.stderr else b"")
+            said.append(line.decode().rstrip())
+        printed = next(s.strip() for s in said if s.strip().startswith("walchannel run"))
+        assert printed == run_line.replace("scanner:Scanner", "MODULE:ATTR"), said
+        manifest = json.loads((tmp_path / "manifest.json").read_text())
+        assert (tmp_path / "manifest.json").stat().st_mode & 0o077 == 0
+        assert manifest["runToken"] not in "\n".join(said)  # the token only in the file
+        run = await asyncio.create_subprocess_exec(
+            PYTHON, "-m", *run_line.split(), "--wal-dir", str(tmp_path / "wal"),
+            cwd=tmp_path, env=child_env(), stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(run.communicate(), 60)
+        assert run.returncode == 0, err.decode()[-3000:]
+        assert "plaintext" not in err.decode()  # --allowed-host as printed
+        assert manifest["runToken"] not in err.decode()
+        # A second engine on the same manifest path refuses, and writes nothing.
+        second = subprocess.run(
+            [PYTHON, "-m", *engine_line.split()], cwd=tmp_path, env=child_env(),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert second.returncode == 2 and "manifest.json exists" in second.stdout, second
+        assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    finally:
+        engine.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(engine.wait(), 30) == 0
+    assert not (tmp_path / "manifest.json").exists()  # its addresses died with the engine

@@ -872,8 +872,64 @@ def _run(harness: Any, args: argparse.Namespace, channel: dict[str, Any]) -> int
 
 
 # One adder per subcommand, in help order.
+_ENGINE_EXAMPLES = """\
+examples:
+  walchannel engine --manifest manifest.json
+  walchannel engine --run-id run-42 --manifest /tmp/m.json --store /tmp/engine.sqlite3
+
+A real engine (walchannel.testing.LocalEngine: gRPC and discovery on
+127.0.0.1) for trying a harness: it registers one run with a fresh token,
+writes the run's manifest (mode 600: the token is only there) and prints the
+command that runs a harness for it. Ctrl-C stops it. A --store kept between
+starts keeps what the engine applied.
+"""
+
+
+def _add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "engine",
+        help="start a local engine with one run registered, and write its manifest",
+        description="Start a local engine on loopback, register a run, write its manifest.",
+        epilog=_ENGINE_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument(
+        "--manifest",
+        metavar="PATH",
+        default="manifest.json",
+        help="where to write the run's manifest (default manifest.json; never"
+        " over an existing file)",
+    )
+    p.add_argument("--run-id", metavar="ID", help="the run to register (default: run-<random>)")
+    p.add_argument("--store", metavar="FILE", help="the engine's store (default: a temporary one)")
+    p.add_argument("--grpc-port", type=int, default=0, metavar="PORT", help="default: any free")
+    p.add_argument("--http-port", type=int, default=0, metavar="PORT", help="default: any free")
+    p.set_defaults(handler=_cmd_engine)
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from walchannel.testing.engine.__main__ import serve_trial
+
+    def write(line: str) -> None:
+        print(line, flush=True)
+
+    return asyncio.run(
+        serve_trial(
+            manifest=args.manifest,
+            run_id=args.run_id,
+            store=args.store,
+            grpc_port=args.grpc_port,
+            http_port=args.http_port,
+            write=write,
+        )
+    )
+
+
 _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...]] = (
     _add_run,
+    _add_engine,
     _add_inspect,
     _add_flush,
     _add_export,

@@ -22,13 +22,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.store import EngineStore
 
-__all__ = ["main"]
+__all__ = ["main", "serve_trial"]
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -150,6 +150,108 @@ async def _serve_process(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             await engine.stop()
     return 0
+
+
+async def serve_trial(
+    *,
+    manifest: str,
+    run_id: str | None,
+    store: str | None,
+    grpc_port: int,
+    http_port: int,
+    write: Callable[[str], None],
+) -> int:
+    """``walchannel engine``: a local engine with discovery, one run registered, its manifest.
+
+    The manifest (``runId``, ``correlationId``, ``runToken``, ``hardDeadline``
+    24 hours ahead, ``grpcAddr``, ``httpAddr``) is written with mode 0600 and
+    is the only place the token goes (never printed), and is removed when the
+    engine stops (its addresses die with it). Serves until SIGINT or SIGTERM.
+    SPEC "Test doubles and the local engine".
+
+    Args:
+        manifest: where to write the manifest; an existing file is refused.
+        run_id: the run to register (None: ``run-`` and 8 random hex digits).
+        store: the engine store (SQLite file; None: a temporary one, removed at the end).
+        grpc_port, http_port: the ports (0: any free).
+        write: where each line for the user goes.
+
+    Returns:
+        0 after SIGINT or SIGTERM; 2 if the manifest exists or cannot be written.
+    """
+    import secrets
+    import tempfile
+    import time
+
+    from walchannel.files import check_run_id
+
+    run_id = run_id or f"run-{secrets.token_hex(4)}"
+    try:
+        check_run_id(run_id)
+    except ValueError as exc:
+        write(f"walchannel engine: --run-id: {exc}")
+        return 2
+    token = secrets.token_urlsafe(24)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    with (
+        tempfile.TemporaryDirectory(prefix="walchannel-engine-") as scratch,
+        contextlib.ExitStack() as stack,
+    ):
+        engine = LocalEngine(
+            store or os.path.join(scratch, "engine.sqlite3"),
+            grpc_port=grpc_port,
+            http_port=http_port,
+        )
+        await engine.start()
+        try:
+            engine.register_run(run_id, token)
+            deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86_400))
+            text = json.dumps(
+                {
+                    "runId": run_id,
+                    "correlationId": f"corr-{run_id}",
+                    "runToken": token,
+                    "hardDeadline": deadline,
+                    "grpcAddr": engine.grpc_addr,
+                    "httpAddr": engine.http_addr,
+                },
+                indent=1,
+            )
+            try:
+                fd = os.open(manifest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                write(
+                    f"walchannel engine: {manifest} exists (a manifest of another run?): pass"
+                    " --manifest another path, or remove it"
+                )
+                return 2
+            except OSError as exc:
+                write(f"walchannel engine: cannot write {manifest}: {exc.strerror or exc}")
+                return 2
+            with os.fdopen(fd, "w") as out:
+                out.write(text + "\n")
+            # Its addresses die with this engine: the manifest goes with it.
+            stack.callback(_remove, manifest)
+            write(f"local engine: gRPC {engine.grpc_addr}, discovery {engine.http_addr}")
+            write(
+                f"run {run_id} registered; its manifest (the token is in it, mode 600): {manifest}"
+            )
+            write("run a harness for it:")
+            write(f"  walchannel run MODULE:ATTR --manifest {manifest} --allowed-host 127.0.0.1")
+            write("Ctrl-C stops the engine.")
+            await stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await engine.stop()
+    return 0
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 if __name__ == "__main__":
