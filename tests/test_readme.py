@@ -642,3 +642,38 @@ async def test_the_readme_local_engine_command_runs_as_printed(tmp_path: Path) -
         engine.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(engine.wait(), 30) == 0
     assert not (tmp_path / "manifest.json").exists()  # its addresses died with the engine
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("second", ["async", "blocking"])
+async def test_a_second_harness_on_the_same_log_exits_5_naming_the_first(
+    tmp_path: Path, second: str
+) -> None:
+    # Issue 58, item 7: the example left WalLockedError as a traceback.
+    first_script, second_script = tmp_path / "first.py", tmp_path / "second.py"
+    first_script.write_text(async_example())
+    second_script.write_text(async_example() if second == "async" else blocking_example())
+    store = tmp_path / "store.sqlite3"
+    async with LocalEngine(store_path=store) as engine:
+        run_id, token = new_run(engine)
+        env = child_env(
+            RUN_ID=run_id, CORR_ID="corr-readme", RUN_TOKEN=token, GRPC_ADDR=engine.grpc_addr,
+            WAL=str(tmp_path / "wal"), STORE=str(store),
+            AT_LAST=str(tmp_path / "at-last"), GO=str(tmp_path / "go"),
+        )  # fmt: skip
+        first = await asyncio.create_subprocess_exec(
+            PYTHON, str(first_script), "a.py", "last", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        await wait_for_file(tmp_path / "at-last", first)  # it holds the log now
+        other = await asyncio.create_subprocess_exec(
+            PYTHON, str(second_script), "a.py", "last", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(other.communicate(), 60)
+        text = err.decode()
+        assert other.returncode == 5, text[-3000:]
+        assert "not scanning" in text and f"pid {first.pid}" in text, text
+        assert "Traceback" not in text and token not in text, text
+        (tmp_path / "go").touch()
+        _, err = await asyncio.wait_for(first.communicate(), 120)
+        assert first.returncode == 0, err.decode()[-3000:]
+        assert engine.accepted(run_id) == [1, 2, 3]  # the first's two findings and its Done
