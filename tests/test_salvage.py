@@ -228,6 +228,12 @@ def test_one_damaged_meta_field_never_blocks_the_rows(tmp_path: Path, member: st
     step = item["next_step"]
     assert f"'walchannel export {case.log}" in step, step
     assert "flush" not in step and "restart" not in step, step
+    # The order that loses nothing (issue 58, item 3): export, move aside, and what the
+    # new log will meet (refused as another writer's until a takeover), with its cost.
+    exported_at, moved_at = step.index("walchannel export"), step.index("move ")
+    fenced_at, takeover_at = step.index("another writer's"), step.index("walchannel takeover")
+    assert exported_at < moved_at < fenced_at < takeover_at, step
+    assert "comes again" in step[takeover_at:], step  # this engine keeps no resume point
 
     # The owner's open (a restarted harness) and flush keep refusing, naming the field.
     with pytest.raises(WalCorruptError) as info:
