@@ -278,6 +278,62 @@ async def test_a_finding_that_cannot_travel_is_skipped_and_said(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("first_answer_s", [0.5, 1.5])
+async def test_first_answer_bounds_the_wait_not_whole_connect_timeouts(
+    local_engine: LocalEngine, tmp_path: Path, first_answer_s: float
+) -> None:
+    # A new user's report: --first-answer was rounded up to whole connect
+    # timeouts (1 s asked, 10 s waited).
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: every dial is refused
+        port = sock.getsockname()[1]
+        run_id, token = new_run(local_engine)
+        manifest = write_manifest(
+            tmp_path / "m.json", local_engine, run_id, token, grpcAddr=f"127.0.0.1:{port}"
+        )
+        data = json.loads(manifest.read_text())
+        del data["httpAddr"]  # no discovery to find the real engine
+        manifest.write_text(json.dumps(data))
+        harness = Files(3)
+        started = time.monotonic()
+        got = await run_harness_async(
+            harness,
+            str(manifest),
+            wal_dir=tmp_path / "wal",
+            first_answer_s=first_answer_s,
+            **{**FAST, "connect_timeout_ms": 10_000},
+        )
+        took = time.monotonic() - started
+    assert got == ExitCode.NO_ENGINE
+    assert not harness.scanned
+    assert first_answer_s <= took < first_answer_s + 2.5, took
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("items", [1, 7])
+async def test_skip_with_every_item_failing_ends_failed_not_done(
+    local_engine: LocalEngine, tmp_path: Path, items: int
+) -> None:
+    # A new user's report: on_scan_error="skip" and every item failing exited 0,
+    # Done "completed" for a scan that scanned nothing.
+    run_id, token = new_run(local_engine)
+    manifest = write_manifest(tmp_path / "m.json", local_engine, run_id, token)
+    harness = Files(items, fail=set(range(items)))
+    got = await run_harness_async(
+        harness, str(manifest), wal_dir=tmp_path / "wal", retries=0, on_scan_error="skip", **FAST
+    )
+    assert got == ExitCode.SCAN_FAILED
+    done = local_engine.done(run_id)
+    assert done is not None and done["status"] == "failed", done
+    assert f"every item failed ({items} skipped)" in done["exit_reason"], done
+    _, events = applied(local_engine, run_id)
+    assert len([e for e in events if e["type"] == "runner.item_skipped"]) == items
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("policy", "code", "status"),
     [

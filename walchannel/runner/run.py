@@ -404,9 +404,19 @@ class _Run:
         answered_before = channel.log.meta().answered_at is not None
         waited_from = self._now_s()
         while True:
+            # A new log's whole wait is first_answer_s, a handshake's own wait
+            # (connect_timeout_ms) within it: not rounded up to whole ones.
+            left = None
+            if not answered_before:
+                left = max(0.0, self.options.first_answer_s - (self._now_s() - waited_from))
             try:
-                await channel.handshake(CONNECTOR_VERSION, harness.name, harness.version)
+                async with asyncio.timeout(left):
+                    await channel.handshake(CONNECTOR_VERSION, harness.name, harness.version)
                 return None
+            except TimeoutError:
+                last = channel.stats().last_error
+                why = f"the last attempt: {last}" if last else "the handshake is unanswered"
+                return self._no_engine(self._now_s() - waited_from, why)
             except RunRefusedError as exc:
                 logger.error("run %s: nothing scanned: %s", self.run_id, exc)
                 return ExitCode.REFUSED
@@ -426,14 +436,7 @@ class _Run:
                     return await self.grace.drain(channel)
                 waited = self._now_s() - waited_from
                 if waited >= self.options.first_answer_s or self.deadline_near():
-                    logger.error(
-                        "run %s: nothing scanned: no engine answered this new log's handshake"
-                        " within %.1f s: %s",
-                        self.run_id,
-                        waited,
-                        exc,
-                    )
-                    return ExitCode.NO_ENGINE
+                    return self._no_engine(waited, str(exc))
                 # A new log scans only after an answer: findings logged into a
                 # log that is then fenced and taken over would apply twice.
                 logger.warning(
@@ -442,6 +445,17 @@ class _Run:
                     self.run_id,
                     exc,
                 )
+
+    def _no_engine(self, waited_s: float, why: str) -> int:
+        logger.error(
+            "run %s: nothing scanned: no engine answered this new log's handshake within"
+            " %.1f s (first_answer_s %.1f): %s",
+            self.run_id,
+            waited_s,
+            self.options.first_answer_s,
+            why,
+        )
+        return ExitCode.NO_ENGINE
 
     def _from_engine(self, point: ResumePoint) -> Mapping[str, Any] | None:
         """The marker a lost log taken over resumes from: the engine's (SPEC "The runner").
@@ -570,7 +584,12 @@ class _Run:
             if self.engine_stop is not None:
                 return "stopped"
             return "deadline"
+        if self._all_skipped():
+            return "failed"  # "skip" let every item go: nothing was scanned
         return "completed"
+
+    def _all_skipped(self) -> bool:
+        return 0 < len(self.items) == self.skipped_items
 
     def _begin(self, window: dict[int, asyncio.Task[_Outcome]], begun: int) -> int:
         """Begin items from ``begun`` while the window has room; return the next not begun.
@@ -883,6 +902,8 @@ class _Run:
         )
         if status == "stopped" and self.engine_stop:
             reason += f"; the engine's stop: {self.engine_stop}"
+        if status == "failed" and self._all_skipped():
+            reason += f"; every item failed ({self.skipped_items} skipped)"
         delay = WRITE_RETRY_S
         while True:
             try:
