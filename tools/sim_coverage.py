@@ -127,6 +127,27 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/connection.py::ConnectionLoop._resync_marker::return": (
         "the disk refusing the marker after a first announcement (above)"
     ),
+    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
+    "except WalchannelError as exc:": (
+        "the disk refusing to clear a failed mark at a healthy answer: since a channel left "
+        "open no longer fails its run, the world's failed runs (engine behind, a refused "
+        "Done) rarely meet a disk-full period at their next answer; "
+        "tests/test_meta_write_failures.py refuses it"
+    ),
+    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
+    'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
+        "the disk refusing to clear a failed mark (above)"
+    ),
+    "walchannel/channel/connection.py::ConnectionLoop._on_run_completed::"
+    "except WalchannelError as exc:": (
+        "the disk refusing the tombstone of a log holding nothing unacked at \"run "
+        "completed\": a restart after the run ended meeting a disk-full period in its first "
+        "exchange; tests/test_meta_write_failures.py refuses it"
+    ),
+    "walchannel/channel/connection.py::ConnectionLoop._on_run_completed::"
+    'logger.warning("run %s: cannot mark the log completed: %s", self._run_id, exc)': (
+        "the disk refusing that tombstone (above)"
+    ),
     # -- channel/__init__.py --------------------------------------------------------------
     "walchannel/channel/__init__.py::GrpcEngineChannel.send_done::return False": (
         "send_done called after hard_deadline passed: the simulated harnesses stop at the "

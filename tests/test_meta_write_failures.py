@@ -1,0 +1,74 @@
+"""A meta write the disk refuses at an engine's answer is said and the run goes on.
+
+Two writes the channel makes on an answer, not on a send: clearing a failed
+mark after a healthy answer, and turning a log that holds nothing unacked
+into a tombstone when the engine says the run is completed. Each refused
+(SQLite's "database or disk is full") is logged at WARNING, never raised
+into the connection loop; what the write would have recorded is left as it
+was, and nothing of the run is lost.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import log_on_connection, new_run
+from walchannel import GrpcEngineChannel, RunCompletedError, RunLog
+from walchannel.testing.engine import LocalEngine
+from walchannel.testing.plugin import local_channel_config
+
+
+class FullOn(sqlite3.Connection):
+    """A real connection whose UPDATEs holding ``needle`` fail as a full disk does."""
+
+    needle: str | None = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        writes = sql.lstrip().upper().startswith("UPDATE")
+        if writes and self.needle is not None and self.needle in sql:
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, parameters)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_mark_the_disk_will_not_clear_is_said_and_the_run_streams_on(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    conn, log = log_on_connection(config, FullOn)
+    log.update_meta(failed_at=1.0, failed_reason="engine behind: an earlier stream's")
+    conn.needle = "failed_at"
+    async with GrpcEngineChannel(config, log=log) as ch:
+        await ch.handshake("1", "meta-full", "1")
+        ch.send_finding({"n": 1})
+        assert await ch.wait_acked(timeout_ms=10_000)
+        conn.needle = None
+    assert "cannot clear the failed mark" in caplog.text
+    assert local_engine.accepted(run_id) == [1]
+    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as again:
+        assert again.meta().failed_at == 1.0  # left as it was; the next answer clears it
+
+
+@pytest.mark.asyncio
+async def test_a_tombstone_the_disk_will_not_store_is_said_and_run_completed_still_raised(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    done_by = local_channel_config(local_engine, tmp_path / "first", run_id, token)
+    async with GrpcEngineChannel(done_by) as ch:
+        await ch.handshake("1", "meta-full", "1")
+        assert await ch.send_done("completed", 0, [], "")
+    config = local_channel_config(local_engine, tmp_path / "after-prune", run_id, token)
+    conn, log = log_on_connection(config, FullOn)
+    conn.needle = "completed_at"
+    async with GrpcEngineChannel(config, log=log) as ch:
+        with pytest.raises(RunCompletedError):
+            await ch.handshake("1", "meta-full", "1")
+    assert "cannot mark the log completed" in caplog.text
+    with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as again:
+        assert not again.completed and list(again.unacked()) == []  # nothing to lose
