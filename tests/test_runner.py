@@ -19,6 +19,8 @@ import pytest
 
 from conftest import eventually, new_run
 from walchannel import EngineUnavailableError, GrpcEngineChannel, PayloadError, RunRefusedError
+from walchannel.files import log_path
+from walchannel.inspection import inspect_log
 from walchannel.runner import (
     AsyncItemContext,
     ExitCode,
@@ -331,6 +333,11 @@ async def test_skip_with_every_item_failing_ends_failed_not_done(
     assert f"every item failed ({items} skipped)" in done["exit_reason"], done
     _, events = applied(local_engine, run_id)
     assert len([e for e in events if e["type"] == "runner.item_skipped"]) == items
+    # inspect: over (a tombstone), but never shown as if it had ended well.
+    report = inspect_log(log_path(tmp_path / "wal", run_id))
+    assert report.state == "completed", report
+    assert report.reason is not None and 'Done(status="failed")' in report.reason, report
+    assert f"{items} items, {items} skipped, 0 findings" in report.reason, report
 
 
 @pytest.mark.asyncio

@@ -18,6 +18,7 @@ import os
 import shlex
 import socket
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -26,7 +27,7 @@ from walchannel import files
 from walchannel.address import parse_host_port
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import WalCorruptError
-from walchannel.formatting import format_age
+from walchannel.formatting import escape_text, format_age
 from walchannel.lock import LockOwner, probe_owner
 from walchannel.log_format import MetaDamagedError, Row, engine_resume
 from walchannel.log_reader import (
@@ -554,8 +555,29 @@ def _state(
     # "idle" and "completed" both have no owner and nothing unacked: a
     # tombstone is "completed", anything else "idle".
     if meta.completed_at is not None:
-        return "completed", None
+        return "completed", _ended_as(meta.progress)
     return "idle", None
+
+
+def _ended_as(marker: Mapping[str, Any] | None) -> str | None:
+    """For a tombstone: how the runner's marker says the run ended, unless it ended well."""
+    status = marker.get("status") if marker is not None else None
+    if not isinstance(status, str) or status == "completed":
+        return None
+    assert marker is not None
+    counts = ", ".join(
+        f"{marker[key]} {name}"
+        for key, name in (
+            ("items", "items"),
+            ("skipped_items", "skipped"),
+            ("findings", "findings"),
+        )
+        if isinstance(marker.get(key), int)
+    )
+    return (
+        f'the run ended with Done(status="{escape_text(status[:40])}") (the runner\'s'
+        f" marker{': ' + counts if counts else ''}); a start exits with that status's code"
+    )
 
 
 def inspect_log(
