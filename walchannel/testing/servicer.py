@@ -72,6 +72,7 @@ from walchannel.testing.store import (
 from walchannel.wire import DATA_KINDS, body_of
 
 __all__ = [
+    "FAULTS",
     "OWNED_BY_ANOTHER_WRITER",
     "RUN_COMPLETED",
     "WRITER_FENCED",
@@ -89,6 +90,28 @@ _T = TypeVar("_T")
 RUN_COMPLETED: Final = "run completed"
 
 _UNAUTHENTICATED_DETAILS: Final = "unknown run or invalid token"
+
+#: Faults a local engine can be given, each breaking exactly one duty (name ->
+#: what the engine then does wrong): engines the conformance kit must fail
+#: (docs/conformance.md). Never for a real run.
+FAULTS: Final[dict[str, str]] = {
+    "answer_ahead": "answers a handshake with Ack(h + 1), a seq it never received",
+    "ack_ahead": "acks each data message with Ack(h + 1)",
+    "duplicate_unacked": "does not ack a duplicate (seq <= h)",
+    "gap_text": "ends a gap's stream without naming the expected seq",
+    "done_ack_late": "acks Done 5 s late",
+    "forget_completion": "forgets that a run completed: answers and applies after Done",
+    "ignore_half_close": "does not end the call when the client half-closes",
+    "keep_older": "keeps the older stream of a run when a newer one is accepted",
+    "refused_ends_older": "ends the run's live stream when a handshake is refused",
+    "no_fencing": "accepts every writer: no owner, no epoch",
+    "takeover_keeps_old": "leaves the old writer's stream open after a takeover",
+    "no_resend": "sends Stop and decisions once, not again after each handshake",
+    "forget_owner_on_restart": "keeps the run's owner in memory: a restart forgets it",
+    "never_commit": "acks data messages it never commits to its store",
+}
+#: How late the ``done_ack_late`` fault acks a Done (seconds).
+_LATE_DONE_ACK_S: Final = 5.0
 # Up-messages read ahead of the handler per stream (flow control stays with gRPC).
 _READ_AHEAD: Final = 256
 # Tolerance when deciding that a delayed message is due (seconds): asyncio
@@ -337,6 +360,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         ack_every, ack_idle_s, ack_delay_s, ack_handshakes, ack_heartbeats:
             the ack cadence (see :class:`~walchannel.testing.engine.LocalEngine`).
         resume_points: keep and announce the run's resume point (``LocalEngine``).
+        faults: names from :data:`FAULTS`: duties this engine breaks on purpose.
 
     Attributes:
         streams: the live stream of each run on this engine.
@@ -357,7 +381,12 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         ack_handshakes: bool,
         ack_heartbeats: bool,
         resume_points: bool = True,
+        faults: frozenset[str] = frozenset(),
     ) -> None:
+        unknown = sorted(faults - FAULTS.keys())
+        if unknown:
+            raise ValueError(f"unknown fault(s) {unknown}; known: {sorted(FAULTS)}")
+        self._faults = faults
         self._store = store
         self._executor = executor
         self._ack_every = ack_every
@@ -368,6 +397,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         self._resume_points = resume_points
         self.streams: dict[str, EngineStream] = {}
         self.handlers: set[EngineStream] = set()
+        self._answered: set[str] = set()  # runs whose handshake was answered (no_resend)
         self.reject_handshakes = 0
 
     async def Open(
@@ -454,7 +484,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                         logger.info("%s: stream input failed: %r", stream.label(), command.error)
                         return
                     logger.debug("%s: client half-closed", stream.label())
-                    stream.closing = True
+                    stream.closing = "ignore_half_close" not in self._faults
                     if stream.unacked:
                         self._send_ack(stream)
                 for msg in stream.take_due():
@@ -509,9 +539,16 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"a {kind} needs a seq >= 1, got 0"
             )
-        result = await self.store_call(
-            self._store.accept, run_id, seq, kind, body, writer=stream.writer or Writer("", 0)
-        )
+        if "never_commit" in self._faults:
+            # Acked from memory: nothing reaches the store.
+            if seq == stream.h + 1:
+                result = AcceptResult("applied", seq)
+            else:
+                result = AcceptResult("duplicate", stream.h)
+        else:
+            result = await self.store_call(
+                self._store.accept, run_id, seq, kind, body, writer=stream.writer or Writer("", 0)
+            )
         await self._on_result(stream, seq, kind, result, context)
 
     async def _open_run(
@@ -530,6 +567,8 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if not await self.store_call(self._store.check_token, run_id, token):
             logger.warning("run %s: unknown run or invalid token from %s", run_id, stream.peer)
+            if "refused_ends_older" in self._faults:
+                self.end_stream(run_id, grpc.StatusCode.ABORTED, "superseded")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if kind != "handshake" or msg.seq != 0:
             await context.abort(
@@ -545,7 +584,9 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         # meanwhile is queued behind this handshake's answer, never lost.
         self.streams[run_id] = stream
         if older is not None and older is not stream:
-            if admission.took_over_from is not None or older.writer != stream.writer:
+            if admission.took_over_from is not None and "takeover_keeps_old" in self._faults:
+                pass  # the fault: the old writer's stream stays open
+            elif admission.took_over_from is not None or older.writer != stream.writer:
                 # Another writer (a takeover) or a newer epoch (a restored copy)
                 # has the run: the old writer is refused from now on.
                 text = (
@@ -553,7 +594,7 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                     f"{older.writer or 'a writer with no id'} no longer writes it"
                 )
                 older.command(_End(grpc.StatusCode.FAILED_PRECONDITION, text))
-            else:
+            elif "keep_older" not in self._faults:
                 logger.info(
                     "run %s: a newer stream from %s ends the older one", run_id, stream.peer
                 )
@@ -572,9 +613,14 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         run_id = msg.run_id
         hello = msg.handshake
         writer = Writer(hello.writer_id, int(hello.writer_epoch))
+        if "no_fencing" in self._faults:
+            stream.writer = Writer("", 0)  # every writer is the run's; nothing is fenced
+            return Admission("accepted")
         admission = await self.store_call(
             self._store.admit, run_id, writer, take_over=hello.take_over
         )
+        if admission.verdict == "completed" and "forget_completion" in self._faults:
+            admission = Admission("accepted")
         if admission.verdict == "unknown_run":
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
         if admission.verdict == "completed":
@@ -618,13 +664,15 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
         state = await self.store_call(self._store.run_state, run_id)
         if state is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED_DETAILS)
-        if state.completed:
+        if state.completed and "forget_completion" not in self._faults:
             logger.info("run %s: handshake refused, run completed", run_id)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, completed_text(state.completed_by)
             )
         stream.h = max(stream.h, state.h)
-        if self._ack_handshakes:
+        if "answer_ahead" in self._faults:
+            stream.send(_ack(stream.h + 1))
+        elif self._ack_handshakes:
             if self._resume_points:
                 # Sent at once: the answer carries the point of the h it names.
                 stream.unacked = 0
@@ -632,9 +680,12 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                 stream.send(_resume_ack(stream.h, state), delay_s=self._ack_delay_s)
             else:
                 self._send_ack(stream)
-        if state.stop_reason is not None:
+        # Re-sent after every handshake; the fault sends them on a run's first only.
+        resend = "no_resend" not in self._faults or run_id not in self._answered
+        self._answered.add(run_id)
+        if state.stop_reason is not None and resend:
             stream.send(pb.DownMessage(stop=pb.Stop(reason=state.stop_reason)))
-        for decision in state.decisions:
+        for decision in state.decisions if resend else ():
             stream.send(_decision_message(decision))
         logger.info(
             "run %s: handshake from %s, h=%d (stop=%s, %d decisions re-sent)",
@@ -658,6 +709,8 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             stream.h = max(stream.h, result.h)
             logger.debug("run %s: applied seq %d (%s)", run_id, seq, kind)
         elif result.outcome == "duplicate":
+            if "duplicate_unacked" in self._faults:
+                return
             stream.h = max(stream.h, result.h)
             if result.differs:
                 logger.warning(
@@ -670,12 +723,16 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
                 logger.debug("run %s: duplicate seq %d (h=%d)", run_id, seq, result.h)
         elif result.outcome == "gap":
             logger.warning("run %s: gap: expected seq %d, got seq %d", run_id, result.expected, seq)
+            if "gap_text" in self._faults:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"out of order: {seq}")
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"expected seq {result.expected}, got seq {seq}",
             )
         elif result.outcome == "fenced":
             await self._fence(context, run_id or "", stream.writer or Writer("", 0), result.owner)
+        elif result.outcome == "completed" and "forget_completion" in self._faults:
+            stream.h = max(stream.h, seq)  # taken as if the run went on
         elif result.outcome == "completed":
             if kind == "done":
                 details = f"second Done at seq {seq}: the run completed at seq {result.h}"
@@ -690,7 +747,13 @@ class EngineServicer(pb_grpc.EngineChannelServicer):
             stream.send(_decision_message(result.decision))
         if kind == "done":
             logger.info("run %s: done at seq %d (%s)", run_id, seq, result.outcome)
+            if "done_ack_late" in self._faults:
+                stream.send(_ack(stream.h), delay_s=_LATE_DONE_ACK_S)
+                return
             self._send_ack(stream)
+            return
+        if "ack_ahead" in self._faults:
+            stream.send(_ack(stream.h + 1))
             return
         stream.unacked += 1
         if stream.unacked >= self._ack_every:

@@ -511,6 +511,12 @@ class EngineStore:
         owner = Writer(row[1], int(row[2] or 0)) if row[1] else None
         return int(row[0]), owner if _lost(owner, writer) else None
 
+    def forget_owners(self) -> None:
+        """Clear every run's owner (the ``forget_owner_on_restart`` fault: an engine that
+        kept owners in memory). Never for a real run."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE runs SET writer_id = NULL, writer_epoch = NULL")
+
     def owner(self, run_id: str) -> Writer | None:
         """Return the run's owner (None: unknown run, or no owner with an id yet)."""
         with self._connection() as conn:

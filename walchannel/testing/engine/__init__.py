@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, Literal, TypeVar
 
@@ -118,6 +118,9 @@ class LocalEngine:
             the window fixed (``grpc.http2.bdp_probe`` 0), as some engines
             do: a client's write then waits until the message before it has
             crossed the link.
+        faults: names from :data:`~walchannel.testing.servicer.FAULTS`, each
+            a duty this engine breaks on purpose (never for a real run: for
+            proving that ``walchannel conformance`` catches it).
 
     Raises:
         ValueError: a knob out of range.
@@ -143,6 +146,7 @@ class LocalEngine:
         http_port: int | None = 0,
         max_receive_message_bytes: int | None = None,
         bdp_probe: bool = True,
+        faults: Iterable[str] = (),
     ) -> None:
         if isinstance(ack_every, bool) or not isinstance(ack_every, int) or ack_every < 1:
             raise ValueError(f"ack_every must be an int >= 1, got {ack_every!r}")
@@ -187,7 +191,9 @@ class LocalEngine:
             ack_handshakes=ack_handshakes,
             ack_heartbeats=ack_heartbeats,
             resume_points=resume_points,
+            faults=frozenset(faults),
         )
+        self._forget_owners = "forget_owner_on_restart" in faults
         self._started = False
         self._stopped = False
 
@@ -243,6 +249,8 @@ class LocalEngine:
         if self._started:
             raise RuntimeError("the engine was already started")
         self._started = True
+        if self._forget_owners:
+            self._store.forget_owners()  # the fault: owners lived in the dead engine's memory
         await self._start_grpc(self._grpc_port)
         if self._http_port is not None:
             # Answers this engine's own current address (read per request).
