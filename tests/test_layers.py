@@ -73,6 +73,12 @@ ORDER = [
     "walchannel.runner",
     "walchannel.inspection",
     "walchannel.watch",
+    # The conformance kit: raw stubs against another team's engine; never the channel.
+    "walchannel.conformance.probe",
+    "walchannel.conformance.hooks",
+    "walchannel.conformance.checks",
+    "walchannel.conformance.report",
+    "walchannel.conformance",
     "walchannel.testing.store",
     "walchannel.testing._http",
     "walchannel.testing.servicer",
@@ -389,6 +395,16 @@ def test_the_read_only_tools_never_load_grpc() -> None:
                 assert not target.startswith(
                     ("walchannel.channel", "walchannel.discovery", "walchannel.flush")
                 ), f"{start} loads {name}, which imports {target}"
+
+
+def test_the_conformance_kit_speaks_raw_messages_never_through_the_channel() -> None:
+    # The channel tolerates and hides what an engine does wrong; a check must see it.
+    trees = modules()
+    for name, targets in closure("walchannel.conformance", trees).items():
+        for target in targets:
+            assert not target.startswith(
+                ("walchannel.channel", "walchannel.driver", "walchannel.log", "walchannel.testing")
+            ), f"walchannel.conformance loads {name}, which imports {target}"
 
 
 def test_flush_is_the_command_that_loads_grpc_and_only_when_it_runs() -> None:

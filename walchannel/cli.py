@@ -927,9 +927,110 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     )
 
 
+_CONFORMANCE_EXAMPLES = """\
+examples:
+  walchannel conformance --grpc-addr engine:50051 --register ./register.sh
+  walchannel conformance --grpc-addr 127.0.0.1:50051 --http-addr http://127.0.0.1:8080 \\
+      --register "$E register --store s.db" --restart "$E restart --store s.db ..." \\
+      --applied "$E applied --store s.db" --junit conformance.xml
+
+Numbered checks, one duty of SPEC "Engine duties the client relies on" each,
+sent with raw up-messages on fresh runs of its own. Hooks are shell commands
+(sh -c): --register gets WALCHANNEL_RUN_ID and WALCHANNEL_RUN_TOKEN (and one
+JSON line {"run_id","token"} on stdin); --restart kills the engine without
+warning and starts it on the same store; --applied prints what was applied
+for $WALCHANNEL_RUN_ID, one JSON object a line; --stop issues a Stop
+($WALCHANNEL_STOP_REASON); --decide decides $WALCHANNEL_REQUEST_ID
+($WALCHANNEL_APPROVED true/false). A check whose hook is missing is skipped.
+Target one engine instance: behind a balancer, stream and restart checks
+depend on routing. docs/conformance.md lists the checks.
+
+Exit 0 when no check failed, 1 when one did, 2 on bad usage or a hook that
+cannot run.
+"""
+
+
+def _add_conformance(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "conformance",
+        help="check that an engine keeps the duties the client relies on",
+        description="Check, case by numbered case, that an engine keeps its duties.",
+        epilog=_CONFORMANCE_EXAMPLES,
+        formatter_class=_RAW,
+    )
+    p.add_argument("--grpc-addr", required=True, metavar="HOST:PORT", help="the engine")
+    p.add_argument("--http-addr", metavar="URL", help="its discovery (found again after --restart)")
+    p.add_argument("--register", required=True, metavar="CMD", help="registers a run")
+    for hook, what in (
+        ("restart", "kills the engine without warning and starts it on the same store"),
+        ("applied", "prints what the engine applied for $WALCHANNEL_RUN_ID"),
+        ("stop", "makes the engine issue the run's Stop"),
+        ("decide", "makes the engine decide an approval request"),
+    ):
+        p.add_argument(f"--{hook}", metavar="CMD", help=what)
+    p.add_argument("--only", metavar="ID[,ID...]", help="run only these checks")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
+    p.add_argument("--hook-timeout", type=_positive_float, default=60.0, metavar="SECONDS")
+    p.add_argument("--ca-file", metavar="F", help="PEM roots to check the engine's TLS certificate")
+    p.add_argument("--tls-server-name", metavar="NAME", help="the name its certificate holds")
+    p.set_defaults(handler=_cmd_conformance)
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from walchannel.conformance import Hooks, Kit, Target, run_checks
+    from walchannel.conformance.report import junit, summary, text_lines, to_json
+    from walchannel.runner.run import tls_credentials
+
+    credentials = None
+    if args.ca_file is not None:
+        try:
+            credentials = tls_credentials(args.ca_file)
+        except OSError as exc:
+            err("conformance", f"--ca-file {args.ca_file}: cannot be read: {exc.strerror or exc}")
+            return 2
+    kit = Kit(
+        Target(args.grpc_addr, credentials, args.tls_server_name),
+        Hooks(
+            args.register,
+            args.restart,
+            args.applied,
+            args.stop,
+            args.decide,
+            timeout_s=args.hook_timeout,
+        ),
+        args.http_addr,
+    )
+    only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else []
+    try:
+        results = asyncio.run(run_checks(kit, only))
+    except ValueError as exc:
+        err("conformance", f"--only: {exc}")
+        return 2
+    if args.json:
+        print(to_json(results))
+    else:
+        print(f"walchannel conformance: {args.grpc_addr}")
+        for line in text_lines(results):
+            print(line)
+        print(summary(results))
+    if args.junit is not None:
+        with open(args.junit, "wb") as f:
+            f.write(junit(results))
+    if any(r.verdict == "ERROR" for r in results):
+        for r in results:
+            if r.verdict == "ERROR":
+                err("conformance", f"check {r.check.id}: {r.detail}")
+        return 2
+    return 1 if any(r.verdict == "FAIL" for r in results) else 0
+
+
 _SUBCOMMANDS: Final[tuple[Callable[[argparse._SubParsersAction[Any]], None], ...]] = (
     _add_run,
     _add_engine,
+    _add_conformance,
     _add_inspect,
     _add_flush,
     _add_export,
