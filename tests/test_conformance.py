@@ -216,3 +216,48 @@ def test_usage_errors_exit_2(tmp_path: Path, engines: list[Engine]) -> None:
         capture_output=True, text=True, timeout=60, env=child_env(),
     )  # fmt: skip
     assert missing.returncode == 2 and "--register" in missing.stderr
+
+
+def _block(doc: str, after: str, fence: str) -> str:
+    text = (ROOT / doc).read_text().split(after, 1)[1]
+    return text.split(fence, 1)[1].split("```", 1)[0]
+
+
+def test_the_deployment_example_runs_as_printed(tmp_path: Path) -> None:
+    # docs/deployment.md's worked example, its folder and ports swapped for free ones.
+    script = _block("docs/deployment.md", "### Proving the duties", "```sh")
+    grpc_port, http_port = free_port(), free_port()
+    script = (
+        script.replace("/tmp/conformance-engine", str(tmp_path / "engine"))
+        .replace("50051", str(grpc_port))
+        .replace("50052", str(http_port))
+    )
+    pid_file = tmp_path / "engine" / "engine.pid"
+    try:
+        done = subprocess.run(
+            ["sh", "-ec", script], capture_output=True, text=True, timeout=300, env=child_env()
+        )
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(CHECKS)} passed, 0 failed, 0 skipped" in done.stdout, done.stdout
+    assert (tmp_path / "engine" / "conformance.xml").exists()
+
+
+def test_the_guide_shows_what_the_kit_prints_and_a_row_for_every_check(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    text = (ROOT / "docs/conformance.md").read_text()
+    guide = text.split("## The checks", 1)[1].split("\n## ", 1)[0]
+    for check in CHECKS:
+        (row,) = [line for line in guide.splitlines() if line.startswith(f"| {check.id} |")]
+        for fault, fails in FAILS.items():
+            assert (f"`{fault}`" in row) == (check.id in fails), (check.id, fault, row)
+    # The output shown is a real run's: the local engine acking ahead, one hook.
+    shown = _block("docs/conformance.md", "## Output", "```").strip().splitlines()
+    engine = Engine(tmp_path, "--fault ack_ahead")
+    engines.append(engine)
+    done = conformance(engine, "--only", "1.1,2.1,7.1", hooks=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[1:] == shown[1:], done.stdout
