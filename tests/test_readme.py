@@ -677,3 +677,14 @@ async def test_a_second_harness_on_the_same_log_exits_5_naming_the_first(
         _, err = await asyncio.wait_for(first.communicate(), 120)
         assert first.returncode == 0, err.decode()[-3000:]
         assert engine.accepted(run_id) == [1, 2, 3]  # the first's two findings and its Done
+
+
+def test_the_readme_first_screen_reaches_a_harness_within_40_lines() -> None:
+    # Issue 58, item 8: the two commands, then a harness a reader can copy, before
+    # any figure; the first code block after the commands starts within 40 lines.
+    lines = (ROOT / "README.md").read_text().splitlines()
+    commands = next(i for i, line in enumerate(lines) if line.startswith("make demo"))
+    fences = [i for i, line in enumerate(lines) if line.startswith("```")]
+    closing = next(i for i in fences if i > commands)  # of the commands' block
+    first = next(i for i in fences if i > closing)
+    assert first < 40 and lines[first] == "```python", (first, lines[first])
