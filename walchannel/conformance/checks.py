@@ -549,14 +549,8 @@ async def _decisions(kit: Kit, id: str) -> str:
 
 async def _body(p: Probe, kind: str) -> pb.DownMessage | None:
     """The next down message of ``kind`` within :data:`ACK_S`, or None."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ACK_S
-    while True:
-        got = await p.next(max(0.0, deadline - loop.time()))
-        if got is None or isinstance(got, Ended):
-            return None
-        if got.WhichOneof("body") == kind:
-            return got
+    got = await p.next_of(kind, ACK_S)
+    return got if isinstance(got, pb.DownMessage) else None
 
 
 # -- 8. restarts ---------------------------------------------------------------------------

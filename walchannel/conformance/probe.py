@@ -183,16 +183,20 @@ class Probe:
         except TimeoutError:
             return None
 
-    async def ack(self, timeout_s: float) -> int | Ended | None:
-        """The next ``Ack``'s seq (other bodies skipped), the call's end, or None in time."""
+    async def next_of(self, kind: str | None, timeout_s: float) -> pb.DownMessage | Ended | None:
+        """The next down message with body ``kind`` (others skipped; None: skip every
+        one, to wait for the end), the call's end, or None when nothing came in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             got = await self.next(max(0.0, deadline - loop.time()))
-            if got is None or isinstance(got, Ended):
+            if got is None or isinstance(got, Ended) or got.WhichOneof("body") == kind:
                 return got
-            if got.WhichOneof("body") == "ack":
-                return int(got.ack.seq)
+
+    async def ack(self, timeout_s: float) -> int | Ended | None:
+        """The next ``Ack``'s seq (other bodies skipped), the call's end, or None in time."""
+        got = await self.next_of("ack", timeout_s)
+        return int(got.ack.seq) if isinstance(got, pb.DownMessage) else got
 
     async def ack_reaching(self, seq: int, timeout_s: float) -> list[int] | Ended | None:
         """Every ack until one reaches ``seq``: their seqs; the end; or None in time."""
@@ -209,9 +213,5 @@ class Probe:
 
     async def end(self, timeout_s: float) -> Ended | None:
         """Wait for the call's end (down messages skipped); None if it goes on."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            got = await self.next(max(0.0, deadline - loop.time()))
-            if got is None or isinstance(got, Ended):
-                return got
+        got = await self.next_of(None, timeout_s)
+        return got if isinstance(got, Ended) else None
