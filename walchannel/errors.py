@@ -11,31 +11,39 @@ keeps the message as built (SPEC "The channel", "Text from outside").
 
 ::
 
-    WalchannelError
-    ├── PayloadError (also ValueError)   payload refused before it is logged
-    ├── ChannelClosedError               send after send_done()/close()
-    ├── RunCompletedError                the run's Done was already applied
-    ├── RunExpiredError                  past hard_deadline
-    ├── EngineBehindError                engine lost rows this log deleted (FAILED)
-    ├── WriterFencedError                the run is another writer's (FAILED, rows kept)
-    ├── WalLockedError                   another owner holds the run's log
-    ├── WalCorruptError                  the log file is not a usable walchannel log
-    ├── WalWriteError                    a commit failed (disk full, I/O error)
-    ├── WalLocationError                 the log cannot live there: no home, no -shm, no locks
-    ├── WalRemovedError                  the log's files were removed while open (FAILED)
-    ├── GroupCommitError                 a group of rows handed out never committed (FAILED)
-    ├── BacklogFullError                 max_unacked_bytes would be passed
-    ├── EngineUnavailableError           no answered handshake within the timeout
-    │   └── RunRefusedError              a new log's every dial refused: unknown run, wrong token
-    ├── DiscoveryError                   GET /grpc-address gave no usable address
-    ├── ApprovalTimeoutError             no decision within timeout_ms
-    ├── ReentrantCallError (also RuntimeError)  a call made inside another (a signal handler's)
-    └── RunningLoopError (also RuntimeError)  a blocking wait on a thread running an event loop
+    WalchannelError                           retriable: may a restart of the harness mend it?
+    ├── ConfigurationError                    the harness's setup or its use of the API
+    │   ├── WalLocationError                  the log cannot live there: no home, no -shm, no locks
+    │   ├── ChannelClosedError                a call after send_done()/close()
+    │   ├── ReentrantCallError (RuntimeError) a call made inside another (a signal handler's)
+    │   └── RunningLoopError (RuntimeError)   a blocking wait on a thread running an event loop
+    ├── PayloadError (ValueError)             a payload refused before it is logged
+    ├── EngineRefusedError                    the engine said no, or lost what it acked
+    │   ├── RunCompletedError                 the run's Done was already applied
+    │   ├── RunExpiredError                   past hard_deadline
+    │   ├── EngineBehindError                 the engine lost rows this log deleted (FAILED)
+    │   ├── WriterFencedError                 the run is another writer's (FAILED, rows kept)
+    │   └── RowRefusedError                   a logged row refused for its size
+    ├── TransportError                        the engine cannot be reached or answers nothing
+    │   ├── EngineUnavailableError      *     no answered handshake within the timeout
+    │   │   └── RunRefusedError               every dial of a new log refused (run, token)
+    │   ├── DiscoveryError              *     GET /grpc-address gave no usable address
+    │   └── ApprovalTimeoutError (TimeoutError) *  no decision within timeout_ms
+    └── LogError                              the run's local log
+        ├── WalLockedError              *     another owner holds the run's log
+        ├── WalCorruptError                   the log file is not a usable walchannel log
+        ├── WalWriteError               *     a commit failed (disk full, I/O error)
+        ├── WalRemovedError                   the log's files were removed while open (FAILED)
+        ├── GroupCommitError                  a group of rows handed out never committed (FAILED)
+        └── BacklogFullError            *     max_unacked_bytes would be passed
+
+``*``: ``retriable`` is True. The runner's exit codes follow it (SPEC
+"The runner": a code is retriable exactly when its error is).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from walchannel.formatting import escape_text
 
@@ -45,11 +53,14 @@ __all__ = [
     "ApprovalTimeoutError",
     "BacklogFullError",
     "ChannelClosedError",
+    "ConfigurationError",
     "DiscoveryError",
     "EngineBehindError",
+    "EngineRefusedError",
     "EngineUnavailableError",
     "GroupCommitError",
     "InsecureDiscoveryWarning",
+    "LogError",
     "PayloadError",
     "ReentrantCallError",
     "RowRefusedError",
@@ -57,6 +68,7 @@ __all__ = [
     "RunRefusedError",
     "RunExpiredError",
     "RunningLoopError",
+    "TransportError",
     "WalCorruptError",
     "WalLocationError",
     "WalLockedError",
@@ -77,8 +89,28 @@ class WalchannelError(Exception):
     text from outside as received. SPEC "The channel", "Text from outside".
     """
 
+    #: Whether starting the harness again (later) may mend it, as opposed to
+    #: a fix by a person: the runner's exit codes follow it.
+    retriable: ClassVar[bool] = False
+
     def __str__(self) -> str:
         return escape_text(super().__str__())
+
+
+class ConfigurationError(WalchannelError):
+    """The harness's setup or its use of the API is wrong: fix the harness, then start it."""
+
+
+class EngineRefusedError(WalchannelError):
+    """The engine said no to this run or this writer, or lost what it had acked."""
+
+
+class TransportError(WalchannelError):
+    """The engine cannot be reached, or answers nothing in time (the rows wait in the log)."""
+
+
+class LogError(WalchannelError):
+    """The run's local log: held by another process, damaged, unwritable or gone."""
 
 
 def raw_message(exc: BaseException) -> str:
@@ -119,11 +151,11 @@ class PayloadError(WalchannelError, ValueError):
         super().__init__(f"{path}: {reason}")
 
 
-class ChannelClosedError(WalchannelError):
+class ChannelClosedError(ConfigurationError):
     """The channel (or its log) accepts no more messages: ``send_done`` or ``close`` ran."""
 
 
-class RunCompletedError(WalchannelError):
+class RunCompletedError(EngineRefusedError):
     """The run's ``Done`` was applied: the log is a tombstone or the engine said "run completed".
 
     A harness restarted after its run finished gets this and should exit
@@ -140,11 +172,11 @@ class RunCompletedError(WalchannelError):
         super().__init__(message)
 
 
-class RunExpiredError(WalchannelError):
+class RunExpiredError(EngineRefusedError):
     """The run passed its ``hard_deadline`` (the token's expiry)."""
 
 
-class EngineBehindError(WalchannelError):
+class EngineBehindError(EngineRefusedError):
     """The engine's high-water is below the log's stored cursor.
 
     The engine lost rows this log already deleted after the engine acked
@@ -160,7 +192,7 @@ OWNED_BY_ANOTHER_WRITER: Final = "owned by another writer"
 WRITER_FENCED: Final = "writer fenced"
 
 
-class WriterFencedError(WalchannelError):
+class WriterFencedError(EngineRefusedError):
     """The run is another writer's: this log may not write it. Nothing is lost.
 
     Delivery is idempotent by ``(run_id, seq)`` only while one writer hands
@@ -200,7 +232,7 @@ class WriterFencedError(WalchannelError):
         super().__init__(message)
 
 
-class WalLockedError(WalchannelError):
+class WalLockedError(LogError):
     """Another owner holds the run's log (or this process is a forked child of the owner).
 
     Attributes:
@@ -208,6 +240,8 @@ class WalLockedError(WalchannelError):
         pid: the owner's pid, when known.
         host: the owner's host name, when known.
     """
+
+    retriable = True  # the other owner goes; a later start takes the log
 
     def __init__(
         self, message: str, *, path: str, pid: int | None = None, host: str | None = None
@@ -218,7 +252,7 @@ class WalLockedError(WalchannelError):
         super().__init__(message)
 
 
-class WalCorruptError(WalchannelError):
+class WalCorruptError(LogError):
     """The file is not a usable walchannel log; it is left untouched.
 
     Attributes:
@@ -232,7 +266,7 @@ class WalCorruptError(WalchannelError):
         super().__init__(f"{path}: {reason}")
 
 
-class WalWriteError(WalchannelError):
+class WalWriteError(LogError):
     """A commit to the log failed (disk full, read-only file, I/O error).
 
     Rows committed before stay intact and are still delivered; nothing of
@@ -242,13 +276,15 @@ class WalWriteError(WalchannelError):
         path: the log file.
     """
 
+    retriable = True  # a disk that fills empties; the rows before are intact
+
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
         # Every such error names its file (a message may already).
         super().__init__(message if path in message else f"{path}: {message}")
 
 
-class WalLocationError(WalchannelError):
+class WalLocationError(ConfigurationError):
     """The log cannot live where it was asked to; nothing was written (SPEC "The log").
 
     No folder could be chosen (no home folder for the default or a ``~``),
@@ -266,7 +302,7 @@ class WalLocationError(WalchannelError):
         super().__init__(message)
 
 
-class WalRemovedError(WalchannelError):
+class WalRemovedError(LogError):
     """The log's file, its ``-wal`` or its lock file was removed or replaced while open.
 
     A tmp cleaner, ``rm -rf $WALCHANNEL_DIR/*``, a wiped volume: SQLite goes
@@ -287,7 +323,7 @@ class WalRemovedError(WalchannelError):
         super().__init__(message if path in message else f"{path}: {message}")
 
 
-class GroupCommitError(WalchannelError):
+class GroupCommitError(LogError):
     """Under ``group_commit``, a group of rows handed out could not be committed, on every try.
 
     The channel is ``FAILED`` with it and every later call raises it: its
@@ -312,15 +348,19 @@ class GroupCommitError(WalchannelError):
         super().__init__(message if path in message else f"{path}: {message}")
 
 
-class BacklogFullError(WalchannelError):
+class BacklogFullError(LogError):
     """Logging this message would pass ``max_unacked_bytes``; nothing was logged."""
 
+    retriable = True  # acks free room as the engine takes rows
 
-class EngineUnavailableError(WalchannelError):
+
+class EngineUnavailableError(TransportError):
     """No engine answered the handshake within ``connect_timeout_ms``.
 
     The channel stays usable and keeps dialing; sends are still logged.
     """
+
+    retriable = True  # an engine may come; the rows wait in the log
 
 
 class RunRefusedError(EngineUnavailableError):
@@ -335,12 +375,16 @@ class RunRefusedError(EngineUnavailableError):
     harness was given. SPEC "Dial".
     """
 
+    retriable = False  # an unknown run or a wrong token stays so until a person fixes it
 
-class DiscoveryError(WalchannelError):
+
+class DiscoveryError(TransportError):
     """``GET {http_addr}/grpc-address`` gave no usable address (the last one is kept)."""
 
+    retriable = True  # discovery may answer later; the last address is kept
 
-class RowRefusedError(WalchannelError):
+
+class RowRefusedError(EngineRefusedError):
     """The engine refused a row already logged, for its size (a ``RESOURCE_EXHAUSTED``).
 
     Unlike :class:`PayloadError` (refused before it is logged), the row is
@@ -372,15 +416,17 @@ class RowRefusedError(WalchannelError):
         super().__init__(message)
 
 
-class ApprovalTimeoutError(WalchannelError, TimeoutError):
+class ApprovalTimeoutError(TransportError, TimeoutError):
     """No ``ApprovalDecision`` arrived within the request's ``timeout_ms``.
 
     Also a :class:`TimeoutError`, so ``except TimeoutError`` (asyncio's
     timeouts are that class too) catches it.
     """
 
+    retriable = True  # the decision may come; the request stays logged
 
-class RunningLoopError(WalchannelError, RuntimeError):
+
+class RunningLoopError(ConfigurationError, RuntimeError):
     """A :class:`~walchannel.BlockingEngineChannel` call that waits on the engine was made
     on a thread that runs an asyncio event loop.
 
@@ -394,7 +440,7 @@ class RunningLoopError(WalchannelError, RuntimeError):
     """
 
 
-class ReentrantCallError(WalchannelError, RuntimeError):
+class ReentrantCallError(ConfigurationError, RuntimeError):
     """A call of the channel was made while another one was inside the channel's state.
 
     A signal handler runs on the main thread between two bytecodes of

@@ -52,7 +52,7 @@ from typing import IO, Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from walchannel import files
-from walchannel.errors import WalchannelError, WalCorruptError
+from walchannel.errors import LogError, WalCorruptError
 from walchannel.formatting import escape_text
 from walchannel.lock import OwnerLock
 from walchannel.log_format import RunMeta, check_header, new_file_id, quick_check, read_meta
@@ -82,7 +82,7 @@ TRUNCATE_PAGES: Final = 1024
 _PR_SET_PDEATHSIG = 1
 
 
-class ReplicationError(WalchannelError):
+class ReplicationError(LogError):
     """Litestream is missing, failed, or a restore was refused (what, where, why)."""
 
 

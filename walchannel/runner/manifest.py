@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from walchannel.config import GrpcChannelConfig
-from walchannel.errors import WalchannelError
+from walchannel.errors import ConfigurationError
 from walchannel.formatting import get_logger
 from walchannel.messages import parse_rfc3339
 
@@ -35,7 +35,7 @@ _OPTIONAL: Final = ("httpAddr",)
 _KNOWN: Final = _REQUIRED + _OPTIONAL
 
 
-class ManifestError(WalchannelError, ValueError):
+class ManifestError(ConfigurationError, ValueError):
     """The manifest cannot be used: no file, unreadable, not JSON, a key missing or invalid.
 
     Attributes:

@@ -28,6 +28,7 @@ from walchannel.config import GrpcChannelConfig, redact_secret
 from walchannel.driver import ChannelState
 from walchannel.errors import (
     BacklogFullError,
+    ConfigurationError,
     EngineBehindError,
     EngineUnavailableError,
     GroupCommitError,
@@ -93,11 +94,11 @@ _STATUS_CODES: Final = {
 }
 
 
-class HarnessError(WalchannelError, ValueError):
+class HarnessError(ConfigurationError, ValueError):
     """The harness object cannot be run: a part missing, or a work list that is not one."""
 
 
-class WorkListChangedError(WalchannelError, ValueError):
+class WorkListChangedError(ConfigurationError, ValueError):
     """The work list is not the one this run's marker was made from.
 
     Resuming by index into another list would skip or repeat items: the
