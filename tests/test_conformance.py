@@ -233,9 +233,12 @@ def test_the_deployment_example_runs_as_printed(tmp_path: Path) -> None:
         .replace("50052", str(http_port))
     )
     pid_file = tmp_path / "engine" / "engine.pid"
+    # As in the user's environment: its python and walchannel first on PATH.
+    env = child_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     try:
         done = subprocess.run(
-            ["sh", "-ec", script], capture_output=True, text=True, timeout=300, env=child_env()
+            ["sh", "-ec", script], capture_output=True, text=True, timeout=300, env=env
         )
     finally:
         with contextlib.suppress(OSError, ValueError):
