@@ -181,9 +181,11 @@ def test_a_hook_that_fails_is_exit_2_naming_it_without_the_token(
     engine.hooks["--register"] = (
         'echo "cannot reach the admin API with $WALCHANNEL_RUN_TOKEN" >&2; exit 3'
     )
-    done = conformance(engine, "--only", "1.1")
+    done = conformance(engine, "--only", "1.1,1.2")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--register exited 3" in done.stderr and "cannot reach the admin API" in done.stderr
+    assert "the checks stopped" in done.stderr and done.stderr.count("exited 3") == 1
+    assert "1.2" not in done.stdout  # stopped at the first: the rest would say the same
     assert "tok-" not in done.stderr + done.stdout  # the kit's token, masked as ***
     assert "***" in done.stderr
 
@@ -264,3 +266,49 @@ def test_the_guide_shows_what_the_kit_prints_and_a_row_for_every_check(
     done = conformance(engine, "--only", "1.1,2.1,7.1", hooks=False)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines()[1:] == shown[1:], done.stdout
+
+
+def test_a_hook_that_hangs_in_a_child_is_an_error_within_its_timeout_not_an_engine_fail(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    # A hook script that starts a process which hangs: the child holds the pipes.
+    engine = Engine(tmp_path)
+    engines.append(engine)
+    engine.hooks["--register"] = "sleep 1001; true"
+    started = time.monotonic()
+    done = conformance(engine, "--only", "1.1,1.2", "--hook-timeout", "2")
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--register did not finish within 2 s" in done.stderr, done.stderr
+    assert "the engine hangs" not in done.stdout and "1.2" not in done.stdout, done.stdout
+    assert took < 20, took
+    left = subprocess.run(["pgrep", "-f", "sleep 1001"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "the hook's child was left running"
+
+
+def test_an_address_where_nothing_answers_is_a_setup_error_no_check_run(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine = Engine(tmp_path)
+    engines.append(engine)
+    engine.grpc_addr = f"127.0.0.1:{free_port()}"  # nothing listens there
+    marker = tmp_path / "registered"
+    engine.hooks["--register"] = f"touch {marker}"
+    done = conformance(engine, hooks=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"nothing answers at {engine.grpc_addr}" in done.stderr, done.stderr
+    assert "check --grpc-addr" in done.stderr and "no check was run" in done.stderr
+    assert "FAIL" not in done.stdout and not marker.exists()
+
+
+def test_a_junit_path_that_cannot_be_written_is_refused_before_any_check(
+    tmp_path: Path, engines: list[Engine]
+) -> None:
+    engine = Engine(tmp_path)
+    engines.append(engine)
+    marker = tmp_path / "registered"
+    engine.hooks["--register"] = f"touch {marker}"
+    done = conformance(engine, "--junit", str(tmp_path / "nope" / "report.xml"), hooks=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--junit" in done.stderr and "cannot be written" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not marker.exists()

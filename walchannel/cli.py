@@ -732,14 +732,53 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--manifest", metavar="PATH", help="default: $WALCHANNEL_MANIFEST")
     p.add_argument("--wal-dir", metavar="DIR", help="the log folder (default: the default)")
     p.add_argument("--durability", choices=("process", "power", "replicated"), default="process")
-    p.add_argument("--concurrency", type=int, default=1, metavar="N")
-    p.add_argument("--retries", type=int, default=2, metavar="N")
-    p.add_argument("--on-scan-error", choices=("fail", "skip", "exit"), default="fail")
-    p.add_argument("--item-timeout", type=_positive_float, metavar="SECONDS")
-    p.add_argument("--grace", type=_positive_float, default=25.0, metavar="SECONDS")
-    p.add_argument("--drain-timeout", type=_non_negative_float, default=600.0, metavar="SECONDS")
-    p.add_argument("--first-answer", type=_non_negative_float, default=600.0, metavar="SECONDS")
-    p.add_argument("--progress-every", type=_non_negative_float, default=10.0, metavar="SECONDS")
+    p.add_argument(
+        "--concurrency", type=int, default=1, metavar="N", help="items scanned at once (default 1)"
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="tries again of a failed scan (default 2)",
+    )
+    p.add_argument(
+        "--on-scan-error",
+        choices=("fail", "skip", "exit"),
+        default="fail",
+        help="after the retries: fail the run, skip the item, or exit for a restart (default fail)",
+    )
+    p.add_argument(
+        "--item-timeout", type=_positive_float, metavar="SECONDS", help="the bound on one scan"
+    )
+    p.add_argument(
+        "--grace",
+        type=_positive_float,
+        default=25.0,
+        metavar="SECONDS",
+        help="SIGTERM's grace period, spent draining (default 25)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_non_negative_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long Done's ack is waited for (default 600)",
+    )
+    p.add_argument(
+        "--first-answer",
+        type=_non_negative_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a new log waits for an engine's first answer before exit 15 (default 600)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a progress line this often (0: only at the end; default 10)",
+    )
     p.add_argument(
         "--deadline-margin",
         type=_non_negative_float,
@@ -810,6 +849,26 @@ def load_target(target: str) -> Any:
         ) from exc
 
 
+def _warnings_as_log_lines() -> None:
+    """walchannel's own Python warnings as log lines naming the flag, not a source line."""
+    import logging
+    import warnings
+
+    from walchannel.errors import InsecureDiscoveryWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+        if issubclass(category, InsecureDiscoveryWarning):
+            logging.getLogger("walchannel.run").warning(
+                "%s (walchannel run: pass --allowed-host HOST)", message
+            )
+        else:
+            shown(message, category, *args, **kw)
+
+    warnings.showwarning = show
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -821,6 +880,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         # httpx says each discovery request at INFO; walchannel says what matters of it.
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    _warnings_as_log_lines()
     try:
         harness = load_target(args.target)
     except ValueError as exc:
@@ -980,7 +1040,15 @@ def _add_conformance(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _cmd_conformance(args: argparse.Namespace) -> int:
     import asyncio
 
-    from walchannel.conformance import Hooks, Kit, Target, run_checks
+    from walchannel.conformance import (
+        Hooks,
+        Kit,
+        Result,
+        Target,
+        UnreachableError,
+        reach,
+        run_checks,
+    )
     from walchannel.conformance.report import junit, summary, text_lines, to_json
     from walchannel.runner.run import tls_credentials
 
@@ -1004,11 +1072,29 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         args.http_addr,
     )
     only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else []
+    report = None
+    if args.junit is not None:
+        try:  # now, not after the run: a path that cannot be written wastes nothing
+            report = open(args.junit, "wb")  # noqa: SIM115 (written and closed below)
+        except OSError as exc:
+            err("conformance", f"--junit {args.junit}: cannot be written: {exc.strerror or exc}")
+            return 2
+
+    async def checks() -> list[Result]:
+        await reach(kit.target)
+        return await run_checks(kit, only)
+
     try:
-        results = asyncio.run(run_checks(kit, only))
+        results = asyncio.run(checks())
     except ValueError as exc:
         err("conformance", f"--only: {exc}")
         return 2
+    except UnreachableError as exc:
+        err("conformance", f"{exc}; no check was run")
+        return 2
+    finally:
+        if report is not None and not report.closed:
+            report.close()
     if args.json:
         print(to_json(results))
     else:
@@ -1019,10 +1105,9 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if args.junit is not None:
         with open(args.junit, "wb") as f:
             f.write(junit(results))
-    if any(r.verdict == "ERROR" for r in results):
-        for r in results:
-            if r.verdict == "ERROR":
-                err("conformance", f"check {r.check.id}: {r.detail}")
+    errors = [r for r in results if r.verdict == "ERROR"]
+    if errors:
+        err("conformance", f"check {errors[0].check.id}: {errors[0].detail}; the checks stopped")
         return 2
     return 1 if any(r.verdict == "FAIL" for r in results) else 0
 

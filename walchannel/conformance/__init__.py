@@ -18,10 +18,59 @@ from walchannel.conformance.hooks import HookError, Hooks
 from walchannel.conformance.probe import Target
 from walchannel.conformance.report import Result
 
-__all__ = ["CHECKS", "Check", "HookError", "Hooks", "Kit", "Result", "Target", "run_checks"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "HookError",
+    "Hooks",
+    "Kit",
+    "Result",
+    "Target",
+    "UnreachableError",
+    "reach",
+    "run_checks",
+]
 
-#: The bound on one check, whatever the engine does (seconds).
+#: The bound on one check's time with the engine, whatever it does (seconds);
+#: each hook the check runs adds its own bound (``--hook-timeout``).
 CHECK_TIMEOUT_S: Final = 60.0
+#: The most hooks one check runs (8.2: a register and a restart a try).
+HOOKS_PER_CHECK: Final = 8
+#: How long the engine's address may take to accept a connection (seconds).
+REACH_S: Final = 5.0
+
+
+class UnreachableError(Exception):
+    """Nothing answers at the engine's address: a setup problem, not a duty broken."""
+
+
+async def reach(target: Target) -> None:
+    """Connect to ``target`` once (HTTP/2, and TLS when given) before any check.
+
+    Raises:
+        UnreachableError: no connection within :data:`REACH_S`, naming the address.
+    """
+    from grpc import aio
+
+    options: list[tuple[str, str]] = []
+    if target.server_name is not None:
+        options.append(("grpc.ssl_target_name_override", target.server_name))
+    if target.credentials is None:
+        channel = aio.insecure_channel(target.grpc_addr, options=options)
+    else:
+        channel = aio.secure_channel(target.grpc_addr, target.credentials, options=options)
+    try:
+        async with asyncio.timeout(REACH_S):
+            await channel.channel_ready()
+    except TimeoutError:
+        state = channel.get_state()
+        raise UnreachableError(
+            f"nothing answers at {target.grpc_addr} within {REACH_S:.0f} s (the connection is"
+            f" {state.name.lower()}): check --grpc-addr and that the engine runs"
+            + (" (and its TLS: --ca-file, --tls-server-name)" if target.credentials else "")
+        ) from None
+    finally:
+        await channel.close()
 
 
 async def run_checks(kit: Kit, only: Sequence[str] = ()) -> list[Result]:
@@ -51,20 +100,24 @@ async def run_checks(kit: Kit, only: Sequence[str] = ()) -> list[Result]:
         if missing:
             results.append(Result(check, "SKIP", f"needs --{', --'.join(missing)}"))
             continue
-        results.append(await _one(kit, check))
+        result = await _one(kit, check)
+        results.append(result)
+        if result.verdict == "ERROR":
+            break  # a hook that cannot run: what follows would say the same, or mislead
     return results
 
 
 async def _one(kit: Kit, check: Check) -> Result:
     started = time.monotonic()
     try:
-        async with asyncio.timeout(CHECK_TIMEOUT_S):
+        async with asyncio.timeout(CHECK_TIMEOUT_S + HOOKS_PER_CHECK * kit.hooks.timeout_s):
             detail = await check.run(kit, check.id)
     except Failed as exc:
         return Result(check, "FAIL", "", exc.expected, exc.got, time.monotonic() - started)
     except TimeoutError:
-        return Result(check, "FAIL", "", f"the check to end within {CHECK_TIMEOUT_S:.0f} s",
-                      "it did not: the engine hangs", time.monotonic() - started)  # fmt: skip
+        took = time.monotonic() - started
+        return Result(check, "FAIL", "", "the check to end within its bound",
+                      f"it did not end in {took:.0f} s: the engine hangs", took)  # fmt: skip
     except HookError as exc:
         return Result(check, "ERROR", str(exc), seconds=time.monotonic() - started)
     return Result(check, "PASS", detail, seconds=time.monotonic() - started)

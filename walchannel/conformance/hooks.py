@@ -9,8 +9,10 @@ docs/conformance.md gives the contract of each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,24 +67,28 @@ class Hooks:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                # Its own process group: on a timeout, whatever the hook started goes
+                # too (a child holding the pipes would keep the hook "running").
+                start_new_session=True,
             )
         except OSError as exc:
             raise HookError(f"--{name}: cannot run sh: {exc}") from None
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), self.timeout_s)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.communicate()
             raise HookError(
-                f"--{name} did not finish within {self.timeout_s:.0f} s: {command}"
+                f"--{name} did not finish within {self.timeout_s:.0f} s (--hook-timeout): {command}"
             ) from None
         if proc.returncode != 0:
-            said = err.decode(errors="replace").strip()
+            said = " | ".join(err.decode(errors="replace").strip().splitlines())
             if secret:
                 said = said.replace(secret, "***")
             raise HookError(
                 f"--{name} exited {proc.returncode}: {command}"
-                + (f"\n  its stderr: {said[-2000:]}" if said else "")
+                + (f"; its stderr: {said[-2000:]}" if said else "")
             )
         return out.decode(errors="replace")
 

@@ -57,7 +57,9 @@ def summary(results: Sequence[Result]) -> str:
         v: sum(1 for r in results if r.verdict == v) for v in ("PASS", "FAIL", "SKIP", "ERROR")
     }
     line = f"{count['PASS']} passed, {count['FAIL']} failed, {count['SKIP']} skipped"
-    return line + (f", {count['ERROR']} errors (a hook)" if count["ERROR"] else "")
+    if count["ERROR"]:
+        line += f", {count['ERROR']} stopped by a hook that could not run"
+    return line
 
 
 def to_json(results: Sequence[Result]) -> str:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import logging
 import signal
 import sys
 import threading
@@ -320,6 +321,7 @@ class _Run:
             except WalchannelError as exc:
                 return self._ended(exc)
             self.channel = channel
+            logger.info("run %s: its log is %s", self.run_id, channel.log.path)
             try:
                 return await self._drive(channel)
             except RunCompletedError as exc:
@@ -362,7 +364,7 @@ class _Run:
         logger.error(
             "run %s: %s; this log holds nothing of how it ended (exit %d, %s)",
             self.run_id,
-            exc,
+            str(exc).removeprefix(f"run {self.run_id}: "),  # named once
             ExitCode.COMPLETED_ELSEWHERE,
             ExitCode.COMPLETED_ELSEWHERE.name,
         )
@@ -404,6 +406,7 @@ class _Run:
         harness = self.harness
         answered_before = channel.log.meta().answered_at is not None
         waited_from = self._now_s()
+        said_waiting = False  # the wait said once at WARNING, then at INFO
         while True:
             # A new log's whole wait is first_answer_s, a handshake's own wait
             # (connect_timeout_ms) within it: not rounded up to whole ones.
@@ -440,17 +443,21 @@ class _Run:
                     return self._no_engine(waited, str(exc))
                 # A new log scans only after an answer: findings logged into a
                 # log that is then fenced and taken over would apply twice.
-                logger.warning(
+                logger.log(
+                    logging.INFO if said_waiting else logging.WARNING,
                     "run %s: not scanning until an engine answers (this log never had an"
-                    " answer): %s",
+                    " answer); waiting up to %.0f s more (--first-answer): check that the"
+                    " engine runs and that the manifest's grpcAddr / httpAddr are right: %s",
                     self.run_id,
+                    self.options.first_answer_s - waited,
                     exc,
                 )
+                said_waiting = True
 
     def _no_engine(self, waited_s: float, why: str) -> int:
         logger.error(
             "run %s: nothing scanned: no engine answered this new log's handshake within"
-            " %.1f s (first_answer_s %.1f): %s",
+            " %.1f s (--first-answer %.0f): %s",
             self.run_id,
             waited_s,
             self.options.first_answer_s,

@@ -185,12 +185,19 @@ def _start(argv: Sequence[str], *, restart: bool = False) -> int:
     assert child.stdout is not None
     line = _first_line(child)
     if line is None:
-        sys.stderr.write(
-            f"{PROG} {command}: the engine did not start within {START_TIMEOUT_S:.0f} s;"
-            f" see {parsed.pid_file}.log\n"
-        )
         with contextlib.suppress(ProcessLookupError):
             child.kill()
+        ended = child.poll() is not None
+        said = _last_error(f"{parsed.pid_file}.log") if ended else ""
+        sys.stderr.write(
+            f"{PROG} {command}: "
+            + (
+                f"the engine exited before serving: {said}"
+                if ended
+                else f"the engine did not serve within {START_TIMEOUT_S:.0f} s"
+            )
+            + f" (its stderr: {parsed.pid_file}.log)\n"
+        )
         return 1
     sys.stdout.write(line)
     sys.stdout.flush()
@@ -209,6 +216,16 @@ def _first_line(child: subprocess.Popen[bytes]) -> str | None:
     raw = child.stdout.readline()
     child.stdout.close()  # the engine's later lines go nowhere
     return raw.decode() if raw else None
+
+
+def _last_error(log: str) -> str:
+    """The last line of a dead engine's stderr that says what went wrong ("" if none)."""
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:500] if lines else ""
 
 
 def _kill_from(pid_file: str) -> None:
@@ -398,7 +415,7 @@ async def serve_trial(
 
     from walchannel.files import check_run_id
 
-    run_id = run_id or f"run-{secrets.token_hex(4)}"
+    run_id = f"run-{secrets.token_hex(4)}" if run_id is None else run_id
     try:
         check_run_id(run_id)
     except ValueError as exc:
@@ -418,7 +435,13 @@ async def serve_trial(
             grpc_port=grpc_port,
             http_port=http_port,
         )
-        await engine.start()
+        try:
+            await engine.start()
+        except (RuntimeError, OSError) as exc:  # a port taken: the engine's own words
+            write(f"walchannel engine: {exc}; pass another --grpc-port / --http-port (0: any)")
+            with contextlib.suppress(Exception):
+                await engine.stop()
+            return 2
         try:
             engine.register_run(run_id, token)
             deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86_400))
@@ -454,8 +477,9 @@ async def serve_trial(
             )
             write("run a harness for it:")
             write(f"  walchannel run MODULE:ATTR --manifest {manifest} --allowed-host 127.0.0.1")
-            write("Ctrl-C stops the engine.")
+            write("Ctrl-C stops the engine (and removes the manifest: its addresses die with it).")
             await stop.wait()
+            write(f"engine stopped; {manifest} removed")
         finally:
             with contextlib.suppress(Exception):
                 await engine.stop()
