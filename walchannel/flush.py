@@ -318,6 +318,7 @@ async def _flush(
         EngineBehindError,
         EngineUnavailableError,
         RunCompletedError,
+        WalLocationError,
         WalWriteError,
     )
     from walchannel.log import RunLog
@@ -331,6 +332,8 @@ async def _flush(
         raise _Refused(f"{exc} (a live harness owns it; flush only an orphaned run)") from None
     except (WalCorruptError, WalWriteError, ValueError) as exc:
         raise _Refused(str(exc)) from None
+    except WalLocationError as exc:  # e.g. not this user's folder: flush as the log's owner
+        raise _Refused(f"{exc}; or run flush as the log's owner") from None
     handed_over = False
     try:
         meta = _check_flushable(wal, token, replace_token=args.replace_token)
