@@ -283,6 +283,38 @@ async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_
         assert engine.store.run_state(run_id).resume_marker == {"next": 3}  # type: ignore[union-attr]
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("marker", [{"n": 2}, {"next": 2, "runner": "someone else's"}])
+async def test_a_takeover_whose_point_another_kind_of_harness_wrote_scans_from_the_start(
+    tmp_path: Path, marker: dict[str, Any]
+) -> None:
+    # Found by the simulator (seed 408603): a harness of one's own had the run, the
+    # runner took it over, and exited 2 for ever on a point it cannot read.
+    async with running() as engine:
+        run_id, token = new_run(engine)
+        async with GrpcEngineChannel(_config(engine, tmp_path / "own", run_id, token)) as ch:
+            await ch.handshake("1", "own", "1")
+            ch.send_findings([{"own": 1}], progress=marker)
+            assert await ch.wait_acked(timeout_ms=10_000)
+        manifest = manifest_for(tmp_path / "m.json", engine, run_id, token)
+        wal = tmp_path / "wal"
+        env = {"RUNNER_ITEMS": "5", "RUNNER_FINDINGS": "2"}
+        fenced = await start(manifest, wal, **env)
+        assert await fenced.wait() == ExitCode.FENCED, fenced.err.decode()[-2000:]
+        (log,) = wal.glob("*.wal.sqlite3")
+        await takeover(log)
+        last = await start(manifest, wal, **env)
+        assert await last.wait() == ExitCode.DONE, last.err.decode()[-3000:]
+        said = last.err.decode()
+        assert "not written by the runner" in said and "scanning from the first item" in said
+        got = Counter(
+            (m["body"]["fields"]["item"], int(m["body"]["fields"]["n"]))
+            for m in engine.bodies(run_id)
+            if m["kind"] == "finding" and "item" in m["body"]["fields"]
+        )
+        assert len(got) == 10 and set(got.values()) == {1}, got  # every item's, once each
+
+
 # -- what a rescan leaves out: by content, never by count ---------------------------------
 
 

@@ -473,6 +473,17 @@ class _Run:
         applied (by :func:`~walchannel.wire.row_digest`) are left out.
         """
         marker = point.marker
+        if marker is not None and marker.get("runner") != MARKER_VERSION:
+            # Another kind of harness wrote the run before the takeover: its point says
+            # nothing of the runner's items. Scan from the start, as with an engine that
+            # keeps no point (what the runner delivered before comes again).
+            logger.warning(
+                "run %s: taken over: the engine's resume point was not written by the runner"
+                " (%r): another kind of harness wrote this run; scanning from the first item",
+                self.run_id,
+                sorted(marker),
+            )
+            return None
         after = point.rows
         last = marker.get("last") if marker is not None else None
         if marker is None or (not point.complete and not isinstance(last, dict)):
