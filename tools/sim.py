@@ -4777,7 +4777,9 @@ class World:
         # point, costs nothing twice (SPEC "The engine keeps the resume point"); a
         # log with progress of its own (the second harness's takeover) costs as before.
         sec = self.second
-        exact = self.runner and self.keeps_resume and (sec is None or not sec.took_over)
+        # (Not when an older engine had the run for a while: the markers logged then
+        # never reached a point, and such a takeover costs what it costs without one.)
+        exact = self.exact_takeover and (sec is None or not sec.took_over)
         if exact and self.taken_over:
             self.stats["exact_takeovers"] += 1
         dones = 0
