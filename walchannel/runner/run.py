@@ -838,15 +838,27 @@ class _Run:
             "skipped_findings": kinds.count("runner.finding_skipped"),
             "skipped_items": kinds.count("runner.item_skipped"),
         }
-        events_out, findings_out = events, findings
+        events_out, kept = events, list(range(len(findings)))
         if self.partial is not None and self.partial[0] == index:
             applied = self.partial[1]
-            events_out, findings_out = _not_applied(events, findings, applied)
+            events_out, kept = _not_applied(events, findings, applied)
             # The rows left out: a later takeover of this item counts them applied.
             marker["last"]["applied"] = [f"{d:016x}" for d in sorted(applied.elements())]
-        await self._written(
-            channel, lambda: channel.send_findings(findings_out, events=events_out, progress=marker)
-        )
+        findings_out = [findings[i] for i in kept]
+        try:
+            await self._written(
+                channel,
+                lambda: channel.send_findings(findings_out, events=events_out, progress=marker),
+            )
+        except PayloadError as exc:
+            if exc.index is None:
+                raise
+            # Its place among those sent is not its place in the item's: name the latter
+            # (simulator seed 438735: a rescan left rows out and the wrong ones were skipped).
+            where = kept[exc.index]
+            raise PayloadError(
+                f"findings[{where}]{exc.path.partition(']')[2]}", exc.reason, index=where
+            ) from None
         self.partial = None
         self.done_items = index + 1
         self.findings += len(findings)
@@ -1051,8 +1063,9 @@ def _not_applied(
     events: list[tuple[str, str, Mapping[str, Any]]],
     findings: list[Mapping[str, Any]],
     applied: Counter[int],
-) -> tuple[list[tuple[str, str, Mapping[str, Any]]], list[Mapping[str, Any]]]:
-    """The events and findings of an item the engine did not apply, by row digest.
+) -> tuple[list[tuple[str, str, Mapping[str, Any]]], list[int]]:
+    """The events of an item the engine did not apply, and the positions of its findings
+    the engine did not apply (in ``findings``), by row digest.
 
     ``applied`` counts the digests of the rows it applied (each matches one
     row). A row that differs from every applied one is kept: a scan that
@@ -1070,7 +1083,7 @@ def _not_applied(
         return True
 
     kept_events = [e for e in events if new("event", _checked_event(e))]
-    kept_findings = [f for f in findings if new("finding", _checked_finding(f))]
+    kept_findings = [i for i, f in enumerate(findings) if new("finding", _checked_finding(f))]
     return kept_events, kept_findings
 
 
