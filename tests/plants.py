@@ -533,12 +533,13 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "runner_marker_before_its_rows",
         "runner/run.py",
-        "            channel, lambda: channel.send_findings(findings_out, events=events_out, "
-        "progress=marker)\n",
-        "            channel, lambda: channel.send_findings([], progress=marker)\n"
-        "        )\n"
-        "        await self._written(\n"
-        "            channel, lambda: channel.send_findings(findings_out, events=events_out)\n",
+        "                lambda: channel.send_findings(findings_out, events=events_out, "
+        "progress=marker),\n",
+        "                lambda: channel.send_findings([], progress=marker),\n"
+        "            )\n"
+        "            await self._written(\n"
+        "                channel,\n"
+        "                lambda: channel.send_findings(findings_out, events=events_out),\n",
         LOST,
     ),
     # -- the engine's resume point (issue 55) ---------------------------------------
