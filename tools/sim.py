@@ -4779,7 +4779,9 @@ class World:
         sec = self.second
         # (Not when an older engine had the run for a while: the markers logged then
         # never reached a point, and such a takeover costs what it costs without one.)
-        exact = self.exact_takeover and (sec is None or not sec.took_over)
+        # Nor when the second harness (not the runner) logged rows of the run: its point
+        # is not the runner's, which then scans from the first item (SPEC "The runner").
+        exact = self.exact_takeover and (sec is None or (not sec.took_over and not sec.logged))
         if exact and self.taken_over:
             self.stats["exact_takeovers"] += 1
         dones = 0
