@@ -50,15 +50,7 @@ async def reach(target: Target) -> None:
     Raises:
         UnreachableError: no connection within :data:`REACH_S`, naming the address.
     """
-    from grpc import aio
-
-    options: list[tuple[str, str]] = []
-    if target.server_name is not None:
-        options.append(("grpc.ssl_target_name_override", target.server_name))
-    if target.credentials is None:
-        channel = aio.insecure_channel(target.grpc_addr, options=options)
-    else:
-        channel = aio.secure_channel(target.grpc_addr, target.credentials, options=options)
+    channel = target.channel()
     try:
         async with asyncio.timeout(REACH_S):
             await channel.channel_ready()
