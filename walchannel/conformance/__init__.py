@@ -15,7 +15,7 @@ from typing import Final
 
 from walchannel.conformance.checks import CHECKS, Check, Failed, Kit
 from walchannel.conformance.hooks import HookError, Hooks
-from walchannel.conformance.probe import Target
+from walchannel.conformance.probe import Target, open_channel
 from walchannel.conformance.report import Result
 
 __all__ = [
@@ -50,7 +50,7 @@ async def reach(target: Target) -> None:
     Raises:
         UnreachableError: no connection within :data:`REACH_S`, naming the address.
     """
-    channel = target.channel()
+    channel = open_channel(target)
     try:
         async with asyncio.timeout(REACH_S):
             await channel.channel_ready()

@@ -19,7 +19,7 @@ from grpc import aio
 
 from walchannel._proto import engine_channel_pb2 as pb
 
-__all__ = ["METHOD", "Ended", "Probe", "Target"]
+__all__ = ["METHOD", "Ended", "Probe", "Target", "open_channel"]
 
 #: The engine's one method (SPEC "Wire contract").
 METHOD: Final = "/EngineChannel/Open"
@@ -39,14 +39,15 @@ class Target:
     credentials: grpc.ChannelCredentials | None = None
     server_name: str | None = None
 
-    def channel(self) -> aio.Channel:
-        """A new grpc.aio channel to the engine (plaintext, or TLS with the name checked)."""
-        options: list[tuple[str, str | int]] = [("grpc.enable_retries", 0)]
-        if self.server_name is not None:
-            options.append(("grpc.ssl_target_name_override", self.server_name))
-        if self.credentials is None:
-            return aio.insecure_channel(self.grpc_addr, options=options)
-        return aio.secure_channel(self.grpc_addr, self.credentials, options=options)
+
+def open_channel(target: Target) -> aio.Channel:
+    """A new grpc.aio channel to ``target`` (plaintext, or TLS with the name checked)."""
+    options: list[tuple[str, str | int]] = [("grpc.enable_retries", 0)]
+    if target.server_name is not None:
+        options.append(("grpc.ssl_target_name_override", target.server_name))
+    if target.credentials is None:
+        return aio.insecure_channel(target.grpc_addr, options=options)
+    return aio.secure_channel(target.grpc_addr, target.credentials, options=options)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Probe:
         self.top = 0
 
     async def __aenter__(self) -> Probe:
-        self._channel = self._target.channel()
+        self._channel = open_channel(self._target)
         open_call = self._channel.stream_stream(
             METHOD,
             request_serializer=pb.UpMessage.SerializeToString,
