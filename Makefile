@@ -64,11 +64,11 @@ test-stress: $(STAMP)
 	$(PY) tools/stress.py --runs $(RUNS) -- -n $(WORKERS) -m "not forks"
 
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/walchannel demo
+	PYTHONPATH=examples $(PY) -m demo
 
 # The log replicated with Litestream; the whole machine lost, restored, resumed.
 demo-hostloss: $(HOSTLOSS_STAMP)
-	$(VENV)/bin/walchannel demo --host-loss
+	PYTHONPATH=examples $(PY) -m demo --host-loss
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check walchannel tests tools examples
@@ -98,7 +98,7 @@ chaos-hostloss: $(STAMP)
 sim: $(STAMP)
 	$(PY) tools/sim.py --seeds 100000
 
-# The mutation score of walchannel/driver.py and walchannel/log_state.py (not
+# The mutation score of walchannel/core/driver.py and walchannel/log/state.py (not
 # in make test): stops after MUTATION_MIN minutes, and the next run goes on
 # where it stopped (mutants/); writes docs/mutation-survivors.md.
 MUTATION_MIN ?= 240

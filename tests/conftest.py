@@ -14,10 +14,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from walchannel import GrpcChannelConfig, RunLog
+    from walchannel import GrpcChannelConfig
+    from walchannel.log import RunLog
     from walchannel.testing.engine import LocalEngine
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The demo (examples/demo), beside the package: ``import demo`` from here.
+EXAMPLES = ROOT / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.append(str(EXAMPLES))
 HELPERS = Path(__file__).resolve().parent / "helpers"
 
 
@@ -28,9 +33,10 @@ def wal_dir(tmp_path: Path) -> Path:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment for a Python child that imports walchannel from this tree."""
+    """Environment for a Python child that imports walchannel (and the demo) from this tree."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(ROOT), str(EXAMPLES), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     env.update(extra)
     return env
 
@@ -53,7 +59,7 @@ def log_on_connection(
 
     Returns the connection (to arm its faults) and the log for ``GrpcEngineChannel(log=)``.
     """
-    from walchannel import RunLog
+    from walchannel.log import RunLog
 
     run_id, correlation_id = config.run_id, config.correlation_id
     with RunLog.open(config.wal_dir, run_id, correlation_id=correlation_id) as made:

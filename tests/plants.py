@@ -44,74 +44,74 @@ class Plant:
 LOST = ("never applied", "applied 0 times", "not in the log", "is missing", "two contents", "gap")
 
 PLANTS: tuple[Plant, ...] = (
-    # -- the log's decisions (walchannel/log_state.py) ------------------------------
+    # -- the log's decisions (walchannel/log/state.py) ------------------------------
     Plant(
         "next_seq_restarts_after_all_acked_reopen",
-        "log_state.py",
+        "log/state.py",
         "        next_seq = next_seq_at_open(high_water, top_seq, last_acked)\n",
         "        next_seq = (top_seq or 0) + 1\n",
         ("two contents", "exceeds", "above", "stuck", *LOST),
     ),
     Plant(
         "ack_deletes_one_unacked_row",
-        "log_state.py",
+        "log/state.py",
         "            delete_through=acked,\n",
         "            delete_through=acked + 1,\n",
         LOST,
     ),
     Plant(
         "renumber_start_off_by_one",
-        "log_state.py",
+        "log/state.py",
         "            shift_from=start if shift else None,\n",
         "            shift_from=start + 1 if shift and start is not None else None,\n",
         LOST,
     ),
     Plant(
         "no_renumber",
-        "log_state.py",
+        "log/state.py",
         "            shift_from=start if shift else None,\n",
         "            shift_from=None,\n",
         LOST,
     ),
     Plant(
         "verification_shift_off_by_one",
-        "log_state.py",
+        "log/state.py",
         "    return engine_high + 1 - unverified_from\n",
         "    return engine_high - unverified_from\n",
         LOST,
     ),
     Plant(
         "skip_verification",
-        "log_state.py",
+        "log/state.py",
         "    return engine_high + 1 - unverified_from\n",
         "    return 0\n",
         LOST,
     ),
     Plant(
         "tombstone_before_done_ack",
-        "log_state.py",
+        "log/state.py",
         "        completed = done is not None and acked >= done\n",
         "        completed = done is not None and acked >= done - 1\n",
         ("lacks Done", "Done applied 0 times", "stuck", "never applied"),
     ),
     Plant(
         "replay_read_one_late",
-        "log_state.py",
+        "log/state.py",
         "        return max(after_seq, self.last_acked)\n",
         "        return max(after_seq, self.last_acked) + 1\n",
         ("stuck", *LOST),
     ),
-    # -- the driver's decisions (walchannel/driver.py) -------------------------------
+    # -- the driver's decisions (walchannel/core/driver.py) -------------------------------
     Plant(
         "ack_stored_above_received",
-        "driver.py",
+        "core/driver.py",
         "            return acked\n        return None\n",
         "            return min(acked + 1, state.next_seq - 1)\n        return None\n",
         ("exceeds what the engine has", "lacks Done", *LOST),
     ),
     Plant(
         "backoff_reset_on_answer",
-        "driver.py",
+        "core/driver.py",
         "        self._first_written = None\n        self._repeated_end = None\n",
         "        self._first_written = None\n        self._repeated_end = None\n"
         "        self._attempt = 0\n",
@@ -119,21 +119,21 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "backoff_reset_on_any_ack",
-        "driver.py",
+        "core/driver.py",
         "        if self._first_written is not None and seq >= self._first_written:\n",
         "        if True:\n",
         ("backoff reset without progress", "tight loop"),
     ),
     Plant(
         "engine_behind_one_below_stored_accepted",
-        "driver.py",
+        "core/driver.py",
         "        if engine_high < self.stored:\n",
         "        if engine_high < self.stored - 1:\n",
         ("exception", "raised", "stuck", "protocol", *LOST),
     ),
     Plant(
         "answer_above_cursor_resumes_instead_of_verifying",
-        "driver.py",
+        "core/driver.py",
         "        if unverified is not None:\n",
         "        if unverified is not None and engine_high <= self.acked:\n",
         # (Unverified, the log never records its first answer: the runner's check.)
@@ -141,26 +141,26 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "replay_after_verification_skips_a_row",
-        "driver.py",
+        "core/driver.py",
         "            return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)\n",
         "            return AnswerPlan(Answer.VERIFY, engine_high + 2, clear)\n",
         LOST,
     ),
     Plant(
         "run_completed_reconnects",
-        "driver.py",
+        "core/driver.py",
         "        if meaning is Meaning.RUN_COMPLETED:\n",
         "        if False:\n",
         ("stuck", "tight loop", "lacks Done"),
     ),
     Plant(
         "run_completed_keeps_a_logged_done",
-        "driver.py",
+        "core/driver.py",
         "        if state.done_seq is not None:\n            return Completion.TOMBSTONE\n",
         "",
         ("no tombstone",),
     ),
-    # -- carrying decisions out (walchannel/channel/, walchannel/row_source.py) ------
+    # -- carrying decisions out (walchannel/channel/, walchannel/channel/row_source.py) ------
     Plant(
         "answer_verify_shift_keeps_the_stale_tail",
         "channel/connection.py",
@@ -228,7 +228,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "send_done_logs_done_twice",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        if driver.done_seq is None:\n",
         "        if True:\n",
         ("ChannelClosedError", "Done applied 2 times"),
@@ -256,7 +256,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "tail_read_off_by_one",
-        "row_source.py",
+        "channel/row_source.py",
         "            entry = tail[seq - tail[0][0]] if tail and tail[0][0] <= seq else None\n"
         "        except IndexError:\n"
         "            entry = None\n"
@@ -271,7 +271,7 @@ PLANTS: tuple[Plant, ...] = (
     # -- what the channel tells the harness (its answers, checked as they are given) ---
     Plant(
         "wait_acked_compares_the_untranslated_target",
-        "driver.py",
+        "core/driver.py",
         "        seq = self.translate(handed_out)\n",
         "        seq = handed_out\n",
         ("wait_acked", *LOST),
@@ -285,14 +285,14 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "first_provisional_seq_left_untranslated",
-        "driver.py",
+        "core/driver.py",
         "            if first <= seq < end:\n",
         "            if first < seq < end:\n",
         ("wait_acked",),
     ),
     Plant(
         "send_done_takes_a_logged_done_for_a_delivered_one",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        if driver.completed:\n            # This channel already delivered",
         "        if driver.completed or driver.done_seq is not None:\n"
         "            # This channel already delivered",
@@ -300,7 +300,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "progress_not_taken_from_the_disk",
-        "log.py",
+        "log/writer.py",
         "        self._progress = meta.progress\n        self._quarantined = quarantined\n",
         "        self._quarantined = quarantined\n",
         ("progress()",),
@@ -344,7 +344,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "close_call_dropped",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         '        self._driver.on_close()\n        _killpoints.reached("in_close")\n',
         '        _killpoints.reached("in_close")\n',
         ("backoff reset without progress", "after close", "stuck"),
@@ -358,14 +358,14 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "admit_call_dropped",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        error = self._driver.admit(call, self._clock.wall_s())\n",
         "        error = None\n",
         ("a send returned seqs",),
     ),
     Plant(
         "engine_forgot_answer_not_applied",
-        "driver.py",
+        "core/driver.py",
         "            self._acked = max(engine_high, self.stored)\n",
         "",
         ("gap", "stuck", *LOST),
@@ -377,10 +377,10 @@ PLANTS: tuple[Plant, ...] = (
         '                if not answer.done() and msg.HasField("ack"):\n',
         ("not woken", "send_done returned", "stuck"),
     ),
-    # -- ages across clock steps (walchannel/log.py) ---------------------------------
+    # -- ages across clock steps (walchannel/log/writer.py) ---------------------------------
     Plant(
         "age_read_off_the_wall_clock",
-        "log.py",
+        "log/writer.py",
         "        boot_at = float(row[1]) if isinstance(row[1], int | float) else None\n",
         "        boot_at = None\n",
         ("older than the boot",),
@@ -395,7 +395,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "owned_by_another_writer_not_recognised",
-        "end_status.py",
+        "core/end_status.py",
         '            rf"\\A\\s*({re.escape(OWNED_BY_ANOTHER_WRITER)}|'
         '{re.escape(WRITER_FENCED)})", re.I\n',
         '            rf"\\A\\s*({re.escape(WRITER_FENCED)})", re.I\n',
@@ -403,14 +403,14 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "own_rows_taken_for_another_writers",
-        "log_state.py",
+        "log/state.py",
         "        return self.answered or self.take_over or self.epoch > 0\n",
         "        return self.take_over or self.epoch > 0\n",
         ("WriterFencedError", "stuck", *LOST),
     ),
     Plant(
         "another_writers_done_read_as_ours",
-        "driver.py",
+        "core/driver.py",
         "        other = by is not None and self._writer is not None and by != self._writer.id\n",
         "        other = False\n",
         ("not this one's", "not its own", "no named error", "no tombstone", *LOST),
@@ -433,7 +433,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "wait_acked_leaves_the_group_pending",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        newest = driver.high_water\n        if group is not None:\n"
         "            newest += group.rows\n            group.flush()\n",
         "        newest = driver.high_water\n",
@@ -442,14 +442,14 @@ PLANTS: tuple[Plant, ...] = (
     # -- liveness, close and the log's physical state (issue 51) ----------------------
     Plant(
         "commit_wakes_no_writer",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "            self._wakeup.set()\n        return seqs\n",
         "            pass\n        return seqs\n",
         ("not written within",),
     ),
     Plant(
         "close_leaves_the_received_ack_unstored",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        self._connection.store_ack(force=True)\n"
         "        if self._driver.move(ChannelState.CLOSED):\n",
         "        self._connection.store_ack()\n"
@@ -465,14 +465,14 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "ack_keeps_the_acked_row",
-        "log.py",
+        "log/writer.py",
         '                "DELETE FROM rows WHERE seq <= ?", (plan.delete_through,)\n',
         '                "DELETE FROM rows WHERE seq < ?", (plan.delete_through,)\n',
         ("at or below the stored cursor",),
     ),
     Plant(
         "row_pages_stop_at_a_full_page",
-        "log.py",
+        "log/writer.py",
         "            if len(batch) < size:\n                return\n",
         "            if len(batch) <= size:\n                return\n",
         ("the log yields",),
@@ -487,14 +487,14 @@ PLANTS: tuple[Plant, ...] = (
     # -- nothing returned is lost at the process boundary (issue 52) ------------------
     Plant(
         "reentry_refusal_removed",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        inside = self._guard.holder\n        if inside is None:\n",
         "        return\n        inside = self._guard.holder\n        if inside is None:\n",
         ("signal handler's send returned", "refused send", "handed out", *LOST),
     ),
     Plant(
         "removed_files_not_watched",
-        "log.py",
+        "log/writer.py",
         "        watch = self._watch\n",
         "        watch = None\n",
         ("after the log's files were removed", "no transaction of the log ever committed it"),
@@ -502,29 +502,29 @@ PLANTS: tuple[Plant, ...] = (
     # -- the engine's lies the client can see (issue 53) -----------------------------------
     Plant(
         "answer_above_the_written_bound_taken",
-        "driver.py",
+        "core/driver.py",
         "        if written is not None and engine_high > written:\n",
         "        if False:\n",
         ("did not end the stream", "an impossible answer was applied"),
     ),
     Plant(
         "contradiction_retried",
-        "driver.py",
+        "core/driver.py",
         "            if expected - 1 < self.stored:\n",
         "            if False:\n",
         ("dialed again after the engine said it expects seq",),
     ),
-    # -- issue 54: a refused run (walchannel/channel/__init__.py) ------------------------
+    # -- issue 54: a refused run (walchannel/channel/grpc_channel.py) ------------------------
     Plant(
         "run_refused_though_the_log_had_an_answer",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "        if driver.every_dial_refused and self._log.meta().answered_at is None:\n",
         "        if driver.every_dial_refused:\n",
         ("RunRefusedError for a log that had an answer",),
     ),
     Plant(
         "batch_events_logged_after_the_findings",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         "            for index, body in enumerate(bodies):\n",
         "            items.reverse()\n            for index, body in enumerate(bodies):\n",
         ("a send returned seq", "two contents", *LOST),
@@ -545,7 +545,7 @@ PLANTS: tuple[Plant, ...] = (
     # -- the engine's resume point (issue 55) ---------------------------------------
     Plant(
         "marker_carried_by_the_last_row",
-        "channel/__init__.py",
+        "channel/grpc_channel.py",
         '                return [self._rows.prepare(kind, {**bodies[0], "progress": point}), '
         "*items[1:]]\n",
         "                last = items[-1][0]\n"
@@ -599,7 +599,7 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "text_that_is_not_utf8_refused",
-        "wire.py",
+        "wire/protobuf.py",
         "    if not repaired:\n",
         "    if True:\n",
         ("protocol errors counted", "stuck", "timed out", "never", "approval"),

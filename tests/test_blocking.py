@@ -19,11 +19,11 @@ from walchannel import (
     BlockingEngineChannel,
     ChannelClosedError,
     RunCompletedError,
-    RunLog,
     RunningLoopError,
     SyncEngineChannel,
     WalchannelError,
 )
+from walchannel.log import RunLog
 from walchannel.testing import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -82,7 +82,7 @@ def dropped_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "walchannel.blocking" and "queued callback" in r.getMessage()
+        if r.name == "walchannel.channel.blocking" and "queued callback" in r.getMessage()
     ]
 
 
@@ -101,7 +101,7 @@ def wait_until(check: Any, timeout: float = 10.0) -> None:
 def test_close_waits_its_timeout_at_most_for_the_callback_in_hand_and_drops_the_queued(
     engine: EngineThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="walchannel.blocking")
+    caplog.set_level(logging.INFO, logger="walchannel.channel.blocking")
     ch, run_id = blocking(engine, tmp_path, close_timeout_ms=1000)
     slow = SlowCallbacks()
     ch.on_budget_update(slow.budget(ch))
@@ -133,7 +133,7 @@ def test_close_waits_its_timeout_at_most_for_the_callback_in_hand_and_drops_the_
 def test_grace_drain_blocking_closes_within_the_remaining_period(
     engine: EngineThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="walchannel.blocking")
+    caplog.set_level(logging.INFO, logger="walchannel.channel.blocking")
     ch, run_id = blocking(engine, tmp_path)  # close_timeout_ms: the default 2 s
     slow = SlowCallbacks()
     ch.on_budget_update(slow.budget(ch))
@@ -167,7 +167,7 @@ def test_grace_drain_blocking_closes_within_the_remaining_period(
 def test_a_slow_on_stop_callback_bounds_close_too(
     engine: EngineThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="walchannel.blocking")
+    caplog.set_level(logging.INFO, logger="walchannel.channel.blocking")
     ch, run_id = blocking(engine, tmp_path)
     slow = SlowCallbacks()
     ch.on_stop(lambda reason: slow.stuck(ch))
@@ -195,7 +195,7 @@ def test_a_slow_on_stop_callback_bounds_close_too(
 def test_close_with_quick_callbacks_joins_the_dispatcher_and_logs_nothing(
     engine: EngineThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="walchannel.blocking")
+    caplog.set_level(logging.INFO, logger="walchannel.channel.blocking")
     ch, run_id = blocking(engine, tmp_path)
     seen: list[str] = []
     ch.on_budget_update(lambda m, d: seen.append(m))

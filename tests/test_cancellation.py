@@ -25,10 +25,12 @@ import pytest
 import pytest_asyncio
 
 from conftest import eventually, new_run
-from walchannel import ChannelClosedError, ChannelState, GrpcEngineChannel, RunLog
+from walchannel import ChannelClosedError, ChannelState, GrpcEngineChannel
+from walchannel.channel.seams import driver_of
+from walchannel.cli.inspection import inspect_log
 from walchannel.config import GrpcChannelConfig
-from walchannel.files import log_path
-from walchannel.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.files import log_path
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.testing.proxy import FaultProxy
@@ -102,7 +104,7 @@ async def test_a_cancelled_close_releases_the_log_at_once_and_raises(
     high = await streaming_then_frozen(ch, proxy)
     closing = asyncio.create_task(ch.close())
     # close() marks the channel closed, then waits for the frozen stream's end.
-    await eventually(lambda: ch.driver.closed, what="close() under way")
+    await eventually(lambda: driver_of(ch).closed, what="close() under way")
     await asyncio.sleep(0.2)
     assert not closing.done()
     closing.cancel()

@@ -39,16 +39,16 @@ from walchannel import (
     ChannelState,
     GrpcEngineChannel,
     PayloadError,
-    RunLog,
     WalCorruptError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
-from walchannel.channel.grpc_transport import token_tracers
 from walchannel.cli import main
 from walchannel.config import GrpcChannelConfig
-from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.log import RunLog
+from walchannel.log.format import ROW_LOST_TYPE
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
+from walchannel.transport.grpc import token_tracers
 
 NOBODY = 65534
 
@@ -804,12 +804,12 @@ def test_secrets_api_tracer_is_warned_about_once() -> None:
         "import logging, io\n"
         "stream = io.StringIO()\n"
         "logging.basicConfig(stream=stream, level=logging.WARNING)\n"
-        "import tempfile\n"
+        "import asyncio, tempfile\n"
         "from walchannel import GrpcChannelConfig, GrpcEngineChannel\n"
         "folder = tempfile.mkdtemp()\n"
         "for run in ('r1', 'r2'):\n"
-        "    GrpcEngineChannel(GrpcChannelConfig(grpc_addr='127.0.0.1:9', run_id=run,\n"
-        "        correlation_id='c', run_token='t', wal_dir=folder)).log.close()\n"
+        "    asyncio.run(GrpcEngineChannel(GrpcChannelConfig(grpc_addr='127.0.0.1:9', run_id=run,\n"
+        "        correlation_id='c', run_token='t', wal_dir=folder)).close())\n"
         "print(stream.getvalue().count('GRPC_TRACE'))\n"
     )
     out = subprocess.run(

@@ -29,10 +29,11 @@ from walchannel import (
     GrpcEngineChannel,
     PayloadError,
     RunCompletedError,
-    RunLog,
     RunRefusedError,
-    log_state,
 )
+from walchannel.channel.seams import log_of
+from walchannel.log import RunLog
+from walchannel.log import state as log_state
 from walchannel.testing import InMemoryEngineChannel
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -134,8 +135,8 @@ async def test_tiny_rows_cannot_grow_the_tail_past_its_byte_bound(
     # Each tail row counts its Python overhead: empty findings (9 bytes of
     # msgpack each) would otherwise all stay in memory. A 64 KiB bound shows
     # it with 2,000 rows (18 KB of bodies) as the real 4 MiB one does with 30,000.
-    from walchannel import row_source
-    from walchannel.row_source import TAIL_ROW_OVERHEAD
+    from walchannel.channel import row_source
+    from walchannel.channel.row_source import TAIL_ROW_OVERHEAD
 
     monkeypatch.setattr(row_source, "TAIL_BYTES", 64 * 1024)
     ch = engine_channel
@@ -229,7 +230,7 @@ async def test_stats_only_reads_an_ack_received_is_counted_not_stored(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Acks are stored a while after they arrive (coalesced): make the while long.
-    monkeypatch.setattr("walchannel.driver.ACK_STORE_AFTER_MS", 3_600_000.0)
+    monkeypatch.setattr("walchannel.core.driver.ACK_STORE_AFTER_MS", 3_600_000.0)
     run_id, token = new_run(local_engine)
     async with channel_for(local_engine, tmp_path / "wal", run_id, token) as ch:
         await ch.handshake("1", "h", "1")
@@ -957,7 +958,7 @@ def test_bad_arguments_are_named_and_log_nothing(tmp_path: Path) -> None:
                 with pytest.raises(ValueError, match=r"request_approval: timeout_ms must be"):
                     await ch.request_approval("act", {}, timeout_ms=timeout)
             # Only the first row was logged; it is still there.
-            assert ch.stats().unacked_count == 1 and ch.log.state.next_seq == first + 1
+            assert ch.stats().unacked_count == 1 and log_of(ch).state.next_seq == first + 1
 
     asyncio.run(main())
 

@@ -23,10 +23,10 @@ from conftest import eventually, new_run
 from helpers.http_proxy import HttpProxy
 from walchannel import Backoff, ChannelState, EngineUnavailableError, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
-from walchannel.log_state import Writer
+from walchannel.log.state import Writer
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
-from walchannel.wire import handshake_message, up_message
+from walchannel.wire.protobuf import handshake_message, up_message
 
 RECONNECT = re.compile(r"reconnecting in (\d+) ms \(attempt (\d+)\)")
 

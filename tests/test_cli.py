@@ -35,11 +35,11 @@ from walchannel import (
     EngineUnavailableError,
     GrpcEngineChannel,
     RunCompletedError,
-    RunLog,
 )
+from walchannel.cli.inspection import JSON_KEYS
 from walchannel.formatting import format_age, format_size
-from walchannel.inspection import JSON_KEYS
-from walchannel.log_format import check_header
+from walchannel.log import RunLog
+from walchannel.log.format import check_header
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -431,7 +431,7 @@ async def test_a_sigkilled_harness_is_orphaned_and_flush_delivers_it_once(
     assert flushed.rc == 0, flushed.err
     assert f"flushed run {run_id}" in flushed.out
     # Plain http:// discovery without --allowed-host: warned in the CLI's terms,
-    # not as the config's Python warning pointing into walchannel/flush.py.
+    # not as the config's Python warning pointing into walchannel/cli/flush.py.
     assert "plaintext" in flushed.err and "--allowed-host" in flushed.err, flushed.err
     assert "InsecureDiscoveryWarning" not in flushed.err and "flush.py" not in flushed.err
     # n + 1: the log's marker again, for the engine that keeps the resume point
@@ -603,7 +603,7 @@ async def test_flush_dials_only_allowed_hosts_that_discovery_names(
 
 
 def _stored_token_hash(log: Path) -> str | None:
-    from walchannel.log_reader import LogReader
+    from walchannel.log.reader import LogReader
 
     with LogReader(log, log.name.removesuffix(".wal.sqlite3")) as reader:
         return reader.meta().token_sha256
@@ -1135,7 +1135,7 @@ def test_a_mistyped_command_names_the_nearest_one(typed: str, nearest: str | Non
     assert "Traceback" not in result.err
 
 
-@pytest.mark.parametrize(("command", "option"), [("inspect", "--jsn"), ("demo", "--fats")])
+@pytest.mark.parametrize(("command", "option"), [("inspect", "--jsn"), ("engine", "--fats")])
 def test_an_unknown_option_is_said_with_its_commands_usage(command: str, option: str) -> None:
     result = cli(command, option, env=child_env(WALCHANNEL_RUN_TOKEN=new_token()))
     assert result.rc == 2

@@ -30,10 +30,11 @@ import pytest
 import time_machine
 
 from conftest import eventually, new_run
-from walchannel import ChannelState, GrpcEngineChannel, RunExpiredError, RunLog
+from walchannel import ChannelState, GrpcEngineChannel, RunExpiredError
+from walchannel.cli.inspection import inspect_log
 from walchannel.clock import SYSTEM_CLOCK
-from walchannel.files import log_path
-from walchannel.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.files import log_path
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -99,7 +100,7 @@ def test_a_log_from_another_boot_is_aged_by_the_wall_clock(tmp_path: Path) -> No
 
 HARNESS = """
 import sys
-from walchannel import RunLog
+from walchannel.log import RunLog
 wal = RunLog.open(sys.argv[1], sys.argv[2], correlation_id="c")
 wal.append("finding", {"n": 0})
 print("ready", flush=True)

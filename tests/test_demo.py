@@ -1,4 +1,4 @@
-"""`walchannel demo`'s usage errors (the demo itself runs from the wheel: test_wheel.py)."""
+"""The demo's usage errors and its lines (examples/demo; it runs whole in test_wheel.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import PYTHON, child_env
 
 def test_demo_refuses_an_empty_tree(tmp_path: Path) -> None:
     out = subprocess.run(
-        [PYTHON, "-m", "walchannel", "demo", "--tree", str(tmp_path)],
+        [PYTHON, "-m", "demo", "--tree", str(tmp_path)],
         capture_output=True,
         text=True,
         env=child_env(),
@@ -32,8 +32,9 @@ def scan_event(index: int, total: int) -> dict[str, object]:
 def test_the_progress_line_and_the_resume_line_agree_on_the_harness_marker(
     tmp_path: Path,
 ) -> None:
-    from walchannel import RunLog
-    from walchannel.demo.progress import engine_progress, progress_line, read_marker, resume_line
+    from demo.progress import engine_progress, progress_line, read_marker, resume_line
+
+    from walchannel.log import RunLog
 
     total = 734
     # The killed harness committed file 371's rows with its marker; the engine

@@ -1,4 +1,4 @@
-"""`walchannel demo --host-loss` on a small tree: machine lost, restored, resumed; audit holds."""
+"""`python -m demo --host-loss` on a small tree: machine lost, restored, resumed; audit holds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, ROOT, child_env
-from walchannel.replication import ReplicationError, find_litestream
+from walchannel.log.replication import ReplicationError, find_litestream
 
 try:
     find_litestream()
@@ -22,7 +22,7 @@ except ReplicationError:  # pragma: no cover - the test extra installs it
 def test_host_loss_demo_restores_resumes_and_passes_its_audit(tmp_path: Path) -> None:
     tree = Path(sysconfig.get_paths()["stdlib"]) / "email"
     out = subprocess.run(
-        [PYTHON, "-m", "walchannel", "demo", "--host-loss", "--tree", str(tree),
+        [PYTHON, "-m", "demo", "--host-loss", "--tree", str(tree),
          "--pace", "0.05", "--sync-interval", "0.2", "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,

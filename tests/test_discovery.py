@@ -9,15 +9,15 @@ from typing import Literal
 import httpx
 import pytest
 
-from walchannel.address import (
+from walchannel.errors import DiscoveryError
+from walchannel.transport.discovery import discover, discovery_client
+from walchannel.wire.address import (
     host_allowed,
     parse_allowed_hosts,
     parse_host_port,
     proxy_bypassed,
     proxy_for,
 )
-from walchannel.discovery import discover, discovery_client
-from walchannel.errors import DiscoveryError
 
 BASE = "http://engines.test:8080"
 

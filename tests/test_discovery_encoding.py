@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from walchannel import DiscoveryError
-from walchannel.discovery import MAX_ANSWER_BYTES, discover
+from walchannel.transport.discovery import MAX_ANSWER_BYTES, discover
 
 Answer = Callable[[], tuple[dict[str, str], bytes]]
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, child_env, eventually, new_run, while_progressing
-from walchannel import GrpcEngineChannel, RunLog
+from walchannel import GrpcEngineChannel
 from walchannel.channel.reclaim import CHECKPOINT_STEP_PAGES
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -1,4 +1,4 @@
-"""The driver (walchannel.driver), tested directly: exact numbers, no gRPC, no loop, no disk."""
+"""The driver (walchannel.core.driver), tested directly: exact numbers; no gRPC, loop or disk."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import walchannel.driver as wd
-import walchannel.end_status as es
-import walchannel.refusals as rf
-from walchannel.checkpoints import (
+import walchannel.core.driver as wd
+import walchannel.core.end_status as es
+import walchannel.core.engine_refusals as rf
+from walchannel.config import Backoff, GrpcChannelConfig
+from walchannel.core.checkpoints import (
     CHECKPOINT_EVERY_MS,
     CHECKPOINT_IDLE_MS,
     CHECKPOINT_RETRY_MAX_MS,
     CheckpointPolicy,
 )
-from walchannel.config import Backoff, GrpcChannelConfig
-from walchannel.driver import (
+from walchannel.core.driver import (
     ACK_STORE_AFTER_MS,
     ACK_STORE_EVERY,
     MAX_KEEPALIVE_MS,
@@ -38,7 +38,15 @@ from walchannel.driver import (
     End,
     StateError,
 )
-from walchannel.end_status import SizeRefusal, describe_end
+from walchannel.core.end_status import SizeRefusal, describe_end
+from walchannel.core.engine_refusals import RefusalVerdict, fenced_error, unproven_refusal
+from walchannel.core.watchdog import (
+    KEEPALIVE_TIMEOUT_MS,
+    Verdict,
+    stall_bound_ms,
+    stream_verdict,
+    watchdog_period_ms,
+)
 from walchannel.errors import (
     ChannelClosedError,
     EngineBehindError,
@@ -48,7 +56,7 @@ from walchannel.errors import (
     RunExpiredError,
     WriterFencedError,
 )
-from walchannel.log_state import (
+from walchannel.log.state import (
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
     FAILED_FENCED,
@@ -59,14 +67,6 @@ from walchannel.log_state import (
     next_seq_after,
     unverified_at_open,
     verification_shift,
-)
-from walchannel.refusals import RefusalVerdict, fenced_error, unproven_refusal
-from walchannel.watchdog import (
-    KEEPALIVE_TIMEOUT_MS,
-    Verdict,
-    stall_bound_ms,
-    stream_verdict,
-    watchdog_period_ms,
 )
 
 S = ChannelState

@@ -1,4 +1,4 @@
-"""What a stream's end says (walchannel.end_status): code first, details through one table."""
+"""What a stream's end says (walchannel.core.end_status): code first, details through one table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from conftest import ROOT
-from walchannel.end_status import (
+from walchannel.core.end_status import (
     PATTERNS,
     Meaning,
     engine_refusal,

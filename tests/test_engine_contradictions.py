@@ -23,10 +23,11 @@ import pytest
 
 from conftest import eventually
 from helpers.rogue import RogueEngine, RogueStream
-from walchannel import ChannelState, EngineBehindError, GrpcEngineChannel, RunLog
-from walchannel.inspection import inspect_log
-from walchannel.log import WRITTEN_STEP
-from walchannel.log_state import FAILED_ENGINE_BEHIND
+from walchannel import ChannelState, EngineBehindError, GrpcEngineChannel
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.state import FAILED_ENGINE_BEHIND
+from walchannel.log.writer import WRITTEN_STEP
 
 RUN = "lie-run"
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, child_env, new_run
-from walchannel import EngineBehindError, GrpcEngineChannel, RunCompletedError, RunLog
-from walchannel.inspection import inspect_log
-from walchannel.log_state import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE
+from walchannel import EngineBehindError, GrpcEngineChannel, RunCompletedError
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.state import FAILED_ENGINE_BEHIND, FAILED_UNDELIVERABLE
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyfakefs.fake_filesystem import FakeFilesystem
 
-from walchannel import files
+from walchannel.log import files
 
 
 def test_default_folder_prefers_walchannel_dir(

@@ -28,9 +28,9 @@ from walchannel import (
     WalchannelError,
     WalCorruptError,
 )
-from walchannel.driver import Driver
-from walchannel.inspection import inspect_log
-from walchannel.log_state import FAILED_CORRUPT, FAILED_INTERNAL
+from walchannel.cli.inspection import inspect_log
+from walchannel.core.driver import Driver
+from walchannel.log.state import FAILED_CORRUPT, FAILED_INTERNAL
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

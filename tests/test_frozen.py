@@ -93,6 +93,6 @@ async def test_a_harness_stopped_past_its_dead_stream_bound_keeps_its_stream(
 def test_a_watchdog_more_than_twice_the_keepalive_late_means_the_process_did_not_run(
     late_ms: float, keepalive_ms: float, stalled: bool
 ) -> None:
-    from walchannel.watchdog import loop_stalled
+    from walchannel.core.watchdog import loop_stalled
 
     assert loop_stalled(late_ms, keepalive_ms) is stalled

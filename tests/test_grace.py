@@ -25,7 +25,7 @@ from walchannel import (
     GrpcChannelConfig,
     GrpcEngineChannel,
 )
-from walchannel.inspection import inspect_log
+from walchannel.cli.inspection import inspect_log
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,8 @@ from walchannel import (
     WalWriteError,
 )
 from walchannel.cli import main
-from walchannel.log import RunLog
-from walchannel.log_state import FAILED_GROUP_LOST
+from walchannel.log.state import FAILED_GROUP_LOST
+from walchannel.log.writer import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -31,10 +31,11 @@ import pytest
 from conftest import PYTHON, ROOT, child_env, eventually
 from helpers.http_answer import serving
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
-from walchannel import EngineUnavailableError, GrpcEngineChannel, RunLog
-from walchannel.discovery import discover
+from walchannel import EngineUnavailableError, GrpcEngineChannel
 from walchannel.errors import DiscoveryError
+from walchannel.log import RunLog
 from walchannel.testing.plugin import local_channel_config
+from walchannel.transport.discovery import discover
 
 # What a terminal or a log reader must never get raw: C0, DEL, C1, the bidi
 # controls, the line/paragraph separators, lone surrogates.
@@ -109,7 +110,7 @@ def test_escape_text_leaves_printable_text_alone() -> None:
 
 def test_every_walchannel_logger_escapes_what_it_logs() -> None:
     # The kind, not one site: a module that logs gets its logger from
-    # walchannel.formatting.get_logger, whose filter escapes every record.
+    # walchannel._logging.get_logger, whose filter escapes every record.
     plain = []
     for path in sorted((ROOT / "walchannel").rglob("*.py")):
         if "_proto" in path.parts:
@@ -122,11 +123,11 @@ def test_every_walchannel_logger_escapes_what_it_logs() -> None:
                 and ast.unparse(node.args[0]) == "__name__"
             ):
                 plain.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not plain, f"loggers that do not escape (use formatting.get_logger): {plain}"
+    assert not plain, f"loggers that do not escape (use walchannel._logging.get_logger): {plain}"
 
 
 def test_a_log_record_keeps_its_template_and_numbers() -> None:
-    from walchannel.formatting import get_logger
+    from walchannel._logging import get_logger
 
     logger = get_logger("walchannel.test_hostile_text")
     records: list[logging.LogRecord] = []

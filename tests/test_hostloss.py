@@ -26,8 +26,8 @@ from walchannel import (
     WriterFencedError,
 )
 from walchannel.cli import main
-from walchannel.inspection import inspect_log
-from walchannel.replication import (
+from walchannel.cli.inspection import inspect_log
+from walchannel.log.replication import (
     SOCKET_ENV,
     ReplicationError,
     Replicator,

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, child_env, new_run
-from walchannel import RunLog
-from walchannel.files import log_path
-from walchannel.inspection import JSON_KEYS, inspect_log
-from walchannel.log_state import (
+from walchannel.cli.inspection import JSON_KEYS, inspect_log
+from walchannel.log import RunLog
+from walchannel.log.files import log_path
+from walchannel.log.state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,

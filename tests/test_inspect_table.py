@@ -22,11 +22,11 @@ import pytest
 from test_inspect_next_step import build_every_state
 
 from conftest import PYTHON, ROOT, child_env
-from walchannel import RunLog
-from walchannel.cli_logs import table_lines
-from walchannel.inspection import RunReport, inspect_log, next_step
-from walchannel.lock import LockOwner
-from walchannel.watch import Rates, render
+from walchannel.cli.inspection import RunReport, inspect_log, next_step
+from walchannel.cli.logs import table_lines
+from walchannel.cli.watch import Rates, render
+from walchannel.log import RunLog
+from walchannel.log.lock import LockOwner
 
 WIDTH = 120
 

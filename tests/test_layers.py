@@ -22,37 +22,50 @@ from conftest import ROOT
 # Each module may import only modules earlier in this list (or the stdlib and
 # third-party packages). A package's modules come before the package itself.
 ORDER = [
+    # The base: no walchannel import below them but each other.
     "walchannel._version",
     "walchannel._proto",
     "walchannel._killpoints",
     "walchannel.formatting",
+    "walchannel._logging",
     "walchannel.errors",
-    "walchannel.reentry",
-    "walchannel.payload",
-    "walchannel.files",
-    "walchannel.lock",
+    "walchannel._reentry",
     "walchannel.clock",
-    "walchannel.log_state",
-    "walchannel.end_status",
-    "walchannel.checkpoints",
-    "walchannel.watchdog",
-    "walchannel.refusals",
-    "walchannel.log_format",
-    "walchannel.log",
-    "walchannel.log_reader",
-    "walchannel.replication",
+    # wire/: what goes on the wire (payload rules, message shapes, protobuf, addresses).
+    "walchannel.wire.payload",
+    "walchannel.wire.protobuf",
+    "walchannel.wire.messages",
+    "walchannel.wire.address",
     "walchannel.wire",
     "walchannel.contract",
-    "walchannel.address",
+    # log/: the per-run SQLite log (its pure state machine first).
+    "walchannel.log.state",
+    "walchannel.log.files",
+    "walchannel.log.lock",
+    "walchannel.log.format",
+    "walchannel.log.writer",
+    "walchannel.log.reader",
+    "walchannel.log.replication",
+    "walchannel.log.view",
+    "walchannel.log",
+    # The user's options.
     "walchannel.config",
-    "walchannel.driver",
-    "walchannel.messages",
-    "walchannel.row_source",
+    # core/: the run's decisions (values in, decisions out).
+    "walchannel.core.end_status",
+    "walchannel.core.checkpoints",
+    "walchannel.core.watchdog",
+    "walchannel.core.engine_refusals",
+    "walchannel.core.driver",
+    "walchannel.core",
+    # transport/: the seam, discovery, gRPC.
+    "walchannel.transport.base",
+    "walchannel.transport.discovery",
+    "walchannel.transport.grpc",
     "walchannel.transport",
-    "walchannel.interface",
-    "walchannel.grace",
-    "walchannel.metrics",
-    "walchannel.discovery",
+    # channel/: the durable channel over them.
+    "walchannel.channel.interface",
+    "walchannel.channel.row_source",
+    "walchannel.channel.metrics",
     "walchannel.channel.replica",
     "walchannel.channel.repeats",
     "walchannel.channel.reclaim",
@@ -62,17 +75,18 @@ ORDER = [
     "walchannel.channel.waiters",
     "walchannel.channel.stream",
     "walchannel.channel.connection",
-    "walchannel.channel.grpc_transport",
+    "walchannel.channel.grpc_channel",
+    "walchannel.channel.seams",
+    "walchannel.channel.handoff",
+    "walchannel.channel.blocking",
     "walchannel.channel",
-    "walchannel.handoff",
-    "walchannel.blocking",
+    "walchannel.grace",
+    # runner/: a harness's run, owned.
     "walchannel.runner.exits",
     "walchannel.runner.manifest",
     "walchannel.runner.context",
     "walchannel.runner.run",
     "walchannel.runner",
-    "walchannel.inspection",
-    "walchannel.watch",
     # The conformance kit: raw stubs against another team's engine; never the channel.
     "walchannel.conformance.probe",
     "walchannel.conformance.hooks",
@@ -91,17 +105,15 @@ ORDER = [
     "walchannel.testing",
     # The package face (its names, re-exported lazily): what a harness imports.
     "walchannel",
-    # The demo and its harness: above the library, which never imports them.
-    "walchannel.demo.bandit_harness",
-    "walchannel.demo.processes",
-    "walchannel.demo.audit",
-    "walchannel.demo.progress",
-    "walchannel.demo.options",
-    "walchannel.demo.kills",
-    "walchannel.demo.hostloss",
-    "walchannel.demo",
-    "walchannel.cli_logs",
-    "walchannel.flush",
+    # cli/: the commands, a module per family, wired in walchannel.cli.
+    "walchannel.cli.inspection",
+    "walchannel.cli.watch",
+    "walchannel.cli.common",
+    "walchannel.cli.logs",
+    "walchannel.cli.flush",
+    "walchannel.cli.replication",
+    "walchannel.cli.run",
+    "walchannel.cli.conformance",
     "walchannel.cli",
     "walchannel.__main__",
 ]
@@ -111,34 +123,34 @@ _ABOVE_THEIR_PACKAGE = {"walchannel.testing.engine.__main__": "walchannel.testin
 # Modules that must never import grpc, httpx or the channel (light and sans-I/O).
 NO_NETWORK = {
     "walchannel.errors",
-    "walchannel.reentry",
-    "walchannel.payload",
-    "walchannel.files",
-    "walchannel.lock",
+    "walchannel._reentry",
+    "walchannel.wire.payload",
+    "walchannel.log.files",
+    "walchannel.log.lock",
     "walchannel.clock",
-    "walchannel.log_state",
-    "walchannel.end_status",
-    "walchannel.checkpoints",
-    "walchannel.watchdog",
-    "walchannel.refusals",
-    "walchannel.driver",
-    "walchannel.log_format",
-    "walchannel.log",
-    "walchannel.wire",
-    "walchannel.address",
+    "walchannel.log.state",
+    "walchannel.core.end_status",
+    "walchannel.core.checkpoints",
+    "walchannel.core.watchdog",
+    "walchannel.core.engine_refusals",
+    "walchannel.core.driver",
+    "walchannel.log.format",
+    "walchannel.log.writer",
+    "walchannel.wire.protobuf",
+    "walchannel.wire.address",
     "walchannel.config",
-    "walchannel.messages",
-    "walchannel.row_source",
-    "walchannel.transport",
-    "walchannel.interface",
+    "walchannel.wire.messages",
+    "walchannel.channel.row_source",
+    "walchannel.transport.base",
+    "walchannel.channel.interface",
     "walchannel.grace",
-    "walchannel.metrics",
-    "walchannel.log_reader",
+    "walchannel.channel.metrics",
+    "walchannel.log.reader",
     "walchannel.formatting",
-    "walchannel.inspection",
-    "walchannel.watch",
-    "walchannel.cli_logs",
-    "walchannel.replication",
+    "walchannel.cli.inspection",
+    "walchannel.cli.watch",
+    "walchannel.cli.logs",
+    "walchannel.log.replication",
     "walchannel.channel.reclaim",
     "walchannel.channel.refused_rows",
     "walchannel.channel.reporting",
@@ -147,12 +159,12 @@ NO_NETWORK = {
 }
 # The run's decisions: values in, decisions out; no I/O, no clock.
 NO_IO = {
-    "walchannel.driver",
-    "walchannel.end_status",
-    "walchannel.checkpoints",
-    "walchannel.watchdog",
-    "walchannel.refusals",
-    "walchannel.log_state",
+    "walchannel.core.driver",
+    "walchannel.core.end_status",
+    "walchannel.core.checkpoints",
+    "walchannel.core.watchdog",
+    "walchannel.core.engine_refusals",
+    "walchannel.log.state",
 }
 
 
@@ -249,15 +261,21 @@ def test_every_module_is_placed_and_imports_only_lower_layers() -> None:
 
 
 def test_the_library_never_imports_the_demo() -> None:
-    # The demo and its harness use the library; only the CLI runs them.
-    def in_demo(module: str) -> bool:
-        return module == "walchannel.demo" or module.startswith("walchannel.demo.")
-
-    for name, targets in graph().items():
-        if in_demo(name) or name.startswith("walchannel.cli"):
-            continue
-        demo = sorted(filter(in_demo, targets))
+    # The demo is an example beside the package (examples/demo), never shipped in it.
+    for name, tree in modules().items():
+        targets = imports(tree, name)
+        demo = sorted(t for t in targets if t == "demo" or t.startswith("demo."))
         assert not demo, f"{name} imports {demo}: the library never imports the demo"
+    assert not (ROOT / "walchannel" / "demo").exists()
+
+
+def test_each_folder_is_one_layer() -> None:
+    # A folder's modules sit together in ORDER, so no folder imports one above
+    # it and is imported back: the layers read in the tree as they are checked.
+    folders = [name.split(".")[1] for name in ORDER if name.count(".") >= 1]
+    folders = [f for f in folders if (ROOT / "walchannel" / f).is_dir() and f != "_proto"]
+    runs = [f for i, f in enumerate(folders) if i == 0 or folders[i - 1] != f]
+    assert len(runs) == len(set(runs)), f"a folder is split in ORDER: {runs}"
 
 
 def test_there_is_no_import_cycle_not_even_a_type_only_one() -> None:
@@ -341,15 +359,23 @@ def test_no_class_declares_methods_for_others_to_fill() -> None:
                 assert not stub, f"{name}.{cls.name}.{item.name} is a stub for others to fill"
 
 
+def networked(target: str) -> bool:
+    """Whether importing ``target`` may load grpc or httpx: the channel, discovery, gRPC.
+
+    The channel's light modules (in :data:`NO_NETWORK`) are not.
+    """
+    prefixes = ("walchannel.channel", "walchannel.transport.discovery", "walchannel.transport.grpc")
+    light = any(target == m or target.startswith(m + ".") for m in NO_NETWORK)
+    return target.startswith(prefixes) and not light
+
+
 def test_light_modules_never_import_the_network() -> None:
     trees = modules()
     for name in NO_NETWORK:
         for target in imports(trees[name], name, typing=False):
             root = target.split(".")[0]
             assert root not in {"grpc", "httpx"}, f"{name} imports {target}"
-            assert not target.startswith(("walchannel.channel", "walchannel.discovery")), (
-                f"{name} imports {target}"
-            )
+            assert not networked(target), f"{name} imports {target}"
 
 
 def closure(module: str, trees: dict[str, ast.Module]) -> dict[str, list[str]]:
@@ -374,12 +400,12 @@ def closure(module: str, trees: dict[str, ast.Module]) -> dict[str, list[str]]:
 # The read-only tools and the format they read: neither they nor anything
 # they load, at import or when run, may import grpc, httpx or the channel.
 READ_ONLY_TOOLS = (
-    "walchannel.log_format",
-    "walchannel.log_reader",
+    "walchannel.log.format",
+    "walchannel.log.reader",
     "walchannel.formatting",
-    "walchannel.inspection",
-    "walchannel.watch",
-    "walchannel.cli_logs",  # the inspect, export and prune commands
+    "walchannel.cli.inspection",
+    "walchannel.cli.watch",
+    "walchannel.cli.logs",  # the inspect, export and prune commands
 )
 
 
@@ -392,9 +418,9 @@ def test_the_read_only_tools_never_load_grpc() -> None:
                 assert target.split(".")[0] not in {"grpc", "httpx"}, (
                     f"{start} loads {name}, which imports {target}"
                 )
-                assert not target.startswith(
-                    ("walchannel.channel", "walchannel.discovery", "walchannel.flush")
-                ), f"{start} loads {name}, which imports {target}"
+                assert not networked(target) and not target.startswith("walchannel.cli.flush"), (
+                    f"{start} loads {name}, which imports {target}"
+                )
 
 
 def test_the_conformance_kit_speaks_raw_messages_never_through_the_channel() -> None:
@@ -403,22 +429,23 @@ def test_the_conformance_kit_speaks_raw_messages_never_through_the_channel() -> 
     for name, targets in closure("walchannel.conformance", trees).items():
         for target in targets:
             assert not target.startswith(
-                ("walchannel.channel", "walchannel.driver", "walchannel.log", "walchannel.testing")
+                ("walchannel.channel", "walchannel.core.driver", "walchannel.log.writer")
             ), f"walchannel.conformance loads {name}, which imports {target}"
+            assert not target.startswith("walchannel.testing"), (name, target)
 
 
 def test_flush_is_the_command_that_loads_grpc_and_only_when_it_runs() -> None:
     trees = modules()
-    flush = trees["walchannel.flush"]
-    assert "grpc" in imports(flush, "walchannel.flush", typing=False)
-    # Not at import time: the CLI imports walchannel.flush for every command.
+    flush = trees["walchannel.cli.flush"]
+    assert "grpc" in imports(flush, "walchannel.cli.flush", typing=False)
+    # Not at import time: the CLI imports walchannel.cli.flush for every command.
     top = ast.Module(
         body=[n for n in flush.body if isinstance(n, ast.Import | ast.ImportFrom)],
         type_ignores=[],
     )
-    for target in imports(top, "walchannel.flush", typing=False):
+    for target in imports(top, "walchannel.cli.flush", typing=False):
         assert target.split(".")[0] not in {"grpc", "httpx"}, target
-        assert not target.startswith(("walchannel.channel", "walchannel.discovery")), target
+        assert not networked(target), target
     # The CLI wiring itself imports neither.
     for target in imports(trees["walchannel.cli"], "walchannel.cli", typing=False):
         assert target.split(".")[0] not in {"grpc", "httpx"}, target
@@ -443,16 +470,10 @@ def test_the_decisions_do_no_io() -> None:
                     "msgpack",
                 }, (module, name, target)
                 if target.startswith("walchannel."):
-                    assert target.split(".")[1] in {
-                        "errors",
-                        "formatting",  # pure: how text is shown (errors' str escapes)
-                        "log_state",
-                        "end_status",  # pure: what a status's details say
-                        "checkpoints",
-                        "watchdog",
-                        "refusals",
-                        "driver",
-                    }, (
+                    # Each other: the decisions; errors and how text is shown
+                    # (errors' str escapes): pure.
+                    pure = NO_IO | {"walchannel.errors", "walchannel.formatting"}
+                    assert any(target == m or target.startswith(m + ".") for m in pure), (
                         name,
                         target,
                     )
@@ -465,7 +486,7 @@ def test_the_channel_loads_grpc_and_httpx_only_through_its_transport() -> None:
     # them without grpc; GrpcTransport (and the replica gate) load them.
     code = (
         "import sys\n"
-        "import walchannel.channel, walchannel.transport, walchannel.clock\n"
+        "import walchannel.channel.grpc_channel, walchannel.transport.base, walchannel.clock\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'httpx'}))\n"
     )
     out = subprocess.run(
@@ -475,10 +496,10 @@ def test_the_channel_loads_grpc_and_httpx_only_through_its_transport() -> None:
 
 
 def test_the_row_source_loads_neither_grpc_nor_the_channel() -> None:
-    # Rows become UpMessage bytes with protobuf alone (walchannel.wire); the
+    # Rows become UpMessage bytes with protobuf alone (walchannel.wire.protobuf); the
     # stream's writer is the one that writes them.
     trees = modules()
-    for name, targets in closure("walchannel.row_source", trees).items():
+    for name, targets in closure("walchannel.channel.row_source", trees).items():
         for target in targets:
             assert target.split(".")[0] not in {"grpc", "httpx", "asyncio"}, (name, target)
             assert not target.startswith("walchannel.channel"), (name, target)
@@ -494,12 +515,14 @@ SIM_MAY_IMPORT = {
     "walchannel.config",
     "walchannel.contract",
     "walchannel.errors",
-    "walchannel.log",
-    "walchannel.log_format",
-    "walchannel.log_state",
+    "walchannel.log.writer",
+    "walchannel.log.format",
+    "walchannel.log.state",
     "walchannel.runner",  # Seams: what the runner lets the simulator replace
-    "walchannel.transport",
-    "walchannel.wire",
+    "walchannel.channel.row_source",  # its page knobs, shrunk in some schedules
+    "walchannel.channel.seams",  # the one door to the channel's seams
+    "walchannel.transport.base",
+    "walchannel.wire.protobuf",
 }
 
 
@@ -549,8 +572,8 @@ def test_the_simulator_imports_only_the_world_and_public_names() -> None:
 
 #: Modules that hold two classes with behaviour: each pair is one responsibility.
 TWO_CLASSES = {
-    "walchannel.channel.grpc_transport": "the grpc.aio adapter: the transport, the call it dials",
-    "walchannel.lock": "the owner lock and the owner identity it writes",
+    "walchannel.transport.grpc": "the grpc.aio adapter: the transport, the call it dials",
+    "walchannel.log.lock": "the owner lock and the owner identity it writes",
     "walchannel.runner.context": "one item's context, as a thread's scan and a coroutine's see it",
     "walchannel.testing._http": "a test HTTP server and its request handler",
     "walchannel.testing.proxy": "the fault proxy and one proxied flow",
@@ -558,7 +581,7 @@ TWO_CLASSES = {
 }
 #: Modules that hold three, each trio one responsibility.
 THREE_CLASSES = {
-    "walchannel.metrics": "the instruments, the channel's metrics, the oldest-row tracker",
+    "walchannel.channel.metrics": "the instruments, the channel's metrics, the oldest-row tracker",
     "walchannel.config": "the config's values: Backoff and GroupCommit are fields of the config",
 }
 
@@ -592,6 +615,6 @@ def test_modules_hold_one_class_each_at_most_or_small_values() -> None:
         assert len(found) <= allowed, f"{name} holds {found}: one class with behaviour a module"
     stale = [n for n in TWO_CLASSES.keys() | THREE_CLASSES if len(seen.get(n, [])) < 2]
     assert not stale, f"allowed more classes than they hold: {stale}"
-    assert seen["walchannel.log"] == ["RunLog"]
-    assert seen["walchannel.channel"] == ["GrpcEngineChannel"]
-    assert seen["walchannel.driver"] == ["Driver"]
+    assert seen["walchannel.log.writer"] == ["RunLog"]
+    assert seen["walchannel.channel.grpc_channel"] == ["GrpcEngineChannel"]
+    assert seen["walchannel.core.driver"] == ["Driver"]

@@ -30,7 +30,7 @@ from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.testing.engine import RUN_COMPLETED, LocalEngine
 from walchannel.testing.engine.__main__ import main
 from walchannel.testing.store import EngineStore
-from walchannel.wire import (
+from walchannel.wire.protobuf import (
     body_of,
     handshake_message,
     heartbeat_message,

@@ -19,12 +19,12 @@ from walchannel import (
     ChannelClosedError,
     PayloadError,
     RunCompletedError,
-    RunLog,
     WalCorruptError,
     WalLockedError,
     WalWriteError,
 )
-from walchannel.log_format import APPLICATION_ID, ROW_LOST_TYPE, SCHEMA_VERSION
+from walchannel.log import RunLog
+from walchannel.log.format import APPLICATION_ID, ROW_LOST_TYPE, SCHEMA_VERSION
 
 FINDING = {"fields": {"test_id": "B101", "line": 3, "path": "a/b.py"}}
 DONE = {"status": "completed", "findings": 1, "coverage": ["a"], "exit_reason": ""}
@@ -346,7 +346,7 @@ def test_changed_correlation_id_is_warned_and_stored(
 ) -> None:
     open_log(wal_dir, correlation_id="first").close()
     with (
-        caplog.at_level(logging.WARNING, logger="walchannel.log"),
+        caplog.at_level(logging.WARNING, logger="walchannel.log.writer"),
         open_log(wal_dir, correlation_id="second") as wal,
     ):
         assert wal.meta().correlation_id == "second"
@@ -378,7 +378,7 @@ def test_second_open_in_this_process_is_refused_naming_the_owner(wal_dir: Path) 
 
 HOLD = """
 import sys, time
-from walchannel import RunLog
+from walchannel.log import RunLog
 wal = RunLog.open(sys.argv[1], "run-1", correlation_id="c")
 wal.append("finding", {"fields": {"n": 1}})
 print("ready", flush=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import HELPERS, PYTHON, child_env
-from walchannel import RunLog
+from walchannel.log import RunLog
 
 CHILD = str(HELPERS / "log_child.py")
 POINTS = ("before_commit", "after_commit", "before_ack", "after_ack", "after_open")

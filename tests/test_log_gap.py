@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import eventually, new_run
-from walchannel import ChannelState, GrpcEngineChannel, RunLog, WalCorruptError
-from walchannel.inspection import inspect_log
-from walchannel.log_state import FAILED_CORRUPT
+from walchannel import ChannelState, GrpcEngineChannel, WalCorruptError
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.state import FAILED_CORRUPT
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -27,8 +27,11 @@ import pytest
 
 from conftest import log_on_connection, new_run
 from helpers.sqlite_probe import no_write_transaction_open
-from walchannel import GrpcEngineChannel, RunLog, log_state
-from walchannel import log as log_module
+from walchannel import GrpcEngineChannel
+from walchannel.channel.seams import open_channel
+from walchannel.log import RunLog
+from walchannel.log import state as log_state
+from walchannel.log import writer as log_module
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -348,7 +351,7 @@ async def test_a_harness_that_catches_an_exception_inside_a_commit_loses_no_retu
     # The log file as the channel makes it, then watched by a connection that is interrupted.
     conn, log = log_on_connection(config, InterruptingConnection)
     returned: list[int] = []
-    ch = GrpcEngineChannel(config, log=log)
+    ch = open_channel(config, log=log)
     try:
         await ch.handshake("1", "interrupts", "1")
         returned += ch.send_findings([{"n": 1}, {"n": 2}], progress={"step": 1})
@@ -451,7 +454,7 @@ async def test_a_row_committed_by_an_interrupted_send_goes_out_at_once(
     log = RunLog.on_connection(
         conn, run_id=run_id, correlation_id=config.correlation_id, commit_hook=hook
     )
-    async with GrpcEngineChannel(config, log=log) as ch:
+    async with open_channel(config, log=log) as ch:
         await ch.handshake("1", "interrupts", "1")
         ch.send_finding({"n": 1})
         assert await ch.wait_acked(timeout_ms=10_000)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from walchannel import RunLog, WalLocationError, WalWriteError
-from walchannel.files import default_wal_dir, log_path
+from walchannel import WalLocationError, WalWriteError
+from walchannel.log import RunLog
+from walchannel.log.files import default_wal_dir, log_path
 from walchannel.runner import ExitCode
 
 

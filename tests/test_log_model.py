@@ -11,7 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from walchannel import ChannelClosedError, RunLog
+from walchannel import ChannelClosedError
+from walchannel.log import RunLog
 
 
 class LogModel(RuleBasedStateMachine):

@@ -23,11 +23,11 @@ from walchannel import (
     GroupCommit,
     GroupCommitError,
     GrpcEngineChannel,
-    RunLog,
     WalRemovedError,
 )
-from walchannel.files import lock_path
-from walchannel.log_state import FAILED_LOG_REMOVED
+from walchannel.log import RunLog
+from walchannel.log.files import lock_path
+from walchannel.log.state import FAILED_LOG_REMOVED
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -1,4 +1,4 @@
-"""LogState (walchannel.log_state), tested directly on plain values: no SQLite, no clock.
+"""LogState (walchannel.log.state), tested directly on plain values: no SQLite, no clock.
 
 The checks the mutation run (``make mutation``, docs/mutation-survivors.md)
 found missing; the rules' wider tests are in tests/test_driver.py and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from walchannel.errors import ChannelClosedError, RunCompletedError
-from walchannel.log_state import (
+from walchannel.log.state import (
     COMPLETED_BY_ANOTHER,
     FAILED_UNDELIVERABLE,
     MAX_SEQ,

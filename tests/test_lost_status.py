@@ -7,7 +7,7 @@ wrote (30 of 30), and to most calls ended by a down message over the
 receive limit; in one CI run, tests/test_receive_limit.py's flush lost the
 status on all five of its dials, and could not name its flag. The call's
 done callbacks run with the status that arrived first, before the
-replacement: :class:`~walchannel.channel.grpc_transport.GrpcCall`
+replacement: :class:`~walchannel.transport.grpc.GrpcCall`
 keeps that one.
 
 Every kind of status a write can race is a member; three are tried, each on
@@ -30,8 +30,8 @@ import pytest
 
 from walchannel import GrpcChannelConfig
 from walchannel._proto import engine_channel_pb2 as pb
-from walchannel.channel.grpc_transport import METHOD, GrpcTransport
-from walchannel.transport import StreamEnded
+from walchannel.transport.base import StreamEnded
+from walchannel.transport.grpc import METHOD, GrpcTransport
 
 CALLS = 20
 BIG = 5 * 1024 * 1024

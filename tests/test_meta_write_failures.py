@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from conftest import log_on_connection, new_run
-from walchannel import GrpcEngineChannel, RunCompletedError, RunLog
+from walchannel import GrpcEngineChannel, RunCompletedError
+from walchannel.channel.seams import open_channel
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -43,7 +45,7 @@ async def test_a_failed_mark_the_disk_will_not_clear_is_said_and_the_run_streams
     conn, log = log_on_connection(config, FullOn)
     log.update_meta(failed_at=1.0, failed_reason="engine behind: an earlier stream's")
     conn.needle = "failed_at"
-    async with GrpcEngineChannel(config, log=log) as ch:
+    async with open_channel(config, log=log) as ch:
         await ch.handshake("1", "meta-full", "1")
         ch.send_finding({"n": 1})
         assert await ch.wait_acked(timeout_ms=10_000)
@@ -66,7 +68,7 @@ async def test_a_tombstone_the_disk_will_not_store_is_said_and_run_completed_sti
     config = local_channel_config(local_engine, tmp_path / "after-prune", run_id, token)
     conn, log = log_on_connection(config, FullOn)
     conn.needle = "completed_at"
-    async with GrpcEngineChannel(config, log=log) as ch:
+    async with open_channel(config, log=log) as ch:
         with pytest.raises(RunCompletedError):
             await ch.handshake("1", "meta-full", "1")
     assert "cannot mark the log completed" in caplog.text

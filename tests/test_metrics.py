@@ -25,8 +25,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conftest import PYTHON, ROOT, child_env, eventually, new_run
-from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel, RunLog
-from walchannel import metrics as wm
+from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
+from walchannel.channel import metrics as wm
+from walchannel.channel.seams import log_of
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.testing.proxy import FaultProxy
@@ -204,7 +206,7 @@ def offline_config(wal_dir: Path, run_id: str, **overrides: Any) -> GrpcChannelC
 async def test_collection_on_another_thread_runs_no_sql_there(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="walchannel.metrics")
+    caplog.set_level(logging.DEBUG, logger="walchannel.channel.metrics")
     wal_dir = tmp_path / "wal"
     with RunLog.open(wal_dir, "otel-nosql", correlation_id="corr") as log:
         for i in range(3):
@@ -215,7 +217,8 @@ async def test_collection_on_another_thread_runs_no_sql_there(
         for i in range(3, 5):
             ch.send_finding({"n": i})
         statements: list[tuple[int, str]] = []
-        ch.log._conn.set_trace_callback(lambda sql: statements.append((threading.get_ident(), sql)))
+        conn = log_of(ch)._conn
+        conn.set_trace_callback(lambda sql: statements.append((threading.get_ident(), sql)))
         collector: list[int] = []
 
         def collect() -> dict[str, Any]:
@@ -232,7 +235,7 @@ async def test_collection_on_another_thread_runs_no_sql_there(
         assert 0 <= got[wm.OLDEST_AGE] < 60
         expected = sum(r.size for r in ch.log.unacked())
         assert got[wm.UNACKED_SIZE] == expected == ch.log.unacked_bytes
-        ch.log._conn.set_trace_callback(None)
+        log_of(ch)._conn.set_trace_callback(None)
         on_collector = [sql for ident, sql in statements if ident in collector]
         assert on_collector == [], on_collector
         assert [ident for ident, _ in statements if ident not in collector], "primed on the loop"

@@ -34,9 +34,9 @@ from walchannel import (
     ChannelState,
     GrpcChannelConfig,
     GrpcEngineChannel,
-    RunLog,
     WriterFencedError,
 )
+from walchannel.log import RunLog
 from walchannel.testing.store import EngineStore, Writer
 
 REQUIRE = os.environ.get("WALCHANNEL_REQUIRE_NGINX") == "1"

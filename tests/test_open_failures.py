@@ -4,7 +4,7 @@ SQLite reports only SQLITE_CANTOPEN ("unable to open database file") for a
 path longer than it accepts, a descriptor limit reached and other causes
 that say nothing about the file's content. ``WalCorruptError`` is kept for
 content that proves it; every other failure names its cause, found by asking
-the OS (``walchannel.files.open_failure``), in the owner's open, ``inspect``,
+the OS (``walchannel.log.files.open_failure``), in the owner's open, ``inspect``,
 ``export`` and ``flush``. Every cause here holds for root too (CI runs as root).
 """
 
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from walchannel import RunLog, WalCorruptError, WalLocationError, WalWriteError
-from walchannel.files import SQLITE_MAX_PATH_BYTES, log_path
-from walchannel.inspection import inspect_log
+from walchannel import WalCorruptError, WalLocationError, WalWriteError
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.files import SQLITE_MAX_PATH_BYTES, log_path
 
 
 def folder_for(base: Path, run_id: str, total: int) -> Path:
@@ -149,8 +150,9 @@ EMFILE_SCRIPT = textwrap.dedent(
     """
     import json, os, resource, sys
     from pathlib import Path
-    from walchannel import RunLog, WalchannelError
-    from walchannel.inspection import inspect_log
+    from walchannel import WalchannelError
+    from walchannel.log import RunLog
+    from walchannel.cli.inspection import inspect_log
 
     folder, run_id, spare = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     log = folder / f"{run_id}.wal.sqlite3"
@@ -200,8 +202,8 @@ LATE_IMPORTS_SCRIPT = textwrap.dedent(
     """
     import json, shutil, sys, tempfile
     from pathlib import Path
-    from walchannel import RunLog
-    from walchannel.inspection import inspect_log
+    from walchannel.log import RunLog
+    from walchannel.cli.inspection import inspect_log
 
     late = []
     folder, copied = Path(sys.argv[1]), Path(sys.argv[2])

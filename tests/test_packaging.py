@@ -11,8 +11,8 @@ from conftest import PYTHON, child_env
 
 def test_package_and_log_import_without_grpc() -> None:
     code = (
-        "import sys, walchannel, walchannel.log, walchannel.files, walchannel.lock\n"
-        "walchannel.RunLog, walchannel.WalCorruptError\n"
+        "import sys, walchannel, walchannel.log.writer, walchannel.log.files, walchannel.log.lock\n"
+        "walchannel.log.RunLog, walchannel.WalCorruptError\n"
         "assert 'grpc' not in sys.modules, 'grpc was imported'\n"
         "assert 'httpx' not in sys.modules, 'httpx was imported'\n"
     )

@@ -15,8 +15,14 @@ from hypothesis import strategies as st
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
 from walchannel.errors import PayloadError
-from walchannel.payload import MAX_DEPTH, MAX_SAFE_INT, MAX_VALUES, check_payload, plain_payload
-from walchannel.wire import body_of, up_message
+from walchannel.wire.payload import (
+    MAX_DEPTH,
+    MAX_SAFE_INT,
+    MAX_VALUES,
+    check_payload,
+    plain_payload,
+)
+from walchannel.wire.protobuf import body_of, up_message
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -142,8 +148,8 @@ def _as_struct_numbers(value: Any) -> Any:
 @given(st.dictionaries(st.text(), json_values, max_size=6))
 def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> None:
     # GrpcEngineChannel skips the exact size check below this bound.
-    from walchannel.log_format import encode_body
-    from walchannel.row_source import STRUCT_GROWTH
+    from walchannel.channel.row_source import STRUCT_GROWTH
+    from walchannel.log.format import encode_body
 
     body = {"fields": payload}
     blob = encode_body("finding", body)
@@ -152,8 +158,8 @@ def test_struct_size_stays_under_the_channels_bound(payload: dict[str, Any]) -> 
 
 
 def test_struct_size_bound_holds_for_the_worst_shape() -> None:
-    from walchannel.log_format import encode_body
-    from walchannel.row_source import STRUCT_GROWTH
+    from walchannel.channel.row_source import STRUCT_GROWTH
+    from walchannel.log.format import encode_body
 
     for fields in ({"l": [1] * 10_000}, {"l": [[]] * 10_000}, {"l": [None] * 10_000}):
         body = {"fields": fields}

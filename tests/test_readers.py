@@ -31,14 +31,14 @@ import grpc  # noqa: F401
 import httpx  # noqa: F401
 import pytest
 
-import walchannel.channel
+import walchannel.channel.grpc_channel
 import walchannel.config  # noqa: F401
 from conftest import PYTHON, child_env
 from helpers.users import as_user
-from walchannel import RunLog
 from walchannel.cli import build_parser, main
-from walchannel.inspection import inspect_log
-from walchannel.log_reader import LogReader
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.reader import LogReader
 
 HARNESS = 4242
 NOBODY = 65534

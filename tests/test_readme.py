@@ -22,7 +22,7 @@ from walchannel import (
     GrpcEngineChannel,
     RunCompletedError,
 )
-from walchannel.inspection import inspect_log
+from walchannel.cli.inspection import inspect_log
 from walchannel.testing import LocalEngine
 
 

@@ -37,10 +37,10 @@ from helpers.rogue import RogueEngine, RogueStream
 from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.cli import main
-from walchannel.driver import Driver, End
-from walchannel.end_status import DownTooLarge, describe_end, parse_receive_limit
-from walchannel.log import RunLog
-from walchannel.log_state import LogState
+from walchannel.core.driver import Driver, End
+from walchannel.core.end_status import DownTooLarge, describe_end, parse_receive_limit
+from walchannel.log.state import LogState
+from walchannel.log.writer import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 
 from conftest import child_env, log_on_connection, new_run
-from walchannel import GrpcEngineChannel, ReentrantCallError, RunLog
+from walchannel import ReentrantCallError
+from walchannel.channel.seams import open_channel
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 
@@ -142,7 +144,7 @@ async def test_a_send_re_entered_inside_a_transaction_of_the_log_is_refused_and_
     run_id, token = new_run(local_engine)
     config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
     conn, log = log_on_connection(config, _ReenteringConnection)
-    async with GrpcEngineChannel(config, log=log) as ch:
+    async with open_channel(config, log=log) as ch:
         await ch.handshake("1", "reentry", "1")
         seen: list[BaseException] = []
 
@@ -200,7 +202,7 @@ def test_the_writer_reads_each_row_right_however_often_a_handler_interrupts_it(
 ) -> None:
     """Every row comes back as committed, in order, none missing (no false "damaged log"),
     whatever a handler does to the tail and the read-ahead between two lines of the read."""
-    from walchannel.row_source import RowSource
+    from walchannel.channel.row_source import RowSource
 
     rows = 40
     with RunLog.open(tmp_path, "run-interrupted", correlation_id="corr") as log:
@@ -231,7 +233,7 @@ def test_the_writer_reads_each_row_right_however_often_a_handler_interrupts_it(
 
 def msgpack_body(log: RunLog, seq: int) -> bytes:
     """Row ``seq``'s committed msgpack body, as the tail holds it."""
-    from walchannel.log_format import encode_body
+    from walchannel.log.format import encode_body
 
     (row,) = log.unacked(after_seq=seq - 1, limit=1)
     return encode_body(row.kind, row.body)

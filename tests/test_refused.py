@@ -29,21 +29,21 @@ from walchannel import (
     GrpcEngineChannel,
     PayloadError,
     RowRefusedError,
-    RunLog,
     cli,
-    messages,
-    wire,
 )
+from walchannel.cli.inspection import inspect_log
 from walchannel.config import GrpcChannelConfig
-from walchannel.driver import AckKind, Driver
-from walchannel.end_status import SizeRefusal, parse_size_refusal
-from walchannel.inspection import inspect_log
-from walchannel.log_format import ROW_LOST_TYPE
-from walchannel.log_reader import LogReader
-from walchannel.log_state import LogState
-from walchannel.refusals import RefusalVerdict, pick_refused_row, refusal_sets_aside
+from walchannel.core.driver import AckKind, Driver
+from walchannel.core.end_status import SizeRefusal, parse_size_refusal
+from walchannel.core.engine_refusals import RefusalVerdict, pick_refused_row, refusal_sets_aside
+from walchannel.log import RunLog
+from walchannel.log.format import ROW_LOST_TYPE
+from walchannel.log.reader import LogReader
+from walchannel.log.state import LogState
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
+from walchannel.wire import messages
+from walchannel.wire import protobuf as wire
 
 LIMIT = 64 * 1024
 BIG = {"big": "x" * 200_000}

@@ -31,6 +31,7 @@ from walchannel import (
     GrpcEngineChannel,
     RunCompletedError,
 )
+from walchannel.channel.seams import driver_of
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.testing.proxy import FaultProxy
@@ -433,14 +434,16 @@ async def test_goaway_too_many_pings_doubles_the_keepalive_and_loses_nothing(
             for i in range(20):
                 ch.send_finding({"n": i})
             handshake = asyncio.create_task(ch.handshake("1", "h", "1"))
-            await eventually(lambda: ch.driver.keepalive_ms == 2000, timeout=12, what="the GOAWAY")
+            await eventually(
+                lambda: driver_of(ch).keepalive_ms == 2000, timeout=12, what="the GOAWAY"
+            )
             goaway_at = time.monotonic()
             proxy.target = other.grpc_addr
             await handshake
             for i in range(20, 30):
                 ch.send_finding({"n": i})
             assert await ch.wait_acked(timeout_ms=10_000)
-            assert ch.driver.keepalive_ms == 2000
+            assert driver_of(ch).keepalive_ms == 2000
         text = caplog.text
         assert text.count("GOAWAY too_many_pings; keepalive 1000 -> 2000 ms") == 1
         assert "UNAVAILABLE: Too many pings" in text

@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, child_env
-from walchannel import files
 from walchannel.cli import main
-from walchannel.log import RunLog
-from walchannel.replication import (
+from walchannel.log import files
+from walchannel.log.replication import (
     ReplicationError,
     Replicator,
     find_litestream,
@@ -35,6 +34,7 @@ from walchannel.replication import (
     restore,
     wait_replicated,
 )
+from walchannel.log.writer import RunLog
 
 try:
     find_litestream()
@@ -160,7 +160,7 @@ def test_cli_replicate_and_restore(tmp_path: Path) -> None:
     write_run(wal_dir, "r1", 20)
     script = tmp_path / "late.py"
     script.write_text(
-        "from walchannel.log import RunLog\n"
+        "from walchannel.log.writer import RunLog\n"
         f"w = RunLog.open({str(wal_dir)!r}, 'r1', correlation_id='corr')\n"
         "w.append('event', {'type': 'late'}, progress={'i': 'late'})\n"
         "raise SystemExit(7)\n"
@@ -394,7 +394,7 @@ def test_replicate_exec_passes_every_signal_to_the_command_and_stops_litestream_
     script.write_text(
         "import signal, sys, time\n"
         "from pathlib import Path\n"
-        "from walchannel.log import RunLog\n"
+        "from walchannel.log.writer import RunLog\n"
         "got = []\n"
         "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
         f"w = RunLog.open({str(wal_dir)!r}, 'r1', correlation_id='corr')\n"

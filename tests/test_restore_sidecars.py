@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, child_env
-from walchannel import RunLog, WalCorruptError, WalLockedError
-from walchannel.files import log_path
-from walchannel.inspection import inspect_log
-from walchannel.replication import ReplicationError, Replicator, find_litestream, restore
+from walchannel import WalCorruptError, WalLockedError
+from walchannel.cli.inspection import inspect_log
+from walchannel.log import RunLog
+from walchannel.log.files import log_path
+from walchannel.log.replication import ReplicationError, Replicator, find_litestream, restore
 
 try:
     find_litestream()
@@ -35,7 +36,7 @@ RUN = "r1"
 DIES_WITH_A_WAL = textwrap.dedent(
     """
     import os, signal, sys
-    from walchannel import RunLog
+    from walchannel.log import RunLog
     wal = RunLog.open(sys.argv[1], sys.argv[2], correlation_id="dead")
     for i in range(int(sys.argv[3])):
         wal.append("event", {"type": "t", "severity": "info", "i": i, "pad": "x" * 4000})

@@ -29,11 +29,13 @@ from test_runner_processes import BOUND_S, Harness, manifest_for, start
 
 from conftest import child_env, eventually, log_on_connection, new_run
 from helpers.rogue import RogueEngine, RogueStream
-from walchannel import GrpcEngineChannel, PayloadError, RunLog
+from walchannel import GrpcEngineChannel, PayloadError
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.channel.seams import log_of, open_channel
+from walchannel.log import RunLog
 from walchannel.runner import ExitCode
 from walchannel.testing.engine import LocalEngine
-from walchannel.wire import row_digest
+from walchannel.wire.protobuf import row_digest
 
 ITEMS = 400
 EACH = 5  # findings per item: 2,000 in all
@@ -189,7 +191,7 @@ async def test_a_marker_holding_a_float_is_refused_at_send_naming_its_path(
         with pytest.raises(PayloadError, match=r"progress\.\S+: the float") as caught:
             ch.send_findings([{"n": 1}], progress=marker)
         assert caught.value.path.startswith("progress.")
-        assert ch.log.state.next_seq == 1  # nothing logged
+        assert log_of(ch).state.next_seq == 1  # nothing logged
         assert ch.progress() is None
 
 
@@ -271,7 +273,7 @@ async def test_a_takeovers_point_outlives_a_kill_after_the_answer_until_the_log_
         assert point is not None and point.marker == {"next": 2} and point.seq == 2
         assert point.applied == 3 and point.complete and len(point.digests) == 1
         assert point.rows == 1
-        ch.log.close()  # as a kill: nothing more of this channel reaches the disk
+        log_of(ch).close()  # as a kill: nothing more of this channel reaches the disk
         await ch.close()
         async with GrpcEngineChannel(_config(engine, new, run_id, token)) as ch:
             await ch.handshake("1", "resume", "1")  # the mark is gone; the point stays
@@ -378,7 +380,7 @@ async def test_a_first_announcement_repeats_the_logs_marker_and_a_full_disk_ther
 
         conn.set_authorizer(authorizer)
         log = RunLog.on_connection(conn, run_id=run_id, correlation_id=config.correlation_id)
-        async with GrpcEngineChannel(config, log=log) as ch:
+        async with open_channel(config, log=log) as ch:
             await ch.handshake("1", "resume", "1")
             deny[0] = False
             assert ch.send_finding({"n": 1}) == (2 if refused else 3)
@@ -416,7 +418,7 @@ async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_a
             run_id, token = new_run(local_engine)
             config = _config(local_engine, tmp_path / f"wal-{n}-{when}", run_id, token)
             conn, log = log_on_connection(config, InterruptingConnection)
-            async with GrpcEngineChannel(config, log=log) as ch:
+            async with open_channel(config, log=log) as ch:
                 await ch.handshake("1", "resume", "1")
                 ch.send_findings([{"n": 0}], progress={"next": 1})
                 conn.arm((n, when, KeyboardInterrupt))

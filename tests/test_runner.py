@@ -19,8 +19,8 @@ import pytest
 
 from conftest import eventually, new_run
 from walchannel import EngineUnavailableError, GrpcEngineChannel, PayloadError, RunRefusedError
-from walchannel.files import log_path
-from walchannel.inspection import inspect_log
+from walchannel.cli.inspection import inspect_log
+from walchannel.log.files import log_path
 from walchannel.runner import (
     AsyncItemContext,
     ExitCode,

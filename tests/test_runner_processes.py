@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import eventually, new_run
-from walchannel.inspection import inspect_log
+from walchannel.cli.inspection import inspect_log
 from walchannel.runner import ExitCode
 from walchannel.testing.engine import LocalEngine
 

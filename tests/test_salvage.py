@@ -46,7 +46,8 @@ from typing import Any
 import pytest
 
 from conftest import PYTHON, child_env
-from walchannel import GrpcEngineChannel, RunLog, WalCorruptError
+from walchannel import GrpcEngineChannel, WalCorruptError
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 

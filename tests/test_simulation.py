@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from plants import PLANTS, Plant, planted_copy, run_planted
-from walchannel.log import RunLog
-from walchannel.log_state import next_seq_at_open
+from walchannel.log.state import next_seq_at_open
+from walchannel.log.writer import RunLog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -294,7 +294,7 @@ def test_planted_bug_is_found(plant: Plant, tmp_path: Path) -> None:
 
 
 def test_a_plant_whose_lines_are_gone_fails(tmp_path: Path) -> None:
-    gone = Plant("gone", "driver.py", "this line is not in the driver\n", "", ("x",))
+    gone = Plant("gone", "core/driver.py", "this line is not in the driver\n", "", ("x",))
     with pytest.raises(AssertionError, match="occur 0 times"):
         planted_copy(gone, tmp_path)
 
@@ -338,7 +338,7 @@ def test_every_path_that_carries_out_a_decision_has_a_plant() -> None:
     }
     by_name = {p.name: p for p in PLANTS}
     for name, function in carried_out.items():
-        where = function if ".py:" in function else f"__init__.py:{function}"
+        where = function if ".py:" in function else f"grpc_channel.py:{function}"
         assert _function_of(by_name[name]) == f"channel/{where}", name
 
 
@@ -346,15 +346,15 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
     # Issue 33: the checker judges each answer as it is given; each has a bug
     # planted, in the function that gives it, that only a wrong answer shows.
     answers = {
-        "wait_acked_compares_the_untranslated_target": "driver.py:Driver.is_acked",
-        "first_provisional_seq_left_untranslated": "driver.py:Driver.translate",
+        "wait_acked_compares_the_untranslated_target": "core/driver.py:Driver.is_acked",
+        "first_provisional_seq_left_untranslated": "core/driver.py:Driver.translate",
         "waiter_acked_exactly_not_woken": "channel/waiters.py:Waiters.ack_moved",
         "send_done_takes_a_logged_done_for_a_delivered_one": (
-            "channel/__init__.py:GrpcEngineChannel.send_done"
+            "channel/grpc_channel.py:GrpcEngineChannel.send_done"
         ),
-        "progress_not_taken_from_the_disk": "log.py:RunLog._follow_disk",
+        "progress_not_taken_from_the_disk": "log/writer.py:RunLog._follow_disk",
         "refused_row_read_one_late": "channel/refused_rows.py:RefusedRows.on_refusal",
-        "engine_forgot_answer_not_applied": "driver.py:Driver.on_answer",
+        "engine_forgot_answer_not_applied": "core/driver.py:Driver.on_answer",
         "first_ack_taken_for_an_answer_without_answers": "channel/stream.py:Stream._read_loop",
     }
     by_name = {p.name: p for p in PLANTS}
@@ -367,8 +367,8 @@ def test_every_driver_input_and_second_call_has_a_plant_that_drops_it() -> None:
     # only follows I/O; each call has a plant, where it is made, that loses it.
     calls = {
         # the inputs
-        "admit_call_dropped": ("channel/__init__.py:GrpcEngineChannel._admit", ".admit("),
-        "close_call_dropped": ("channel/__init__.py:GrpcEngineChannel._close", ".on_close()"),
+        "admit_call_dropped": ("channel/grpc_channel.py:GrpcEngineChannel._admit", ".admit("),
+        "close_call_dropped": ("channel/grpc_channel.py:GrpcEngineChannel._close", ".on_close()"),
         "ack_call_dropped": ("channel/connection.py:ConnectionLoop._on_ack", ".on_ack("),
         "stream_end_loses_its_status": (
             "channel/connection.py:ConnectionLoop._record_end",
@@ -403,10 +403,10 @@ def test_every_driver_input_and_second_call_has_a_plant_that_drops_it() -> None:
 
 def test_a_plant_is_placed_by_where_its_lines_sit() -> None:
     header = "    def is_acked(self, handed_out: int) -> bool:\n"
-    moved = Plant("moved", "driver.py", header, "", ())
-    assert _function_of(moved) == "driver.py:Driver.is_acked"
-    top = Plant("top", "driver.py", "class Driver:\n", "", ())
-    assert _function_of(top) == "driver.py:"  # in no function: matches no expected name
+    moved = Plant("moved", "core/driver.py", header, "", ())
+    assert _function_of(moved) == "core/driver.py:Driver.is_acked"
+    top = Plant("top", "core/driver.py", "class Driver:\n", "", ())
+    assert _function_of(top) == "core/driver.py:"  # in no function: matches no expected name
 
 
 # -- the simulated disk is RunLog ---------------------------------------------------

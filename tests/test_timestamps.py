@@ -11,8 +11,8 @@ import pytest
 
 from walchannel import GrpcEngineChannel
 from walchannel.errors import PayloadError
-from walchannel.messages import event_body
 from walchannel.testing.engine import LocalEngine
+from walchannel.wire.messages import event_body
 
 
 def ts_of(value: str) -> str:

@@ -26,8 +26,8 @@ import pytest
 from test_readme import _SCANNER, async_example
 
 from conftest import PYTHON, child_env, eventually, new_run
-from walchannel.inspection import inspect_log
-from walchannel.log_state import FAILED_FENCED
+from walchannel.cli.inspection import inspect_log
+from walchannel.log.state import FAILED_FENCED
 from walchannel.testing.engine import LocalEngine
 
 #: The files of the scan: one finding each.

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, child_env, eventually, new_run
-from walchannel import GrpcEngineChannel, RunLog
+from walchannel import GrpcEngineChannel
 from walchannel.cli import main
-from walchannel.inspection import RunReport, list_logs
+from walchannel.cli.inspection import RunReport, list_logs
+from walchannel.cli.watch import CLEAR_SCREEN, watch
+from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
-from walchannel.watch import CLEAR_SCREEN, watch
 
 
 def run_row(block: str, run_id: str) -> list[str]:

@@ -31,19 +31,19 @@ from walchannel import (
     GrpcChannelConfig,
     GrpcEngineChannel,
     RunCompletedError,
-    RunLog,
     WriterFencedError,
 )
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
-from walchannel.driver import Answer, Completion, Driver, End
-from walchannel.inspection import JSON_KEYS, inspect_log
-from walchannel.log_state import FAILED_FENCED, LogState
-from walchannel.log_state import Writer as LogWriter
+from walchannel.cli.inspection import JSON_KEYS, inspect_log
+from walchannel.core.driver import Answer, Completion, Driver, End
+from walchannel.log import RunLog
+from walchannel.log.state import FAILED_FENCED, LogState
+from walchannel.log.state import Writer as LogWriter
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.testing.store import EngineStore, Writer
-from walchannel.wire import handshake_message, up_message
+from walchannel.wire.protobuf import handshake_message, up_message
 
 
 def channel_for(
@@ -166,7 +166,7 @@ def test_a_takeover_of_a_tombstone_is_refused(tmp_path: Path) -> None:
 
 
 def test_restore_keeps_the_writer_id_and_raises_its_epoch(tmp_path: Path) -> None:
-    from walchannel.replication import ReplicationError, Replicator, find_litestream, restore
+    from walchannel.log.replication import ReplicationError, Replicator, find_litestream, restore
 
     try:
         find_litestream()

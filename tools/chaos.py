@@ -472,8 +472,8 @@ class Audit:
 
 def audit(store_path: Path, runs: list[Run]) -> Audit:
     """Check every run against the engine store (and the harness's own reports)."""
-    from walchannel import RunLog
     from walchannel.errors import WalchannelError
+    from walchannel.log import RunLog
 
     result = Audit()
     with EngineStore(store_path) as store:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Chaos loop for host loss: many lost machines at random times, each restored and resumed.
 
-Everything is real (``walchannel.demo.hostloss``): a LocalEngine process
-and a discovery process on one store, ``walchannel.demo.bandit_harness`` as the
+Everything is real (``demo.hostloss``): a LocalEngine process
+and a discovery process on one store, ``demo.bandit_harness`` as the
 harness, a ``litestream replicate`` sidecar per "machine" (a folder) with a
 file replica. A loss SIGKILLs Litestream and the harness together and
 deletes the machine's folder; the log is restored from the replica into the
@@ -40,8 +40,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))  # the demo
 
-from walchannel.demo import audit, bandit_harness, hostloss  # noqa: E402
+from demo import audit, bandit_harness, hostloss  # noqa: E402
 
 
 def _expected(files: list[Path], tree: Path, workdir: Path) -> Any:

@@ -5,14 +5,14 @@
 (docs/reliability.md, "Mutation score"). mutmut 3 (the ``mutation`` extra of
 pyproject.toml, which ``make mutation`` pip-installs into ``.venv``; this
 script installs nothing) mutates the driver, the pure modules beside it and
-``walchannel/log_state.py`` (``[tool.mutmut] only_mutate``) and, for each
+``walchannel/log/state.py`` (``[tool.mutmut] only_mutate``) and, for each
 mutant, runs the tests of ``[tool.mutmut]`` that execute the mutated function:
 the fast tests of the driver and the log and a short simulator sweep
 (``tools/sim.py``, wrapped as pytest tests in ``tools/mutation_sweep.py``).
 
 Usage::
 
-    python tools/mutation.py run [--budget-min 240] [--files walchannel/log_state.py]
+    python tools/mutation.py run [--budget-min 240] [--files walchannel/log/state.py]
     python tools/mutation.py run --retest          # survivors again, after adding tests
     python tools/mutation.py report                # docs/mutation-survivors.md
     python tools/mutation.py stubs                 # verdict entries to fill in, for survivors

@@ -18,11 +18,11 @@ production code in their simulators; this does the same): the harness and
 public API, on a virtual-time asyncio event loop (``looptime``). Only the
 world is fake, plugged into the channel's seams:
 
-- the network: a :class:`walchannel.transport.Transport` whose calls are
+- the network: a :class:`walchannel.transport.base.Transport` whose calls are
   links to the simulated engines (latency, cuts, stalls, flow control);
 - the clock: a :class:`walchannel.clock.Clock` that reads the loop's virtual
   time (monotonic and wall);
-- the disk: the real :class:`walchannel.log.RunLog` on an in-memory SQLite
+- the disk: the real :class:`walchannel.log.writer.RunLog` on an in-memory SQLite
   database (``RunLog.on_connection``) whose commits are snapshotted
   (``Connection.serialize()``): a process crash keeps the last committed
   image, a power loss only the last synced one, a restore an older one.
@@ -83,6 +83,8 @@ from google.protobuf import json_format
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import walchannel.channel.row_source as _product_rows
+import walchannel.log.writer as _product_log
 from walchannel import (
     Backoff,
     ExitCode,
@@ -93,8 +95,7 @@ from walchannel import (
     Manifest,
     run_harness_async,
 )
-from walchannel import log as _product_log
-from walchannel import row_source as _product_rows
+from walchannel.channel.seams import driver_of, open_channel
 from walchannel.contract import load_engine_messages
 from walchannel.errors import (
     OWNED_BY_ANOTHER_WRITER,
@@ -117,10 +118,10 @@ from walchannel.errors import (
     WalWriteError,
     WriterFencedError,
 )
-from walchannel.log import RunLog
-from walchannel.log_format import ROW_LOST_TYPE
+from walchannel.log.format import ROW_LOST_TYPE
+from walchannel.log.writer import RunLog
 from walchannel.runner import Seams
-from walchannel.transport import StreamEnded
+from walchannel.transport.base import StreamEnded
 
 pb = load_engine_messages()
 
@@ -943,7 +944,7 @@ class Link:
 
 
 class SimCall:
-    """The client's end of a link: a :class:`walchannel.transport.StreamCall`."""
+    """The client's end of a link: a :class:`walchannel.transport.base.StreamCall`."""
 
     def __init__(self, w: World, link: Link) -> None:
         self.w = w
@@ -1035,7 +1036,7 @@ class SimCall:
 
 
 class SimTransport:
-    """The world's network as seen by one process (a :class:`walchannel.transport.Transport`)."""
+    """The network as one process sees it (a :class:`~walchannel.transport.base.Transport`)."""
 
     def __init__(self, w: World, proc: Proc) -> None:
         self.w = w
@@ -2056,7 +2057,7 @@ class World:
                 # Only where the log knows what it wrote (verified, same boot, no
                 # restore): elsewhere an answer above is an honest engine's word
                 # (the verification path), and no client could tell the lie.
-                bound = ch.driver.written_bound
+                bound = driver_of(ch).written_bound
                 if bound is not None:
                     value = max(h, top, bound) + r2.choice((1, 2, 50))
             else:
@@ -3525,7 +3526,7 @@ class World:
     def second_channel(self, proc: Proc, sec: Second) -> GrpcEngineChannel:
         """The second harness opens its own log (new, or its last image) and its channel."""
         log = self.open_second_log(sec)
-        ch = GrpcEngineChannel(
+        ch = open_channel(
             self.config,
             rng=random.Random(self.rng4.getrandbits(32)),
             log=log,
@@ -3647,7 +3648,7 @@ class World:
         """The process opens the log and builds the product's channel on the world's seams."""
         log = self.open_log(proc)
         try:
-            ch = GrpcEngineChannel(
+            ch = open_channel(
                 self.config,
                 rng=random.Random(self.rng.getrandbits(32)),
                 log=log,
@@ -3767,7 +3768,7 @@ class World:
         """A group the disk refused on every try: the channel failed, naming its seqs."""
         if not proc.uncommitted and proc.marker_set is UNSET:
             return
-        failure = ch.driver.failure
+        failure = driver_of(ch).failure
         if not isinstance(failure, GroupCommitError):
             return
         lost = sorted(proc.uncommitted)
@@ -3805,7 +3806,7 @@ class World:
         if proc.marker_set is not UNSET:
             before.append(proc.marker_set)
         proc.pending = (contents, marker, before)
-        state, done_sent, closed = ch.state.value, ch.driver.done_sent, ch.driver.closed
+        state, done_sent, closed = ch.state.value, driver_of(ch).done_sent, driver_of(ch).closed
         try:
             seqs = call()
         except INTERRUPTS:
@@ -4219,7 +4220,7 @@ class World:
             # registration) is there.
             self.exit(proc, "no engine" if code == ExitCode.NO_ENGINE else "run refused")
             return
-        failure = None if ch is None else ch.driver.failure
+        failure = None if ch is None else driver_of(ch).failure
         if code == ExitCode.FENCED:
             why = "fenced"
             self.stats["fenced_errors"] += 1
@@ -4586,7 +4587,7 @@ class World:
                     "(where its row lives)"
                 )
         final = ch.state.value in ("closed", "failed", "expired")
-        if not ok and pos is not None and ch.driver.completed:
+        if not ok and pos is not None and driver_of(ch).completed:
             self.violation(
                 f"{what} returned False on a tombstone: the engine applied this run's Done, "
                 f"and so {_name(c)} at seq {pos}"
@@ -4731,7 +4732,7 @@ class World:
                 return "flushed"
             if ch.stats().state.value in ("failed", "expired", "closed"):
                 break
-        failure = ch.driver.failure
+        failure = driver_of(ch).failure
         if failure is not None:
             return self.ended_by(proc, ch, failure)
         return "flush timed out"

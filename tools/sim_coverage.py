@@ -3,8 +3,8 @@
 
 ``tools/sim.py`` runs the real :class:`walchannel.GrpcEngineChannel`; this
 measures, with coverage.py, which lines of ``walchannel/channel/*.py`` and
-``walchannel/row_source.py`` its schedules execute — the grpc.aio and httpx
-adapters (``channel/grpc_transport.py``, ``channel/replica.py``) aside, as
+``walchannel/channel/row_source.py`` its schedules execute — the grpc.aio and httpx
+adapters (``transport/grpc.py``, ``channel/replica.py``) aside, as
 the simulator replaces them with its world. Every line it does not execute
 must be in :data:`ALLOWED` with the reason the simulated world cannot reach
 it (and the test that does); an allowlist entry that no longer matches a
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: The channel's code the simulator must execute (the adapters aside).
 MEASURED = (
-    "walchannel/channel/__init__.py",
+    "walchannel/channel/grpc_channel.py",
     "walchannel/channel/connection.py",
     "walchannel/channel/group_commit.py",
     "walchannel/channel/reclaim.py",
@@ -42,7 +42,7 @@ MEASURED = (
     "walchannel/channel/reporting.py",
     "walchannel/channel/stream.py",
     "walchannel/channel/waiters.py",
-    "walchannel/row_source.py",
+    "walchannel/channel/row_source.py",
 )
 CORPUS = ROOT / "tools" / "sim_corpus.txt"
 
@@ -149,57 +149,61 @@ ALLOWED: dict[str, str] = {
         "the disk refusing that tombstone (above)"
     ),
     # -- channel/__init__.py --------------------------------------------------------------
-    "walchannel/channel/__init__.py::GrpcEngineChannel.send_done::return False": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.send_done::return False": (
         "send_done called after hard_deadline passed: the simulated harnesses stop at the "
         "RunExpiredError of a send before it, and the runner stops scanning before the "
         "deadline (no seed of 0..15,000 reaches it since issue 57's faults); "
         "tests/test_clock_steps.py calls send_done on an expired run"
     ),
-    "walchannel/channel/__init__.py::_check_timeout_ms::raise ValueError(": _MISUSE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::_check_timeout_ms::raise ValueError(": _MISUSE,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     'raise TypeError("config must be a GrpcChannelConfig")': _MISUSE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::log = RunLog.open(": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.__init__::"
+    "self._start(config, Seams())": (
+        "the simulator builds every channel on its seams (walchannel.channel.seams.open_channel)"
+    ),
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::log = RunLog.open(": (
         "the simulator opens the log on its disk (RunLog.on_connection) and passes it as log="
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     'raise ValueError(f"log= must be the open, owned log of run {config.run_id}")': _MISUSE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
-    "from walchannel.channel.grpc_transport import GrpcTransport": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
+    "from walchannel.transport.grpc import GrpcTransport": _ADAPTER,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     "from walchannel.channel.replica import ReplicaGate": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     "transport = GrpcTransport(config)": _ADAPTER,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     "replica = ReplicaGate(socket, log, self._reporter.note)": _ADAPTER,
     "walchannel/channel/reporting.py::Reporter.record::return": (
         "an error to record on a closed log: only once the loop is gone (_abandon)"
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.stats::self._abandon()": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._loop_gone": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._check_loop::self._abandon()": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._check_loop::raise self._loop_gone()": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.stats::self._abandon()": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._loop_gone": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._check_loop::self._abandon()": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._check_loop::raise self._loop_gone()": (
         _LOOP
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel._bind_loop": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._abandon": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._commit_rows::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._bind_loop": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._abandon": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._commit_rows::"
     "self._metrics.on_commit(seqs[0])": _METRICS,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.send_event::hooks.on_send(started)": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.send_event::hooks.on_send(started)": (
         _METRICS
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.send_finding::hooks.on_send(started)": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.send_finding::hooks.on_send(started)": (
         _METRICS
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.send_findings::hooks.on_send(started)": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.send_findings::hooks.on_send(started)": (
         _METRICS
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.wait_acked::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.wait_acked::"
     'raise TypeError(f"wait_acked: seq must be an int, got {type(seq).__name__} {seq!r}")': (
         _MISUSE
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.handshake::"
     'raise ChannelClosedError(f"run {self._run_id}: the channel is closed")': _MISUSE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.handshake::return": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.handshake::return": (
         "a second handshake() while streaming: tests/test_channel.py"
     ),
     "walchannel/channel/connection.py::ConnectionLoop.store_ack::return": (
@@ -221,10 +225,7 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/connection.py::ConnectionLoop._on_down_too_large::logger.info(": (
         _STATUS_LOST
     ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::raise ValueError(": (
-        _REPLACED_TOKEN
-    ),
-    "walchannel/channel/__init__.py::GrpcEngineChannel.__init__::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     "pending_token_hash = token_hash": _REPLACED_TOKEN,
     "walchannel/channel/connection.py::ConnectionLoop._open::"
     'stored["token_sha256"] = self._pending_token_hash': _REPLACED_TOKEN,
@@ -248,13 +249,13 @@ ALLOWED: dict[str, str] = {
         "a checkpoint of a closed log: close() cancels the timer first"
     ),
     "walchannel/channel/reclaim.py::DiskReclaim._step::self._arm(delay)": _NO_FILE,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::"
     "if loop.is_closed() or not loop.is_running():": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.close::self._abandon()": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.close::return": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel.close::"
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::self._abandon()": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::return": _LOOP,
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::"
     "await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), loop))": _LOOP,
-    "walchannel/channel/__init__.py::GrpcEngineChannel._mark_closed::self._metrics.close()": (
+    "walchannel/channel/grpc_channel.py::GrpcEngineChannel._mark_closed::self._metrics.close()": (
         _METRICS
     ),
     "walchannel/channel/connection.py::ConnectionLoop.aclose::"
@@ -280,8 +281,8 @@ ALLOWED: dict[str, str] = {
     'logger.exception("run %s: writing the stream failed", self._run_id)': _BUG,
     "walchannel/channel/stream.py::Stream.teardown::logger.warning(": _BUG,
     # -- row_source.py --------------------------------------------------------------------
-    "walchannel/row_source.py::RowSource._read_ahead::raise self._missing(seq)": _GAP,
-    "walchannel/row_source.py::RowSource._missing": _GAP,
+    "walchannel/channel/row_source.py::RowSource._read_ahead::raise self._missing(seq)": _GAP,
+    "walchannel/channel/row_source.py::RowSource._missing": _GAP,
 }
 
 

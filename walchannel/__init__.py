@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 from walchannel._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
-    "ApprovalDecision": "walchannel.interface",
+    "ApprovalDecision": "walchannel.channel.interface",
     "ApprovalTimeoutError": "walchannel.errors",
     "BacklogFullError": "walchannel.errors",
     "Backoff": "walchannel.config",
-    "BlockingEngineChannel": "walchannel.blocking",
+    "BlockingEngineChannel": "walchannel.channel.blocking",
     "ChannelClosedError": "walchannel.errors",
     "ConfigurationError": "walchannel.errors",
-    "ChannelState": "walchannel.driver",
-    "ChannelStats": "walchannel.interface",
+    "ChannelState": "walchannel.core.driver",
+    "ChannelStats": "walchannel.channel.interface",
     "DiscoveryError": "walchannel.errors",
     "EngineBehindError": "walchannel.errors",
     "EngineRefusedError": "walchannel.errors",
-    "EngineChannel": "walchannel.interface",
+    "EngineChannel": "walchannel.channel.interface",
     "EngineUnavailableError": "walchannel.errors",
     "InsecureDiscoveryWarning": "walchannel.errors",
     "EXIT_ROWS_LEFT": "walchannel.grace",
@@ -38,18 +38,15 @@ _EXPORTS: dict[str, str] = {
     "LogError": "walchannel.errors",
     "GroupCommit": "walchannel.config",
     "GrpcChannelConfig": "walchannel.config",
-    "GrpcEngineChannel": "walchannel.channel",
+    "GrpcEngineChannel": "walchannel.channel.grpc_channel",
     "PayloadError": "walchannel.errors",
-    "Row": "walchannel.log_format",
     "ReentrantCallError": "walchannel.errors",
     "RowRefusedError": "walchannel.errors",
     "RunCompletedError": "walchannel.errors",
     "RunExpiredError": "walchannel.errors",
-    "RunLog": "walchannel.log",
     "RunningLoopError": "walchannel.errors",
     "RunRefusedError": "walchannel.errors",
-    "RunMeta": "walchannel.log_format",
-    "SyncEngineChannel": "walchannel.interface",
+    "SyncEngineChannel": "walchannel.channel.interface",
     "TransportError": "walchannel.errors",
     "WalCorruptError": "walchannel.errors",
     "WalLocationError": "walchannel.errors",
@@ -103,12 +100,9 @@ __all__ = [
     "ManifestError",
     "PayloadError",
     "ReentrantCallError",
-    "Row",
     "RowRefusedError",
     "RunCompletedError",
     "RunExpiredError",
-    "RunLog",
-    "RunMeta",
     "RunRefusedError",
     "RunningLoopError",
     "SyncEngineChannel",
@@ -126,10 +120,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from walchannel.blocking import BlockingEngineChannel
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.blocking import BlockingEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
+    from walchannel.channel.interface import (
+        ApprovalDecision,
+        ChannelStats,
+        EngineChannel,
+        SyncEngineChannel,
+    )
     from walchannel.config import Backoff, GroupCommit, GrpcChannelConfig
-    from walchannel.driver import ChannelState
+    from walchannel.core.driver import ChannelState
     from walchannel.errors import (
         ApprovalTimeoutError,
         BacklogFullError,
@@ -159,14 +159,6 @@ if TYPE_CHECKING:
         WriterFencedError,
     )
     from walchannel.grace import EXIT_ROWS_LEFT, EXIT_STOPPED, GracePeriod
-    from walchannel.interface import (
-        ApprovalDecision,
-        ChannelStats,
-        EngineChannel,
-        SyncEngineChannel,
-    )
-    from walchannel.log import RunLog
-    from walchannel.log_format import Row, RunMeta
     from walchannel.runner.context import AsyncItemContext, ItemContext
     from walchannel.runner.exits import ExitCode
     from walchannel.runner.manifest import Manifest, ManifestError

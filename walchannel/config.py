@@ -21,11 +21,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from walchannel import files
-from walchannel.address import AllowedHost, parse_allowed_hosts, parse_host_port
+from walchannel._logging import get_logger
 from walchannel.errors import InsecureDiscoveryWarning
-from walchannel.formatting import get_logger
-from walchannel.replication import SOCKET_ENV
+from walchannel.log import files
+from walchannel.log.replication import SOCKET_ENV
+from walchannel.wire.address import AllowedHost, parse_allowed_hosts, parse_host_port
 
 if TYPE_CHECKING:
     import grpc
@@ -242,13 +242,10 @@ class GrpcChannelConfig:
             (``GET {http_addr}/grpc-address``), ``http://`` or ``https://``.
         http_client: an ``httpx.AsyncClient`` to reuse for discovery.
         wal_dir: the log folder (None: the default, see
-            :func:`walchannel.files.default_wal_dir`).
-        durability: ``"process"`` or ``"power"`` (SPEC "The log"), or
-            ``"replicated"``: as ``"process"`` on disk, and a row is written
-            to the engine only once Litestream's replica holds it (its
-            control socket named by ``$WALCHANNEL_LITESTREAM_SOCKET``, which
-            ``walchannel replicate --exec`` sets), so a restored log is never
-            behind what the engine applied (docs/operations.md).
+            :func:`walchannel.log.files.default_wal_dir`).
+        durability: ``"process"``, ``"power"`` or ``"replicated"`` (a row
+            is written only once Litestream's replica holds it). SPEC "The
+            log"; docs/operations.md.
         done_ack_timeout_ms: how long ``send_done`` waits for its ack.
         close_timeout_ms: how long ``close`` waits for the stream's end (and
             ``BlockingEngineChannel.close`` for a running callback).
@@ -260,13 +257,8 @@ class GrpcChannelConfig:
             larger one ends the stream; the channel names this field in
             ``last_error`` and keeps retrying (SPEC "Down messages").
         min_send_rate_bytes_per_s: the slowest rate a live link moves
-            (bytes/s, > 0). The watchdog's bounds (``dead_stream_ms``, the
-            stalled-write rule) also wait the time the bytes ahead of the
-            engine's next answer need at this rate, so a large message on
-            a slow link is not taken for a dead peer; the price: a dead
-            peer behind a ``max_message_bytes`` message is found
-            ``max_message_bytes / rate`` later (4 MiB at 16 KiB/s: 256 s).
-            SPEC "Reconnect".
+            (bytes/s, > 0), which the watchdog's bounds allow for. SPEC
+            "Reconnect".
         credentials: ``grpc.ChannelCredentials`` (None: plaintext).
         tls_server_name: the name to check the engine's certificate against
             when the address is an IP (``grpc.ssl_target_name_override``).
@@ -275,14 +267,9 @@ class GrpcChannelConfig:
             ``http_addr`` is plaintext).
         hard_deadline: aware datetime, the token's expiry: the run ends there.
         proxy_from_env: honour the proxy variables for the stream and for
-            discovery (True, the default, as gRPC and httpx do): the stream
-            goes through ``grpc_proxy``, else ``https_proxy``, else
-            ``http_proxy`` (gRPC's order), discovery through the proxy of its
-            URL's scheme, else ``all_proxy``; a host listed in
-            ``no_grpc_proxy``/``no_proxy`` is dialled directly. Either case
-            of the names. False: both connect directly. A reused
-            ``http_client`` keeps its own proxy settings. See
-            :func:`walchannel.address.proxy_for`.
+            discovery, as gRPC and httpx do (True, the default); False: both
+            connect directly (:func:`walchannel.wire.address.proxy_for`;
+            docs/security.md "Proxies").
         metrics: report OpenTelemetry metrics when ``opentelemetry-api`` is
             installed (the ``walchannel[otel]`` extra); False: never import it.
         meter_provider: the ``opentelemetry.metrics.MeterProvider`` to report

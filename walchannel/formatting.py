@@ -1,20 +1,19 @@
 """How walchannel shows things to people: ages, sizes, aligned columns, text from outside.
 
 Ages, sizes and tables are shared by ``walchannel inspect``
-(:mod:`walchannel.cli_logs`) and its live view (:mod:`walchannel.watch`).
-:func:`escape_text` and :func:`get_logger` make text from outside (an
-engine's status details, a discovery answer, a payload's strings, a file
-name) safe to show: every message, log record and human output line goes
-through them (SPEC "The channel", "Text from outside"). Imports nothing
+(:mod:`walchannel.cli.logs`) and its live view (:mod:`walchannel.cli.watch`).
+:func:`escape_text` makes text from outside (an engine's status details,
+a discovery answer, a payload's strings, a file name) safe to show: every
+message, log record (:mod:`walchannel._logging`) and human output line goes
+through it (SPEC "The channel", "Text from outside"). Imports nothing
 of walchannel: the lowest layer, so :mod:`walchannel.errors` can use it.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "escape_text",
     "format_age",
     "format_size",
-    "get_logger",
     "note_lines",
 ]
 
@@ -72,69 +70,6 @@ def escape_text(text: str) -> str:
     if text.isprintable():  # every character escaped is unprintable: the common case
         return text
     return _UNSAFE.sub(_escape_one, text)
-
-
-class _Shown:
-    """A log argument that is neither a str nor a number: escaped once formatted."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return escape_text(str(self.value))
-
-    def __repr__(self) -> str:
-        return escape_text(repr(self.value))
-
-
-def _shown(value: object) -> object:
-    if value is None or isinstance(value, int | float):
-        return value  # %d, %.1f need the number; numbers print safe
-    if isinstance(value, str) and escape_text(value) is value:
-        return value
-    # Wrapped, not escaped now: "%r" of it must not escape a repr's own escapes.
-    return _Shown(value)
-
-
-class _EscapeRecords(logging.Filter):
-    """Escape a record's message and arguments before any handler formats it.
-
-    The template (``record.msg``) stays a template, so handlers that group
-    by it still do; numbers stay numbers. A traceback (``exc_info``) is left
-    to the application's formatter: walchannel's exceptions escape their own
-    messages (:class:`walchannel.errors.WalchannelError`).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = escape_text(record.msg) if isinstance(record.msg, str) else _Shown(record.msg)
-        args = record.args
-        if isinstance(args, tuple):
-            record.args = tuple(_shown(arg) for arg in args)
-        elif isinstance(args, Mapping):
-            record.args = {key: _shown(arg) for key, arg in args.items()}
-        return True
-
-
-_ESCAPE_RECORDS: Final = _EscapeRecords()
-
-
-def get_logger(name: str) -> logging.Logger:
-    """Return ``logging.getLogger(name)`` with the filter that escapes its records.
-
-    Every walchannel module gets its logger here (``get_logger(__name__)``):
-    a filter on a logger applies to the records that logger makes, so each
-    one carries it (``tests/test_hostile_text.py`` checks that none is
-    missed). What it logs is escaped as :func:`escape_text` says, whichever
-    handler or formatter the application installs.
-
-    Args:
-        name: the logger's name, the module's ``__name__``.
-    """
-    logger = logging.getLogger(name)
-    logger.addFilter(_ESCAPE_RECORDS)  # no-op when already there
-    return logger
 
 
 def format_age(seconds: float | None) -> str:

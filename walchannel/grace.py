@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Iterable
 from types import FrameType
 from typing import Any, Final, Protocol, Self
 
+from walchannel._logging import get_logger
 from walchannel.clock import Clock, SystemClock
-from walchannel.formatting import get_logger
 
 __all__ = ["EXIT_ROWS_LEFT", "EXIT_STOPPED", "GracePeriod"]
 

@@ -21,7 +21,7 @@ def bandit_installed() -> bool:
     if importlib.util.find_spec("bandit") is not None:
         return True
     print(
-        "walchannel demo: bandit is not installed: the demo scans with it."
+        "demo: bandit is not installed: the demo scans with it."
         ' Install walchannel with its demo extra (README "Installing it"),'
         " or `pip install bandit`",
         file=sys.stderr,

@@ -11,7 +11,7 @@ spends a SIGTERM's grace period (SPEC "The runner").
 
 Usage::
 
-    HARNESS_TOKEN=... python -m walchannel.demo.bandit_harness --run-id RUN \\
+    HARNESS_TOKEN=... python -m demo.bandit_harness --run-id RUN \\
         --grpc-addr 127.0.0.1:50051 [--http-addr http://127.0.0.1:8080] \\
         [--wal-dir DIR] [--tree PATH] [--limit N] [--pace SECONDS] [--durability D] \\
         [--grace SECONDS]

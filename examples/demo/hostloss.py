@@ -1,7 +1,7 @@
-"""``walchannel demo --host-loss``: a replicated bandit scan survives losing its machine.
+"""``python -m demo --host-loss``: a replicated bandit scan survives losing its machine.
 
-Like ``walchannel demo`` (a local engine process and a discovery process on
-one store, :mod:`walchannel.demo.bandit_harness` as the harness), but each
+Like ``python -m demo`` (a local engine process and a discovery process on
+one store, :mod:`demo.bandit_harness` as the harness), but each
 "machine" is a folder ``host-N/wal`` replicated by a ``litestream
 replicate`` sidecar to ``replica/host-N``. At each loss point the whole
 machine goes: Litestream and the harness are SIGKILLed together and the
@@ -34,15 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from walchannel.demo.audit import (
+from demo.audit import (
     Key,
     applied_findings,
     bandit_installed,
     expected_findings,
     start_audit_scan,
 )
-from walchannel.demo.options import scan_inputs
-from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery
+from demo.options import scan_inputs
+from demo.processes import HARNESS, child_env, start_engine_and_discovery
 
 __all__ = ["Figures", "HostLoss", "Outcome", "audit", "figures", "run", "stream_with_host_losses"]
 
@@ -95,9 +95,9 @@ class Outcome:
 
 def _log_state(wal_dir: Path, run_id: str) -> tuple[int, float, int]:
     """(last seq, meta updated_at, marker's next_file) of a log, read-only."""
-    from walchannel import files
-    from walchannel.log_reader import LogReader
-    from walchannel.log_state import next_seq_at_open
+    from walchannel.log import files
+    from walchannel.log.reader import LogReader
+    from walchannel.log.state import next_seq_at_open
 
     path = files.log_path(wal_dir, run_id)
     if not path.exists():
@@ -110,8 +110,8 @@ def _log_state(wal_dir: Path, run_id: str) -> tuple[int, float, int]:
 
 
 def _tombstone(wal_dir: Path, run_id: str) -> bool:
-    from walchannel import files
-    from walchannel.log_reader import LogReader
+    from walchannel.log import files
+    from walchannel.log.reader import LogReader
 
     path = files.log_path(wal_dir, run_id)
     if not path.exists():
@@ -143,7 +143,7 @@ def stream_with_host_losses(
     Returns:
         The outcome; ``code`` is the last harness's exit status.
     """
-    from walchannel.replication import ReplicationError, Replicator, restore
+    from walchannel.log.replication import ReplicationError, Replicator, restore
     from walchannel.testing.store import EngineStore
 
     started = time.monotonic()
@@ -356,23 +356,23 @@ def audit(outcome: Outcome, expected: Counter[Key], files: list[Path], tree: Pat
 
 
 def run(args: argparse.Namespace) -> int:
-    """``walchannel demo --host-loss``: return 0 only when the audit holds.
+    """``python -m demo --host-loss``: return 0 only when the audit holds.
 
     Args:
-        args: the parsed ``walchannel demo`` options (:mod:`walchannel.demo.options`).
+        args: the parsed ``python -m demo`` options (:mod:`demo.options`).
 
     Returns:
         0 when the audit holds, 1 when it does not, 2 when bandit, Litestream
         or the tree's files are missing.
     """
-    from walchannel.replication import ReplicationError, find_litestream
+    from walchannel.log.replication import ReplicationError, find_litestream
 
     if not bandit_installed():
         return 2
     try:
         find_litestream()
     except ReplicationError as exc:
-        print(f"walchannel demo: {exc}", file=sys.stderr)
+        print(f"demo: {exc}", file=sys.stderr)
         return 2
     inputs = scan_inputs(args, "walchannel-hostloss-")
     if inputs is None:
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
 
     print(
-        f"walchannel demo --host-loss: bandit over {tree} ({len(files)} files); work dir {workdir}"
+        f"demo --host-loss: bandit over {tree} ({len(files)} files); work dir {workdir}"
     )
     with (workdir / "processes.log").open("w") as plog:
         report = workdir / "independent-bandit.json"

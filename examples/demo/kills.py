@@ -1,7 +1,7 @@
-"""``walchannel demo``: a real bandit scan streamed through engine and harness kills, audited.
+"""``python -m demo``: a real bandit scan streamed through engine and harness kills, audited.
 
 It starts a local engine process and a discovery process on one store,
-runs :mod:`walchannel.demo.bandit_harness` as a child over a real code tree, and
+runs :mod:`demo.bandit_harness` as a child over a real code tree, and
 part-way through (a) SIGKILLs the engine process and starts a replacement
 on a new port, and (b) SIGKILLs the harness and starts it again on the same
 log. It prints the engine's accepted finding count at each phase and ends
@@ -25,16 +25,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from walchannel.demo.audit import (
+from demo.audit import (
     Key,
     applied_findings,
     bandit_installed,
     expected_findings,
     start_audit_scan,
 )
-from walchannel.demo.options import scan_inputs
-from walchannel.demo.processes import HARNESS, child_env, start_engine_and_discovery, start_process
-from walchannel.demo.progress import engine_progress, progress_line, read_marker, resume_line
+from demo.options import scan_inputs
+from demo.processes import HARNESS, child_env, start_engine_and_discovery, start_process
+from demo.progress import engine_progress, progress_line, read_marker, resume_line
 
 __all__ = ["run"]
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; return 0 only when the audit holds (2: bandit missing or no files).
 
     Args:
-        args: the parsed ``walchannel demo`` options (:mod:`walchannel.demo.options`).
+        args: the parsed ``python -m demo`` options (:mod:`demo.options`).
     """
     from walchannel.testing.store import EngineStore
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
 
-    print(f"walchannel demo: bandit over {tree} ({len(files)} files); work dir {workdir}")
+    print(f"demo: bandit over {tree} ({len(files)} files); work dir {workdir}")
     procs: list[subprocess.Popen[Any]] = []
     with (workdir / "processes.log").open("w") as plog:
         try:
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tombstone(wal_dir: Path, run_id: str) -> bool:
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
     with RunLog.open(wal_dir, run_id, correlation_id=f"bandit-{run_id}") as wal:
         completed = wal.completed

@@ -1,4 +1,4 @@
-"""The options of ``walchannel demo``, for both of its demos (kills and ``--host-loss``)."""
+"""The options of ``python -m demo``, for both of its demos (kills and ``--host-loss``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["add_arguments", "scan_inputs"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the demo's options to ``parser`` (its subcommand parser, changed in place)."""
+    """Add the demo's options to ``parser`` (changed in place)."""
     parser.add_argument(
         "--tree", help="code tree to scan (default: this interpreter's standard library)"
     )
@@ -86,12 +86,12 @@ def scan_inputs(args: argparse.Namespace, prefix: str) -> tuple[Path, list[Path]
     """
     # Here, not at the top: the CLI reads add_arguments for every command,
     # and the harness imports the channel (grpc).
-    from walchannel.demo import bandit_harness
+    from demo import bandit_harness
 
     tree = Path(args.tree).resolve() if args.tree else bandit_harness.default_tree()
     files = bandit_harness.scan_files(tree, args.limit)
     if not files:
-        print(f"walchannel demo: no Python files under {tree}", file=sys.stderr)
+        print(f"demo: no Python files under {tree}", file=sys.stderr)
         return None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix=prefix))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+import walchannel
+
 __all__ = ["HARNESS", "child_env", "start_engine_and_discovery", "start_process"]
 
 #: The harness the demo runs, as a child: ``python -m`` this module.
-HARNESS = ("-m", "walchannel.demo.bandit_harness")
+HARNESS = ("-m", "demo.bandit_harness")
 
 
 def child_env(token: str) -> dict[str, str]:
@@ -23,12 +25,15 @@ def child_env(token: str) -> dict[str, str]:
 
     Returns:
         A new environment: ``PYTHONPATH`` starts with the folder holding this
-        walchannel package, so a child imports the same one.
+        demo package and the one holding walchannel, so a child imports the same ones.
     """
     env = dict(os.environ)
-    package_parent = Path(__file__).resolve().parent.parent.parent
+    # The folder holding this demo package, and the one holding the walchannel
+    # this process imported (a checkout or an installed wheel).
+    examples = Path(__file__).resolve().parent.parent
+    package_parent = Path(walchannel.__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(package_parent), env.get("PYTHONPATH")) if p
+        p for p in (str(examples), str(package_parent), env.get("PYTHONPATH")) if p
     )
     env["DEMO_TOKEN"] = token
     return env

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from walchannel.log_format import RunMeta
+    from walchannel.log.format import RunMeta
 
 __all__ = ["engine_progress", "progress_line", "read_marker", "resume_line"]
 
@@ -39,8 +39,8 @@ def read_marker(wal_dir: Path, run_id: str) -> RunMeta | str | None:
         The meta; None when the log does not exist yet; or why it could not
         be read (the demo goes on: the audit tells the truth).
     """
-    from walchannel import files
-    from walchannel.log_reader import LogReader
+    from walchannel.log import files
+    from walchannel.log.reader import LogReader
 
     path = files.log_path(wal_dir, run_id)
     if not path.exists():

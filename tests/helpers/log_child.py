@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 
-from walchannel import RunLog
+from walchannel.log import RunLog
 
 POINTS = ("before_commit", "after_commit", "before_ack", "after_ack", "after_open")
 

@@ -28,8 +28,8 @@ from tools.bench.cases import Context, bare_e2e, wal_e2e
 from tools.bench.cli import pin_cpus
 from tools.bench.common import Sizes, finding_pool
 from tools.bench.engine import Engines
-from walchannel import messages
-from walchannel.log import RunLog
+from walchannel.log.writer import RunLog
+from walchannel.wire import messages
 
 
 @contextmanager

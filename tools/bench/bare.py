@@ -19,8 +19,8 @@ import grpc
 import grpc.aio
 
 from tools.bench.common import RUN_TOKEN
-from walchannel import wire
 from walchannel._proto import engine_channel_pb2 as pb
+from walchannel.wire import protobuf as wire
 
 __all__ = ["BareStream"]
 

@@ -38,9 +38,10 @@ from tools.bench.common import (
     percentile,
 )
 from tools.bench.engine import EngineProcess, Engines, FastEngineProcess
-from walchannel.channel import GrpcEngineChannel
+from walchannel.channel.grpc_channel import GrpcEngineChannel
+from walchannel.channel.seams import log_of
 from walchannel.config import GroupCommit, GrpcChannelConfig
-from walchannel.log import Durability, RunLog
+from walchannel.log.writer import Durability, RunLog
 
 __all__ = ["CASES", "Context"]
 
@@ -306,7 +307,7 @@ def case_open(ctx: Context) -> list[Result]:
         t0 = time.perf_counter()
         ch = GrpcEngineChannel(config)
         elapsed = time.perf_counter() - t0
-        ch.log.close()
+        log_of(ch).close()
         return {"ms": elapsed * 1000}
 
     ctx.say(f"open: {s.open_reps} reps")

@@ -89,7 +89,7 @@ def _config(addr: str, run_id: str, folder: Path, **extra: Any) -> Any:
 
 
 async def _unacked_wal(n: int, folder: Path) -> dict[str, Any]:
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
     from walchannel.errors import EngineUnavailableError
 
     ch = GrpcEngineChannel(
@@ -123,7 +123,7 @@ async def _unacked_wal(n: int, folder: Path) -> dict[str, Any]:
 
 
 def _unacked_mem(n: int) -> dict[str, Any]:
-    from walchannel import wire
+    from walchannel.wire import protobuf as wire
 
     unacked: dict[int, bytes] = {}
     peak = _Peak()
@@ -149,7 +149,7 @@ def _unacked_mem(n: int) -> dict[str, Any]:
 
 
 async def _streamed_wal(addr: str, run_id: str, n: int, lag: int, folder: Path) -> dict[str, Any]:
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
 
     window = lag + lag // 2
     ch = GrpcEngineChannel(_config(addr, run_id, folder, connect_timeout_ms=30_000))
@@ -270,9 +270,9 @@ print(n)
 async def _backlog_wal(
     addr: str, run_id: str, n: int, folder: Path, *, inspect: bool
 ) -> dict[str, Any]:
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
     from walchannel.errors import EngineUnavailableError
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
     down = GrpcEngineChannel(
         _config(f"127.0.0.1:{closed_port()}", run_id, folder, connect_timeout_ms=300)

@@ -43,7 +43,7 @@ from tools.bench.common import (
     median,
 )
 from tools.bench.engine import EngineProcess
-from walchannel.channel import GrpcEngineChannel
+from walchannel.channel.grpc_channel import GrpcEngineChannel
 from walchannel.config import GrpcChannelConfig
 
 __all__ = ["case_metrics", "meter_provider_for"]

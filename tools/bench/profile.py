@@ -50,31 +50,32 @@ from tools.bench.cases import (
 from tools.bench.cli import pin_cpus
 from tools.bench.common import Sizes, finding_pool
 from tools.bench.engine import Engines
+from walchannel.channel.seams import driver_of, log_of
 from walchannel.config import GroupCommit
 
 __all__ = ["main", "report"]
 
 #: walchannel steps whose inclusive time is worth seeing (file suffix, function name).
 STEPS: tuple[tuple[str, str], ...] = (
-    ("channel/__init__.py", "send_finding"),
-    ("channel/__init__.py", "send_findings"),
-    ("messages.py", "finding_body"),
-    ("payload.py", "check_payload"),
-    ("row_source.py", "prepare"),
-    ("wire.py", "up_message"),
-    ("channel/__init__.py", "_log_rows"),
-    ("log.py", "append_encoded"),
-    ("log_format.py", "encode_body"),
+    ("channel/grpc_channel.py", "send_finding"),
+    ("channel/grpc_channel.py", "send_findings"),
+    ("wire/messages.py", "finding_body"),
+    ("wire/payload.py", "check_payload"),
+    ("channel/row_source.py", "prepare"),
+    ("wire/protobuf.py", "up_message"),
+    ("channel/grpc_channel.py", "_log_rows"),
+    ("log/writer.py", "append_encoded"),
+    ("log/format.py", "encode_body"),
     ("channel/stream.py", "_write_loop"),
-    ("row_source.py", "row_bytes"),
-    ("log.py", "unacked"),
-    ("log_format.py", "decode_row"),
+    ("channel/row_source.py", "row_bytes"),
+    ("log/writer.py", "unacked"),
+    ("log/format.py", "decode_row"),
     ("channel/stream.py", "_read_loop"),
-    ("channel/__init__.py", "_on_down"),
-    ("channel/__init__.py", "_on_ack"),
-    ("channel/__init__.py", "_store_ack"),
-    ("log.py", "ack"),
-    ("channel/__init__.py", "wait_acked"),
+    ("channel/grpc_channel.py", "_on_down"),
+    ("channel/grpc_channel.py", "_on_ack"),
+    ("channel/grpc_channel.py", "_store_ack"),
+    ("log/writer.py", "ack"),
+    ("channel/grpc_channel.py", "wait_acked"),
 )
 
 
@@ -146,11 +147,12 @@ def steps(n: int) -> str:
     from tools.bench.cases import raw_connect
     from tools.bench.common import RUN_TOKEN, closed_port
     from tools.bench.metrics import meter_provider_for
-    from walchannel import messages, wire
-    from walchannel import metrics as wm
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel import metrics as wm
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
     from walchannel.config import GrpcChannelConfig
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
+    from walchannel.wire import messages
+    from walchannel.wire import protobuf as wire
 
     pool = finding_pool()
     bodies = [{"fields": f} for f in pool]
@@ -198,10 +200,10 @@ def steps(n: int) -> str:
     )
     ch = GrpcEngineChannel(config)  # never handshaken: no stream, no network
     timed("GrpcEngineChannel.send_finding, no stream", lambda i: ch.send_finding(pool[i % size]))
-    ch.log.close()
+    log_of(ch).close()
     off = GrpcEngineChannel(dataclasses.replace(config, run_id="steps-off", metrics=False))
     timed("  the same, metrics=False", lambda i: off.send_finding(pool[i % size]))
-    off.log.close()
+    log_of(off).close()
     # The metrics hooks of one send_* call (on_commit + on_send) alone.
     clock = time.perf_counter_ns
     for arm in ("api", "sdk"):
@@ -209,7 +211,7 @@ def steps(n: int) -> str:
         hooked = GrpcEngineChannel(
             dataclasses.replace(config, run_id=f"steps-{arm}", meter_provider=provider)
         )
-        hooks = wm.attach(hooked.config, hooked.driver, hooked.log)
+        hooks = wm.attach(hooked.config, driver_of(hooked), log_of(hooked))
         assert hooks is not None
 
         def both(i: int, hooks: Any = hooks) -> None:
@@ -219,7 +221,7 @@ def steps(n: int) -> str:
 
         label = "SDK (1 record per 5 ms)" if arm == "sdk" else "API only, no SDK"
         timed(f"metrics hooks per send, {label}", both)
-        hooked.log.close()
+        log_of(hooked).close()
         if provider is not None:
             provider.shutdown()
     shutil.rmtree(folder, ignore_errors=True)
@@ -279,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _replay(ctx: Context, engines: Engines, n: int, profiler: cProfile.Profile) -> None:
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
 
     engine = engines.get(50)
     wal_dir = ctx.fresh_dir("replay-")

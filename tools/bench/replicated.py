@@ -28,10 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))  # the demo
+
+from demo.processes import start_process  # noqa: E402
 
 from walchannel import Backoff, GrpcChannelConfig, GrpcEngineChannel  # noqa: E402
-from walchannel.demo.processes import start_process  # noqa: E402
-from walchannel.replication import SOCKET_ENV, Replicator  # noqa: E402
+from walchannel.log.replication import SOCKET_ENV, Replicator  # noqa: E402
 
 
 def finding(i: int) -> dict[str, object]:

@@ -25,25 +25,29 @@ import asyncio
 import atexit
 import collections
 import contextlib
-import random
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
-from walchannel.channel import GrpcEngineChannel
+from walchannel._logging import get_logger
+from walchannel.channel.grpc_channel import GrpcEngineChannel
+from walchannel.channel.handoff import Handoff
+from walchannel.channel.interface import (
+    ApprovalDecision,
+    BudgetCallback,
+    ChannelStats,
+    StopCallback,
+)
 from walchannel.config import GrpcChannelConfig
-from walchannel.driver import ChannelState
+from walchannel.core.driver import ChannelState
 from walchannel.errors import (
     ChannelClosedError,
     ReentrantCallError,
     RunningLoopError,
     WalchannelError,
 )
-from walchannel.formatting import get_logger
-from walchannel.handoff import Handoff
-from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
 
 __all__ = ["BlockingEngineChannel"]
 
@@ -79,7 +83,6 @@ class BlockingEngineChannel:
 
     Args:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
-        rng: the random source for backoff jitter.
 
     The constructor, the sends, ``close()`` and the read-outs never wait on
     the engine (``close()`` waits at most ``close_timeout_ms``), so any
@@ -91,7 +94,7 @@ class BlockingEngineChannel:
             as :class:`~walchannel.GrpcEngineChannel`.
     """
 
-    def __init__(self, config: GrpcChannelConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: GrpcChannelConfig) -> None:
         self._run_id = config.run_id
         # Per calling thread: how many calls it waits in (a handler's send then is refused).
         self._waiting = threading.local()
@@ -122,7 +125,7 @@ class BlockingEngineChannel:
         self._accepting = True
 
         async def build() -> GrpcEngineChannel:
-            return GrpcEngineChannel(config, rng=rng)
+            return GrpcEngineChannel(config)
 
         try:
             self._channel = self._submit(build())

@@ -6,7 +6,7 @@ streams until the stream ends; then backs off, rediscovers and dials again,
 until ``close()``, ``hard_deadline`` or a failure (SPEC "Reconnect"). What
 the engine sends down (acks, ``Stop``, decisions, budget updates) is taken
 here, and so is every end of stream (:meth:`Driver.on_end
-<walchannel.driver.Driver.on_end>` decides; this carries the decision out).
+<walchannel.core.driver.Driver.on_end>` decides; this carries the decision out).
 However the loop's task ends with the channel still open (cancelled from
 outside, a ``BaseException`` inside it), the channel was left open: it
 closes itself and every waiter wakes (SPEC "Cancellation"). An exception of
@@ -22,12 +22,15 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any, Final
 
-from walchannel import _killpoints, messages, wire
+from walchannel import _killpoints
+from walchannel._logging import get_logger
+from walchannel.channel.interface import ApprovalDecision, BudgetCallback, StopCallback
 from walchannel.channel.reclaim import DiskReclaim
 from walchannel.channel.refused_rows import RefusedRows
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
-from walchannel.driver import AckKind, Answer, ChannelState, Completion, End
-from walchannel.end_status import DownTooLarge, describe_end
+from walchannel.core.driver import AckKind, Answer, ChannelState, Completion, End
+from walchannel.core.end_status import DownTooLarge, describe_end
+from walchannel.core.engine_refusals import down_too_large_text
 from walchannel.errors import (
     DiscoveryError,
     GroupCommitError,
@@ -37,17 +40,16 @@ from walchannel.errors import (
     WalWriteError,
     raw_message,
 )
-from walchannel.formatting import get_logger
-from walchannel.interface import ApprovalDecision, BudgetCallback, StopCallback
-from walchannel.log_format import engine_resume
-from walchannel.log_state import (
+from walchannel.log.format import engine_resume
+from walchannel.log.state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_INTERNAL,
     FAILED_LOG_REMOVED,
 )
-from walchannel.refusals import down_too_large_text
-from walchannel.transport import StreamEnded
+from walchannel.transport.base import StreamEnded
+from walchannel.wire import messages
+from walchannel.wire import protobuf as wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,13 +57,13 @@ if TYPE_CHECKING:
     from walchannel._proto import engine_channel_pb2 as pb
     from walchannel.channel.replica import ReplicaGate
     from walchannel.channel.reporting import Reporter
+    from walchannel.channel.row_source import RowSource
     from walchannel.channel.waiters import Waiters
     from walchannel.clock import Clock
     from walchannel.config import GrpcChannelConfig
-    from walchannel.driver import Driver
-    from walchannel.log import RunLog
-    from walchannel.row_source import RowSource
-    from walchannel.transport import Transport
+    from walchannel.core.driver import Driver
+    from walchannel.log.writer import RunLog
+    from walchannel.transport.base import Transport
 
 __all__ = ["DEADLINE_LOOK_S", "ConnectionLoop"]
 
@@ -635,7 +637,7 @@ class ConnectionLoop:
         """Apply the handshake answer ``Ack(h)`` and do the I/O it needs. SPEC "Dial".
 
         The driver applies the answer in one call (:meth:`Driver.on_answer
-        <walchannel.driver.Driver.on_answer>`); only a verification calls it
+        <walchannel.core.driver.Driver.on_answer>`); only a verification calls it
         again, after the log moved its rows.
 
         Args:
@@ -777,7 +779,7 @@ class ConnectionLoop:
         distinct text (then at INFO), kept in ``last_error``, and the
         connection loop backs off as after any end. An end whose status
         grpc.aio lost to a write (grpc/grpc#36066) keeps this cause
-        (:meth:`~walchannel.driver.Driver.on_end`).
+        (:meth:`~walchannel.core.driver.Driver.on_end`).
         """
         why = down_too_large_text(found, self._config.max_receive_message_bytes)
         where = f"{stream.addr}{stream.route}"
@@ -805,8 +807,8 @@ class ConnectionLoop:
     def _on_run_completed(self, completion: Completion | None, failed_reason: str | None) -> None:
         """The engine answered "run completed", or refused this writer: the loop ends.
 
-        The driver decided in :meth:`~walchannel.driver.Driver.on_end`
-        (:attr:`~walchannel.driver.EndPlan.completion`): unless the log becomes
+        The driver decided in :meth:`~walchannel.core.driver.Driver.on_end`
+        (:attr:`~walchannel.core.driver.EndPlan.completion`): unless the log becomes
         a tombstone the run has already failed there, and this stores it.
         """
         driver = self._driver
@@ -937,7 +939,7 @@ class ConnectionLoop:
     def store_ack(self, *, force: bool = False, now: float | None = None) -> None:
         """Store the received ack in the log now if it is due, else arm the timer.
 
-        When is the driver's :meth:`~walchannel.driver.Driver.ack_to_store`
+        When is the driver's :meth:`~walchannel.core.driver.Driver.ack_to_store`
         (every 256 acks or 100 ms, at once for ``Done``, ``force`` at close).
 
         Args:

@@ -36,6 +36,8 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from walchannel._logging import get_logger
+from walchannel._reentry import FREE, Guard
 from walchannel.errors import (
     GroupCommitError,
     WalchannelError,
@@ -43,13 +45,11 @@ from walchannel.errors import (
     WalWriteError,
     raw_message,
 )
-from walchannel.formatting import get_logger
-from walchannel.reentry import FREE, Guard
 
 if TYPE_CHECKING:
     from walchannel.clock import Clock
     from walchannel.config import GroupCommit
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
 __all__ = ["RETRY_MS", "PendingGroup"]
 

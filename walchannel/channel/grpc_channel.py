@@ -9,13 +9,13 @@ interleave and memory stays flat.
 The channel is the harness's face, composed, not inherited, of parts named
 for their responsibility:
 
-- a :class:`~walchannel.driver.Driver`: the run's protocol state and every
+- a :class:`~walchannel.core.driver.Driver`: the run's protocol state and every
   decision about it (no I/O);
-- the run's :class:`~walchannel.log.RunLog` (storage) and a
-  :class:`~walchannel.row_source.RowSource` (the rows' bytes, tail first);
+- the run's :class:`~walchannel.log.writer.RunLog` (storage) and a
+  :class:`~walchannel.channel.row_source.RowSource` (the rows' bytes, tail first);
 - :class:`~walchannel.channel.connection.ConnectionLoop`: dials (through a
-  :class:`~walchannel.transport.Transport`: grpc.aio and httpx in
-  :mod:`walchannel.channel.grpc_transport`, or the simulator's world),
+  :class:`~walchannel.transport.base.Transport`: grpc.aio and httpx in
+  :mod:`walchannel.transport.grpc`, or the simulator's world),
   handshakes, streams (a :class:`~walchannel.channel.stream.Stream` per
   dial), takes acks and down messages, reconnects; it owns
   :class:`~walchannel.channel.refused_rows.RefusedRows` and
@@ -42,17 +42,28 @@ import random
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from walchannel import _killpoints, messages, metrics, wire
+from walchannel import _killpoints
+from walchannel._logging import get_logger
+from walchannel._reentry import FREE, Guard
+from walchannel.channel import metrics
 from walchannel.channel.connection import ConnectionLoop
 from walchannel.channel.group_commit import PendingGroup
+from walchannel.channel.interface import (
+    ApprovalDecision,
+    BudgetCallback,
+    ChannelStats,
+    StopCallback,
+)
 from walchannel.channel.reporting import Reporter
+from walchannel.channel.row_source import RowSource
 from walchannel.channel.waiters import Waiters
 from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig
-from walchannel.driver import REFUSED_TOKEN_CODES, Call, ChannelState, Driver
+from walchannel.core.driver import REFUSED_TOKEN_CODES, Call, ChannelState, Driver
 from walchannel.errors import (
     ApprovalTimeoutError,
     BacklogFullError,
@@ -67,19 +78,18 @@ from walchannel.errors import (
     WalchannelError,
     raw_message,
 )
-from walchannel.formatting import get_logger
-from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.log import RunLog
-from walchannel.log_state import FAILED_GROUP_LOST
-from walchannel.payload import check_text
-from walchannel.reentry import FREE, Guard
-from walchannel.replication import SOCKET_ENV
-from walchannel.row_source import RowSource
-from walchannel.wire import ResumePoint
+from walchannel.log.replication import SOCKET_ENV
+from walchannel.log.state import FAILED_GROUP_LOST
+from walchannel.log.view import LogView
+from walchannel.log.writer import RunLog
+from walchannel.wire import messages
+from walchannel.wire import protobuf as wire
+from walchannel.wire.payload import check_text
+from walchannel.wire.protobuf import ResumePoint
 
 if TYPE_CHECKING:
     from walchannel.channel.replica import ReplicaGate
-    from walchannel.transport import Transport
+    from walchannel.transport.base import Transport
 
 __all__ = ["GrpcEngineChannel"]
 
@@ -105,6 +115,33 @@ def _check_timeout_ms(call: str, timeout_ms: object) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Seams:
+    """What a channel may be built on instead of the real parts (None: the real one).
+
+    Not for harnesses: :func:`walchannel.channel.seams.open_channel` builds
+    a channel on them for the simulator, ``walchannel flush`` and tests.
+
+    Attributes:
+        rng: the random source of backoff jitter and default approval ids
+            (default ``random.SystemRandom``).
+        log: an already-open, owned :class:`~walchannel.log.writer.RunLog` of
+            the run, used instead of opening one; the channel closes it.
+        transport: where dials and discovery go (default
+            :class:`~walchannel.transport.grpc.GrpcTransport`).
+        clock: the clocks read (default :data:`~walchannel.clock.SYSTEM_CLOCK`).
+        token_hash_when: when the log's stored sha256 of the run token is set:
+            ``"open"`` in the constructor, or ``"accepted"`` once an engine
+            has answered a handshake sent with it (``flush --replace-token``).
+    """
+
+    rng: random.Random | None = None
+    log: RunLog | None = None
+    transport: Transport | None = None
+    clock: Clock | None = None
+    token_hash_when: Literal["open", "accepted"] = "open"  # noqa: S105 - a policy, not a secret
+
+
 class GrpcEngineChannel:
     """The durable channel of one run. Construct, ``await handshake(...)``, send, close.
 
@@ -119,27 +156,6 @@ class GrpcEngineChannel:
 
     Args:
         config: the run's :class:`~walchannel.GrpcChannelConfig`.
-        rng: the random source of backoff jitter and of default approval
-            request ids (a uuid4 drawn from it). Default: the system's
-            (``random.SystemRandom``); inject a seeded ``random.Random`` in
-            tests for repeatable delays and ids.
-        log: an already-open :class:`~walchannel.RunLog` of this run to
-            use instead of opening one (``walchannel flush`` keeps the
-            owner lock from its checks through delivery;
-            ``RunLog.on_connection`` in the simulator); the channel closes it.
-        transport: where dials and discovery go (default: grpc.aio and
-            httpx, :class:`~walchannel.channel.grpc_transport.GrpcTransport`);
-            the simulator passes its simulated network. A seam, not for
-            everyday use.
-        clock: the clocks read (default: the system's,
-            :data:`~walchannel.clock.SYSTEM_CLOCK`); the simulator passes
-            its virtual ones. Timers follow the event loop's own time.
-        token_hash_when: when the log's stored sha256 of the run token
-            (SPEC "The log"; what ``flush`` checks a token against) is set to
-            this config's token: ``"open"`` (default) in the constructor;
-            ``"accepted"`` only once an engine has answered a handshake
-            sent with it (``walchannel flush --replace-token``), so a token
-            no engine accepts leaves the stored hash as it was.
 
     Raises:
         RunCompletedError: the log is a tombstone: the run already finished.
@@ -147,27 +163,19 @@ class GrpcEngineChannel:
         WalCorruptError: the log file is not usable.
         WalWriteError: the log cannot be created.
         TypeError: ``config`` is not a ``GrpcChannelConfig``.
-        ValueError: ``log`` is not the open, owned log of ``config.run_id``.
 
     SPEC "The channel".
     """
 
-    def __init__(
-        self,
-        config: GrpcChannelConfig,
-        *,
-        rng: random.Random | None = None,
-        log: RunLog | None = None,
-        transport: Transport | None = None,
-        clock: Clock | None = None,
-        token_hash_when: Literal["open", "accepted"] = "open",  # noqa: S107 - not a secret
-    ) -> None:
+    def __init__(self, config: GrpcChannelConfig) -> None:
+        self._start(config, Seams())
+
+    def _start(self, config: GrpcChannelConfig, seams: Seams) -> None:
+        """Build the channel on ``seams`` (:func:`walchannel.channel.seams.open_channel`)."""
         if not isinstance(config, GrpcChannelConfig):
             raise TypeError("config must be a GrpcChannelConfig")
-        if token_hash_when not in ("open", "accepted"):
-            raise ValueError(
-                f"token_hash_when must be 'open' or 'accepted', got {token_hash_when!r}"
-            )
+        rng, log, transport, clock = seams.rng, seams.log, seams.transport, seams.clock
+        token_hash_when = seams.token_hash_when
         self._config = config
         self._run_id = config.run_id
         self._rng = rng if rng is not None else random.SystemRandom()
@@ -213,7 +221,7 @@ class GrpcEngineChannel:
                 )
             if transport is None:
                 # grpc loads here, not when this module is imported.
-                from walchannel.channel.grpc_transport import GrpcTransport
+                from walchannel.transport.grpc import GrpcTransport
 
                 transport = GrpcTransport(config)
         except BaseException:
@@ -302,14 +310,9 @@ class GrpcEngineChannel:
         return self._driver.unacked
 
     @property
-    def log(self) -> RunLog:
-        """The run's log (read it; the channel owns its writes)."""
-        return self._log
-
-    @property
-    def driver(self) -> Driver:
-        """The run's :class:`~walchannel.driver.Driver` (read it; the channel drives it)."""
-        return self._driver
+    def log(self) -> LogView:
+        """The run's log to read (:class:`~walchannel.log.view.LogView`); the channel writes it."""
+        return LogView(self._log)
 
     def progress(self) -> Mapping[str, Any] | None:
         """Return the last harness progress marker set (None for a new run).
@@ -334,7 +337,7 @@ class GrpcEngineChannel:
         that took the run over, and kept while the log has no progress of its
         own (a lost log's replacement). While it is not ``complete`` the
         engine applied only the first ``rows`` rows of the marker's
-        transaction: log the rest again, found by :func:`~walchannel.wire.row_digest`.
+        transaction: log the rest again, found by :func:`~walchannel.wire.protobuf.row_digest`.
         SPEC "The engine keeps the resume point".
 
         Raises:
@@ -629,7 +632,7 @@ class GrpcEngineChannel:
             severity: free text, e.g. ``"info"``.
             payload: a JSON-like mapping (SPEC "Payloads").
             ts: an aware datetime, an RFC 3339 §5.6 str
-                (:func:`~walchannel.messages.parse_rfc3339`: a leap second is
+                (:func:`~walchannel.wire.messages.parse_rfc3339`: a leap second is
                 sent as ``23:59:59.999999``), or None (now); sent in UTC
                 (SPEC "Timestamps").
             progress: the harness's resume marker, committed with the row.
@@ -1026,30 +1029,16 @@ class GrpcEngineChannel:
     async def close(self) -> None:
         """Close the channel: half-close, wait up to ``close_timeout_ms``, tear down.
 
-        Marks the channel closed first (so the teardown is not mistaken for
-        a drop), half-closes the stream, waits up to ``close_timeout_ms`` for
-        its end, then stops every task and closes the connection, stores
-        the latest ack, and closes the log. Idempotent; never hangs; unacked
-        rows stay on disk for a resume or ``flush``. Pending approvals fail
-        with ``ChannelClosedError``. The log is closed (its lock released)
-        whatever happens on the way.
-
-        On another event loop than the channel's: if that one is closed or
-        stopped (an earlier ``asyncio.run()`` ended), the channel is closed
-        without it, nothing of it awaited (the socket closes with the gRPC
-        channel object); if it runs in another thread, the close runs there.
-
-        Cancelled (``task.cancel()``, an ``asyncio.timeout()`` around it), or
-        called by a task that is being cancelled (an ``async with`` body
-        cancelled), it finishes at once and awaits nothing more: the channel
-        is ``CLOSED``, the received ack stored, pending approvals fail, the
-        log closed and its lock released, synchronously; the network's
-        teardown (the stream's call and tasks, the discovery client) goes on
-        in the background. The ``CancelledError`` of a cancelled ``close()``
-        is raised again; that of a task being cancelled goes on as it was.
+        Idempotent; never hangs. The latest received ack is stored and the
+        log closed (its lock released) whatever happens on the way; unacked
+        rows stay on disk for a resume or ``flush``; pending approvals fail
+        with ``ChannelClosedError``. Called from another event loop, or
+        after the channel's loop is gone, or cancelled: SPEC "Cancellation"
+        says what still happens.
 
         Raises:
-            asyncio.CancelledError: ``close()`` itself was cancelled.
+            asyncio.CancelledError: ``close()`` itself was cancelled (it has
+                finished closing; the network's teardown goes on).
 
         SPEC "Shutdown order".
         """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from walchannel.config import GroupCommit
-    from walchannel.driver import ChannelState
+    from walchannel.core.driver import ChannelState
 
 __all__ = [
     "ApprovalDecision",

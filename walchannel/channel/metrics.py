@@ -38,11 +38,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from walchannel import files
+from walchannel._logging import get_logger
 from walchannel._version import __version__
-from walchannel.driver import ChannelState, Driver
+from walchannel.core.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
-from walchannel.formatting import get_logger
+from walchannel.log import files
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 
     from walchannel.config import GrpcChannelConfig
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
     Translate = Callable[[int], int]
     Read = Callable[["ChannelMetrics", Driver], float | int | None]
@@ -99,7 +99,7 @@ UNACKED_SIZE: Final = "walchannel.unacked.size"
 #: Age of the oldest unacked row (0 when none). Gauge, ``s``.
 OLDEST_AGE: Final = "walchannel.unacked.oldest.age"
 #: The log file and its ``-wal`` on disk (as ``inspect``'s DISK). UpDownCounter, ``By``.
-LOG_SIZE: Final = "walchannel.log.size"
+LOG_SIZE: Final = "walchannel.log.writer.size"
 #: 1 for the channel's state, 0 for the others (attribute :data:`STATE_ATTR`).
 #: UpDownCounter, ``{channel}``: summed over channels, how many are in each state.
 STATE: Final = "walchannel.channel.state"
@@ -225,7 +225,7 @@ class ChannelMetrics:
     """The hooks of one channel: called by it on commits, sends and close.
 
     Made by :func:`attach`. The instruments' callbacks read the channel's
-    :class:`~walchannel.driver.Driver` (its public counters, cursor and
+    :class:`~walchannel.core.driver.Driver` (its public counters, cursor and
     state) and its log through weak references, so a channel dropped
     without ``close()`` leaves the metrics too.
 

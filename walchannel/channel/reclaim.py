@@ -2,10 +2,10 @@
 
 SPEC "The log" (disk stays bounded by the unacked backlog; checkpoint and
 reclaim freed pages, truncate the ``-wal`` when idle). When to checkpoint is
-the driver's :class:`~walchannel.checkpoints.CheckpointPolicy`, a decision
+the driver's :class:`~walchannel.core.checkpoints.CheckpointPolicy`, a decision
 without I/O; :class:`DiskReclaim` carries it out on the event loop: it arms
 the timer the policy asks for and runs :meth:`RunLog.checkpoint
-<walchannel.log.RunLog.checkpoint>` one chunk at a time, so a big reclaim
+<walchannel.log.writer.RunLog.checkpoint>` one chunk at a time, so a big reclaim
 never holds the loop (docs/design.md, "Giving disk back").
 """
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final
 
-from walchannel.checkpoints import CHECKPOINT_IDLE_MS
-from walchannel.files import file_size
+from walchannel.core.checkpoints import CHECKPOINT_IDLE_MS
+from walchannel.log.files import file_size
 
 if TYPE_CHECKING:
     from walchannel.clock import Clock
-    from walchannel.driver import Driver
-    from walchannel.log import RunLog
+    from walchannel.core.driver import Driver
+    from walchannel.log.writer import RunLog
 
 __all__ = ["CHECKPOINT_STEP_PAGES", "DiskReclaim"]
 
@@ -32,7 +32,7 @@ class DiskReclaim:
     """The pages of deleted rows given back once the channel is idle.
 
     Args:
-        log: the run's open log (its :meth:`~walchannel.log.RunLog.checkpoint`).
+        log: the run's open log (its :meth:`~walchannel.log.writer.RunLog.checkpoint`).
         driver: the run's driver: its ``checkpoints`` policy, ``unacked``
             and ``closed`` (a closed channel arms nothing).
         clock: the monotonic clock the policy's times are read from (ms).

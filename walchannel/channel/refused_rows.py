@@ -4,7 +4,7 @@ SPEC "Row size" and docs/design.md ("A row the engine refuses"). An engine
 whose limit is below the channel's ``max_message_bytes`` ends the stream with
 RESOURCE_EXHAUSTED naming the size it received; re-sending the row would end
 every stream the same way. :class:`RefusedRows` carries out what the pure
-rules of :mod:`walchannel.refusals` decide: it finds the row (only one
+rules of :mod:`walchannel.core.engine_refusals` decide: it finds the row (only one
 proven refused), then sets it aside into the log's quarantine and has a
 ``row_lost`` event stand in for it, or, for a ``Done``, holds it so the
 channel stops once the rows before it are acked. It does the log's I/O and
@@ -16,18 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from walchannel._logging import get_logger
+from walchannel.core.engine_refusals import pick_refused_row, refusal_sets_aside, unproven_refusal
 from walchannel.errors import RowRefusedError, WalchannelError
-from walchannel.formatting import get_logger
-from walchannel.log_format import ROW_LOST_TYPE
-from walchannel.refusals import pick_refused_row, refusal_sets_aside, unproven_refusal
+from walchannel.log.format import ROW_LOST_TYPE
 
 if TYPE_CHECKING:
     from walchannel.channel.reporting import Reporter
+    from walchannel.channel.row_source import RowSource
     from walchannel.config import GrpcChannelConfig
-    from walchannel.driver import Driver
-    from walchannel.end_status import SizeRefusal
-    from walchannel.log import RunLog
-    from walchannel.row_source import RowSource
+    from walchannel.core.driver import Driver
+    from walchannel.core.end_status import SizeRefusal
+    from walchannel.log.writer import RunLog
 
 __all__ = ["ApprovalRefused", "RefusedRows"]
 
@@ -47,8 +47,8 @@ class RefusedRows:
     Args:
         config: the run's config (run id, ``max_message_bytes``).
         log: the run's open log (the row is read from it and set aside in it).
-        driver: the run's driver (``acked``; :meth:`~walchannel.driver.Driver.hold`
-            and :meth:`~walchannel.driver.Driver.on_set_aside`, the second
+        driver: the run's driver (``acked``; :meth:`~walchannel.core.driver.Driver.hold`
+            and :meth:`~walchannel.core.driver.Driver.on_set_aside`, the second
             call after the log's I/O).
         rows: the writer's row source (its tail forgets a row set aside).
         reporter: where the refusal is kept as ``last_error`` and in the log's meta.
@@ -90,7 +90,7 @@ class RefusedRows:
             The approval request whose row was set aside and that no later
             row asks again, with the error its waiter gets; else None. A
             refused ``Done`` is held in the driver
-            (:meth:`~walchannel.driver.Driver.held_due` says when to stop).
+            (:meth:`~walchannel.core.driver.Driver.held_due` says when to stop).
         """
         driver = self._driver
         self._warn_engine_limit(addr, refusal.limit)

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Final
 
 import httpx
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 
 if TYPE_CHECKING:
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
 __all__ = ["REPLICA_QUIET_S", "REPLICA_RETRY_S", "REPLICA_SYNC_TIMEOUT_S", "ReplicaGate"]
 

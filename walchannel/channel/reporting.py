@@ -16,15 +16,15 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from walchannel._logging import get_logger
 from walchannel.config import redact_secret
 from walchannel.errors import WalchannelError, raw_message
-from walchannel.formatting import get_logger
 
 if TYPE_CHECKING:
     from walchannel.clock import Clock
     from walchannel.config import GrpcChannelConfig
-    from walchannel.driver import Driver
-    from walchannel.log import RunLog
+    from walchannel.core.driver import Driver
+    from walchannel.log.writer import RunLog
 
 __all__ = ["Reporter"]
 
@@ -37,7 +37,7 @@ class Reporter:
     Args:
         config: the run's config (run id; the token every text is redacted of).
         log: the run's log (its meta stores the last error and the failed mark).
-        driver: the run's driver (``last_error``; :meth:`~walchannel.driver.Driver.fail`).
+        driver: the run's driver (``last_error``; :meth:`~walchannel.core.driver.Driver.fail`).
         clock: the wall clock the errors' times are read from (seconds).
         state_changed: called after the run failed, so every waiter wakes.
     """

@@ -7,7 +7,7 @@ however large the backlog is, and replay and live sends never interleave.
 The tail holds the committed msgpack bytes, never the caller's dicts, which
 a harness may change once ``send_*`` returned.
 
-No gRPC here: rows become ``UpMessage`` bytes through :mod:`walchannel.wire`
+No gRPC here: rows become ``UpMessage`` bytes through :mod:`walchannel.wire.protobuf`
 (protobuf only); the stream driver (:mod:`walchannel.channel.stream`) writes
 them.
 """
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from walchannel import wire
 from walchannel.errors import PayloadError, WalCorruptError
-from walchannel.log_format import encode_body
+from walchannel.log.format import encode_body
+from walchannel.wire import protobuf as wire
 
 if TYPE_CHECKING:
-    from walchannel.log import RunLog
+    from walchannel.log.writer import RunLog
 
 __all__ = [
     "READAHEAD_ROWS",
@@ -228,7 +228,7 @@ class RowSource:
     def in_flight_sizes(self, after: int, top: int) -> Iterator[tuple[int, int]]:
         """``(seq, encoded size)`` of the rows in ``(after, top]``, in seq order, lazily.
 
-        For :func:`~walchannel.refusals.pick_refused_row`: ``after`` is the
+        For :func:`~walchannel.core.engine_refusals.pick_refused_row`: ``after`` is the
         received ack, ``top`` the highest seq whose write started on the
         refusing stream.
         """

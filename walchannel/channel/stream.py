@@ -3,13 +3,13 @@
 SPEC "The log is the queue", "Dial", "Reconnect". A :class:`Stream` is made
 by the channel's connection loop for each dial. Once the engine answered the
 handshake, the channel starts :meth:`Stream.start`: the writer writes rows in
-seq order (the driver says which seq, the :class:`~walchannel.row_source.RowSource`
+seq order (the driver says which seq, the :class:`~walchannel.channel.row_source.RowSource`
 gives its bytes) and heartbeats; the reader hands every down message to the
 channel (the first ack answers the handshake); the watchdog ends a dead or
 stalled stream (the driver's verdict). Whatever ends the stream,
 :meth:`Stream.finish` records why once and the connection loop takes it from
 there. The stream never imports grpc: the call is a
-:class:`~walchannel.transport.StreamCall`.
+:class:`~walchannel.transport.base.StreamCall`.
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from walchannel import _killpoints
+from walchannel._logging import get_logger
 from walchannel.channel.repeats import OncePerKind
+from walchannel.channel.row_source import RowMissingError
+from walchannel.core.watchdog import Verdict
 from walchannel.errors import ChannelClosedError, WalchannelError, WalCorruptError
-from walchannel.formatting import get_logger
-from walchannel.row_source import RowMissingError
-from walchannel.transport import StreamEnded
-from walchannel.watchdog import Verdict
-from walchannel.wire import DownDecodeError, decode_down
+from walchannel.transport.base import StreamEnded
+from walchannel.wire.protobuf import DownDecodeError, decode_down
 
 if TYPE_CHECKING:
     from walchannel._proto import engine_channel_pb2 as pb
     from walchannel.channel.replica import ReplicaGate
+    from walchannel.channel.row_source import RowSource
     from walchannel.clock import Clock
-    from walchannel.driver import Driver
-    from walchannel.row_source import RowSource
-    from walchannel.transport import StreamCall
+    from walchannel.core.driver import Driver
+    from walchannel.transport.base import StreamCall
 
 __all__ = ["TEARDOWN_TIMEOUT_S", "Stream"]
 
@@ -360,7 +360,7 @@ class Stream:
         ``min_send_rate_bytes_per_s``: a slow link is not a dead one. A
         watchdog that wakes more than twice the keepalive late (the process
         did not run: ``SIGSTOP``) says so and starts the stream's clocks
-        again. The rules are :meth:`~walchannel.driver.Driver.stream_verdict`'s.
+        again. The rules are :meth:`~walchannel.core.driver.Driver.stream_verdict`'s.
         """
         driver = self._driver
         now_ms = self._clock.monotonic_ms

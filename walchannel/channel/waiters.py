@@ -8,8 +8,8 @@ after any change of the driver's state (a final state wakes and answers
 every waiter at once, however the run ended), :meth:`Waiters.ack_moved`
 after a received ack. Which seq a waiter's target now is (a verification
 shift moves rows handed out before it) is the driver's one query
-(:meth:`~walchannel.driver.Driver.is_acked`,
-:meth:`~walchannel.driver.Driver.translate`); no waiter renumbers itself.
+(:meth:`~walchannel.core.driver.Driver.is_acked`,
+:meth:`~walchannel.core.driver.Driver.translate`); no waiter renumbers itself.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from walchannel.driver import ChannelState
-from walchannel.formatting import get_logger
-from walchannel.interface import ApprovalDecision
+from walchannel._logging import get_logger
+from walchannel.channel.interface import ApprovalDecision
+from walchannel.core.driver import ChannelState
 
 if TYPE_CHECKING:
     from walchannel.clock import Clock
-    from walchannel.driver import Driver
+    from walchannel.core.driver import Driver
     from walchannel.errors import WalchannelError
 
 __all__ = ["Waiters"]

@@ -1,7 +1,7 @@
 """``walchannel flush``: deliver an orphaned run's unacked rows to an engine.
 
-The command's implementation; :mod:`walchannel.cli` wires its arguments
-and calls :func:`flush_command`. SPEC "Operating tools"; docs/operations.md
+Its options (:func:`add_flush`, which :mod:`walchannel.cli` assembles) and
+its code (:func:`flush_command`). SPEC "Operating tools"; docs/operations.md
 says when to use it.
 
 flush reads the run token (from an environment variable or standard input,
@@ -9,7 +9,7 @@ never an argument, never printed), checks that the log can be flushed
 (:func:`_check_flushable`: a stored handshake, the token's sha256, ``PRAGMA
 quick_check``), takes the log's owner lock (so a live harness's log is
 refused), and delivers the unacked rows through a
-:class:`~walchannel.channel.GrpcEngineChannel` speaking with the stored
+:class:`~walchannel.GrpcEngineChannel` speaking with the stored
 handshake. It is the only command that loads grpc and httpx, imported
 inside :func:`_flush`, so importing this module loads neither.
 
@@ -49,28 +49,34 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from walchannel import files
-from walchannel.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
-from walchannel.cli_logs import err
+from walchannel._logging import get_logger
+from walchannel.cli.common import (
+    RAW,
+    positive_float,
+    positive_int,
+)
+from walchannel.cli.inspection import FLUSH_TOKEN_ENV
+from walchannel.cli.logs import err
+from walchannel.config import DEFAULT_MAX_MESSAGE_BYTES
+from walchannel.core.engine_refusals import fenced_error
 from walchannel.errors import (
     InsecureDiscoveryWarning,
     WalCorruptError,
     WalLockedError,
     WriterFencedError,
 )
-from walchannel.formatting import get_logger
-from walchannel.inspection import FLUSH_TOKEN_ENV
-from walchannel.log_format import MetaDamagedError
-from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
-from walchannel.log_state import refused_at_open
-from walchannel.refusals import fenced_error
+from walchannel.log import files
+from walchannel.log.format import MetaDamagedError
+from walchannel.log.reader import LogReader, LogUnreadableError, run_id_from_name
+from walchannel.log.state import refused_at_open
+from walchannel.wire.address import AllowedHost, host_allowed, parse_allowed_hosts, parse_host_port
 
 if TYPE_CHECKING:
     import httpx
 
-    from walchannel.channel import GrpcEngineChannel
-    from walchannel.log import RunLog
-    from walchannel.log_format import RunMeta
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
+    from walchannel.log.format import RunMeta
+    from walchannel.log.writer import RunLog
 
 __all__ = ["DEFAULT_FLUSH_TIMEOUT_S", "flush_command"]
 
@@ -242,8 +248,8 @@ async def _discover_until(
 
     ``via`` (`` via proxy host:port`` or empty) goes into the error lines.
     """
-    from walchannel.discovery import discover
     from walchannel.errors import DiscoveryError
+    from walchannel.transport.discovery import discover
 
     loop = asyncio.get_running_loop()
     delay = 0.5
@@ -265,7 +271,7 @@ async def _discover_until(
 
 
 async def _wait_delivered(channel: GrpcEngineChannel, deadline: float) -> bool:
-    from walchannel.driver import ChannelState
+    from walchannel.core.driver import ChannelState
 
     loop = asyncio.get_running_loop()
     while True:
@@ -310,10 +316,10 @@ async def _flush(
     import grpc
     import httpx
 
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.seams import open_channel
     from walchannel.config import GrpcChannelConfig
-    from walchannel.discovery import discovery_client
-    from walchannel.driver import ChannelState
+    from walchannel.core.driver import ChannelState
+    from walchannel.core.engine_refusals import receive_limit_in
     from walchannel.errors import (
         EngineBehindError,
         EngineUnavailableError,
@@ -321,8 +327,8 @@ async def _flush(
         WalLocationError,
         WalWriteError,
     )
-    from walchannel.log import RunLog
-    from walchannel.refusals import receive_limit_in
+    from walchannel.log.writer import RunLog
+    from walchannel.transport.discovery import discovery_client
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.timeout
@@ -401,7 +407,7 @@ async def _flush(
                         )
                 except ValueError as exc:
                     raise _Refused(str(exc)) from None
-                channel = GrpcEngineChannel(
+                channel = open_channel(
                     config, log=wal, token_hash_when="accepted" if replacing else "open"
                 )
                 handed_over = True
@@ -478,3 +484,96 @@ async def _flush(
     done = "; Done delivered: the log is now a tombstone" if wal.completed else ""
     print(f"flushed run {run_id}: {count} row(s) delivered, acked up to seq {acked}{done}")
     return 0
+
+
+# -- flush -----------------------------------------------------------------------------
+
+_FLUSH_EXAMPLES = """\
+examples:
+  RUN_TOKEN=... walchannel flush ~/.local/state/walchannel/run-42.wal.sqlite3 \\
+      --grpc-addr engine.internal:50051 --token-env RUN_TOKEN --ca-file ca.pem
+  vault read -field=token secret/runs/run-42 | \\
+      walchannel flush run-42.wal.sqlite3 --http-addr https://engines.internal
+  WALCHANNEL_RUN_TOKEN=... walchannel flush run-42.wal.sqlite3 \\
+      --grpc-addr engine.internal:50051 --replace-token   # started with a wrong token
+
+The token comes from --token-env VAR, else $WALCHANNEL_RUN_TOKEN when it is
+set, else standard input (never an argument), and must match the sha256
+stored in the log, unless --replace-token is given (a log started with a
+wrong token: the new sha256 is stored once the engine accepts the
+handshake; refused, the old one stays). --allowed-host holds --grpc-addr and every discovery
+answer: an engine outside is never dialled. flush takes the log's owner
+lock for its whole run, re-sends the stored handshake and every unacked
+row. 'walchannel inspect' prints the command for an orphaned run, with the
+address the log recorded. Exit 0 when all is acked, 1 when not within
+--timeout (or the engine says the run is completed or is behind), 2 when
+refused (owner alive, wrong token, no stored handshake, corrupt log, an
+engine address outside --allowed-host) or on bad usage.
+"""
+
+
+def add_flush(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``walchannel flush`` to ``sub``: its options, examples and exit codes."""
+    p = sub.add_parser(
+        "flush",
+        help="deliver an orphaned run's unacked rows to an engine",
+        description=(
+            "Deliver the unacked rows of an orphaned run's log to an engine, speaking\n"
+            "for the harness with its stored handshake. Never deletes a log."
+        ),
+        epilog=_FLUSH_EXAMPLES,
+        formatter_class=RAW,
+    )
+    p.add_argument("log", metavar="LOG", help="the log file, <run_id>.wal.sqlite3")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--grpc-addr", metavar="A", help="the engine's gRPC address, host:port")
+    where.add_argument(
+        "--http-addr",
+        metavar="H",
+        help="the engine's base URL; the gRPC address comes from GET H/grpc-address",
+    )
+    p.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="read the run token from this environment variable (default: "
+        "$WALCHANNEL_RUN_TOKEN when it is set, else standard input)",
+    )
+    p.add_argument(
+        "--replace-token",
+        action="store_true",
+        help="the log was started with a wrong token: flush with this one instead "
+        "(a WARNING; its sha256 replaces the stored one once the engine accepts it)",
+    )
+    p.add_argument(
+        "--ca-file",
+        metavar="F",
+        help="PEM root certificates to check the engine's TLS certificate (default: plaintext)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name or IP network flush may dial, as --grpc-addr or a discovery "
+        "answer (repeat for more; default: any)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="the name to check the engine's certificate against when dialing an IP",
+    )
+    p.add_argument(
+        "--max-receive-message-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        metavar="N",
+        help="the largest message the engine may send (bytes); raise it when flush says "
+        f"a down message exceeded it (default: {DEFAULT_MAX_MESSAGE_BYTES})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_FLUSH_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up when not all is acked by then (default: {DEFAULT_FLUSH_TIMEOUT_S:g})",
+    )
+    p.set_defaults(handler=flush_command)

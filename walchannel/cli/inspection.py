@@ -1,8 +1,8 @@
 """What ``walchannel inspect`` says about run logs: their states, as :class:`RunReport`.
 
 :func:`inspect_log` looks at one log without disturbing it, through
-:class:`~walchannel.log_reader.LogReader` (read-only: no write, no file
-created, the owner lock never taken; see :mod:`walchannel.log_reader`), and
+:class:`~walchannel.log.reader.LogReader` (read-only: no write, no file
+created, the owner lock never taken; see :mod:`walchannel.log.reader`), and
 picks the first state that applies (SPEC "Operating tools"):
 :data:`STATES`, most urgent first. :func:`list_logs` finds the logs a PATH
 names.
@@ -23,21 +23,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from walchannel import files
-from walchannel.address import parse_host_port
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
+from walchannel.core.engine_refusals import receive_limit_in
 from walchannel.errors import WalCorruptError
 from walchannel.formatting import escape_text, format_age
-from walchannel.lock import LockOwner, probe_owner
-from walchannel.log_format import MetaDamagedError, Row, engine_resume
-from walchannel.log_reader import (
+from walchannel.log import files
+from walchannel.log.format import MetaDamagedError, Row, engine_resume
+from walchannel.log.lock import LockOwner, probe_owner
+from walchannel.log.reader import (
     LogReader,
     LogUnreadableError,
     QuarantinedRow,
     Snapshot,
     run_id_from_name,
 )
-from walchannel.log_state import (
+from walchannel.log.state import (
     FAILED_CORRUPT,
     FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
@@ -46,7 +46,7 @@ from walchannel.log_state import (
     completed_by_another,
     next_seq_after,
 )
-from walchannel.refusals import receive_limit_in
+from walchannel.wire.address import parse_host_port
 
 __all__ = [
     "ALERT_STATES",

@@ -1,14 +1,14 @@
 """``walchannel inspect``, ``export``, ``prune`` and ``takeover``: the log commands without network.
 
-Their implementations; :mod:`walchannel.cli` wires their arguments and
-calls :func:`inspect_command`, :func:`export_command`,
-:func:`prune_command` and :func:`takeover_command`. SPEC "Operating
+Their options (``add_inspect`` ... ``add_takeover``, which :mod:`walchannel.cli`
+assembles) and their code (:func:`inspect_command`, :func:`export_command`,
+:func:`prune_command`, :func:`takeover_command`). SPEC "Operating
 tools"; docs/operations.md says what to do about each state.
 
 - inspect: one row per run, most urgent first, its detail and next step
   wrapped under it to fit 120 columns (``--wide``: one line per run; or
   ``--json``); read-only, never takes the owner lock
-  (:mod:`walchannel.log_reader`), ``--watch`` refreshes (:mod:`walchannel.watch`).
+  (:mod:`walchannel.log.reader`), ``--watch`` refreshes (:mod:`walchannel.cli.watch`).
 - export: the unacked rows (or ``--quarantined``, the quarantine) as JSON
   lines; read-only. It salvages a damaged log: a damaged meta field blocks
   no row, a damaged row is written as its ``row_lost`` event; each is named
@@ -35,7 +35,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from walchannel import files
+from walchannel.cli.common import (
+    RAW,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+)
+from walchannel.cli.inspection import (
+    ALERT_STATES,
+    COLUMN_DAMAGED,
+    DEFAULT_STUCK_AFTER_S,
+    PathError,
+    RunReport,
+    inspect_log,
+    list_logs,
+)
 from walchannel.errors import (
     RunCompletedError,
     WalCorruptError,
@@ -50,22 +64,15 @@ from walchannel.formatting import (
     format_size,
     note_lines,
 )
-from walchannel.inspection import (
-    ALERT_STATES,
-    COLUMN_DAMAGED,
-    PathError,
-    RunReport,
-    inspect_log,
-    list_logs,
-)
-from walchannel.lock import OwnerLock, probe_owner
-from walchannel.log import RunLog
-from walchannel.log_format import ROW_LOST_TYPE, MetaDamagedError, Row
-from walchannel.log_reader import LogReader, LogUnreadableError, run_id_from_name
-from walchannel.log_state import completed_by_another
+from walchannel.log import files
+from walchannel.log.format import ROW_LOST_TYPE, MetaDamagedError, Row
+from walchannel.log.lock import OwnerLock, probe_owner
+from walchannel.log.reader import LogReader, LogUnreadableError, run_id_from_name
+from walchannel.log.state import completed_by_another
+from walchannel.log.writer import RunLog
 
 if TYPE_CHECKING:
-    from walchannel.log_format import RunMeta
+    from walchannel.log.format import RunMeta
 
 __all__ = [
     "err",
@@ -273,7 +280,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def _watch_inspect(args: argparse.Namespace, folder: Path) -> int:
-    from walchannel.watch import watch
+    from walchannel.cli.watch import watch
 
     def find() -> list[Path]:
         if not args.path and not os.path.lexists(folder):
@@ -658,7 +665,7 @@ def takeover_command(args: argparse.Namespace) -> int:
     """Run ``walchannel takeover`` with the parsed ``args``; return the exit code.
 
     Marks an existing log, under its owner lock, to take its run over from
-    whichever writer has it (:meth:`walchannel.log.RunLog.mark_takeover`: a
+    whichever writer has it (:meth:`walchannel.log.writer.RunLog.mark_takeover`: a
     new writer id, the mark, a fenced failure mark cleared). The harness
     restarted on the log (or ``walchannel flush``) asks the engine to take
     the run over at its handshakes until the first answered one. 0: marked;
@@ -707,3 +714,244 @@ def takeover_command(args: argparse.Namespace) -> int:
         "delivered come again, unless the harness resumes from its own record"
     )
     return 0
+
+
+# -- inspect -----------------------------------------------------------------------
+
+_INSPECT_EXAMPLES = """\
+examples:
+  walchannel inspect                        # every run in the default log folder
+  walchannel inspect /var/lib/scan/wal --stuck-after 300
+  walchannel inspect run-42.wal.sqlite3 --show 5 --verify
+  walchannel inspect --wide | less -S       # one line per run, however long
+  walchannel inspect --json | jq '.[] | select(.state == "orphaned") | .file'
+  walchannel inspect /var/lib/scan/wal --watch 5   # live view (PATH before --watch)
+
+states, most urgent first: corrupt, unreadable, failed, orphaned, stuck,
+done-pending, active, idle, completed. Exit 0 when all is well, 1 when a run
+is stuck, orphaned, failed, corrupt or unreadable (this user may not read it),
+2 on bad usage or an unreadable PATH. --watch exits 0 on Ctrl-C; with
+--watch-count N, as inspect would for the last refresh.
+
+a failed run's reason names its cause: "engine behind" (the engine lost
+acked rows: restore its store; export the rest), "Done refused" (raise the
+engine's limit, then flush), "run completed with rows unacked here" (the
+engine applied a Done and every seq before it: the rows may already be
+applied; do not re-send or re-import them), "the log file is damaged" (as corrupt: --verify,
+export, move it aside), "walchannel stopped the run: its own invariant broke"
+(a walchannel bug: report the text; rows are kept: restart the harness or
+flush). A stuck run's last error of "discovery (keeping ...)", "dialing ..."
+or "callback ..." is an error raised outside walchannel (the harness's own
+http client, a proxy variable, a callback): the run keeps dialing; fix the
+harness or its environment. Ages are measured by the boot clock, so a
+wall-clock step does not change them (docs/operations.md, clock steps).
+"""
+
+
+def add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``walchannel inspect`` to ``sub``: its options, examples and exit codes."""
+    p = sub.add_parser(
+        "inspect",
+        help="show the state of every run log (read-only)",
+        description=(
+            "Show one row per run log, most urgent first, with its detail and next step\n"
+            "on indented lines under it, wrapped to fit 120 columns (--wide: one line per\n"
+            "run). Read-only: it never takes a log's owner lock, never writes or creates\n"
+            "a file, and never blocks or starves a live run, whichever user runs it."
+        ),
+        epilog=_INSPECT_EXAMPLES,
+        formatter_class=RAW,
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        metavar="PATH",
+        help="a log folder (its *.wal.sqlite3 files, not recursive) or one log file "
+        "(default: $WALCHANNEL_DIR, else $XDG_STATE_HOME/walchannel, "
+        "else ~/.local/state/walchannel)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per run")
+    p.add_argument(
+        "--show",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="decode the first N unacked rows of each run (human output only; "
+        "use 'walchannel export' for JSON)",
+    )
+    p.add_argument(
+        "--stuck-after",
+        type=non_negative_float,
+        default=DEFAULT_STUCK_AFTER_S,
+        metavar="SECONDS",
+        help="an owned run whose oldest unacked row is older than this is stuck "
+        f"(default: {DEFAULT_STUCK_AFTER_S:g})",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run PRAGMA quick_check, which reads every page (slower on big logs)",
+    )
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="one line per run, DETAIL and NEXT STEP as its last columns, however long "
+        "(default: they go under each run's row, wrapped to fit 120 columns)",
+    )
+    p.add_argument(
+        "--watch",
+        type=positive_float,
+        nargs="?",
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C, with rows logged and acked "
+        "per second since the last refresh; redraws on a terminal, appends blocks otherwise",
+    )
+    p.add_argument(
+        "--watch-count",
+        type=non_negative_int,
+        metavar="N",
+        help="with --watch: stop after N refreshes",
+    )
+    p.set_defaults(handler=inspect_command)
+
+
+# -- export ------------------------------------------------------------------------
+
+_EXPORT_EXAMPLES = """\
+examples:
+  walchannel export ~/.local/state/walchannel/run-42.wal.sqlite3
+  walchannel export run-42.wal.sqlite3 -o run-42-unacked.jsonl
+  walchannel export run-42.wal.sqlite3 | jq -c 'select(.kind == "finding") | .body'
+
+  walchannel export run-42.wal.sqlite3 --quarantined -o run-42-quarantine.jsonl
+
+Each line is {"seq", "kind", "body", "appended_at"} (unix seconds). A damaged
+row comes out as the walchannel.row_lost event the channel would send in its
+place. With --quarantined, the quarantine instead: the original rows that
+went out as walchannel.row_lost events (damaged, or refused by the engine
+for their size), one {"seq", "kind", "body", "body_hex", "appended_at",
+"reason", "quarantined_at"} per line; body is null and body_hex holds the
+stored bytes when a row does not decode. A damaged meta field (the progress
+marker, the stored handshake, ...) blocks no row: every row is written and
+the field named on stderr; restart and flush refuse such a log. Exit 0; 1
+when it salvaged a damaged log (a meta field or rows, named on stderr); 2 if
+LOG cannot be read.
+"""
+
+
+def add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``walchannel export`` to ``sub``: its options, examples and exit codes."""
+    p = sub.add_parser(
+        "export",
+        help="print a log's unacked rows as JSON lines (read-only)",
+        description="Print the unacked rows of one run log as JSON lines. Read-only.",
+        epilog=_EXPORT_EXAMPLES,
+        formatter_class=RAW,
+    )
+    p.add_argument("log", metavar="LOG", help="the log file, <run_id>.wal.sqlite3")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write to FILE (created with mode 0600: rows hold findings) instead of stdout",
+    )
+    p.add_argument(
+        "--quarantined",
+        action="store_true",
+        help="export the quarantine (rows sent as walchannel.row_lost) instead of the unacked rows",
+    )
+    p.set_defaults(handler=export_command)
+
+
+# -- prune ---------------------------------------------------------------------------
+
+_PRUNE_EXAMPLES = """\
+examples:
+  walchannel prune --older-than 7           # tombstones completed over a week ago
+  walchannel prune /var/lib/scan/wal --older-than 0.5
+  walchannel prune --older-than 7 --dry-run # only list what would be removed
+  walchannel prune --older-than 7 --include-quarantined   # after exporting them
+
+Only tombstones (completed runs) are removed, with their -wal, -shm and
+.lock sidecars; a log whose owner lock is held, or that is not a
+tombstone, is never touched. A tombstone whose quarantine holds rows (sent
+as walchannel.row_lost: the engine never got them) is kept unless
+--include-quarantined is given; save them first with 'walchannel export
+--quarantined LOG'. --dry-run reads like inspect and removes nothing, and
+makes the same checks. Exit 0, 1 if a tombstone could not be removed (its
+lock held by a live process, permission denied, unreadable: each named on
+stderr), 2 on bad usage or an unreadable PATH.
+"""
+
+
+def add_prune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``walchannel prune`` to ``sub``: its options, examples and exit codes."""
+    p = sub.add_parser(
+        "prune",
+        help="remove tombstones of completed runs",
+        description="Remove the tombstones of runs completed more than DAYS days ago.",
+        epilog=_PRUNE_EXAMPLES,
+        formatter_class=RAW,
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        metavar="PATH",
+        help="a log folder (not recursive) or one log file (default: the default log folder)",
+    )
+    p.add_argument(
+        "--older-than",
+        type=non_negative_float,
+        required=True,
+        metavar="DAYS",
+        help="remove tombstones whose run completed more than DAYS days ago (0: all)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the tombstones that would be removed; remove nothing, take no lock",
+    )
+    p.add_argument(
+        "--include-quarantined",
+        action="store_true",
+        help="also remove tombstones whose quarantine holds rows (export them first)",
+    )
+    p.set_defaults(handler=prune_command)
+
+
+# -- takeover ------------------------------------------------------------------------
+
+_TAKEOVER_EXAMPLES = """\
+examples:
+  walchannel takeover /var/lib/scan/wal/run-42.wal.sqlite3   # then restart the harness
+
+One writer per run: the engine refuses a second harness on a run ("owned by
+another writer"), and a log that never had an answered handshake refuses to
+join an engine that already holds rows of its run (a WALCHANNEL_DIR typo, a
+relative wal_dir, a volume gone). Both end with WriterFencedError, every row
+kept. When this log should write the run after all, mark it: it gets a new
+writer id, and the harness restarted on it (or 'walchannel flush') asks the
+engine to take the run over until its first answered handshake (one shot;
+no config option). The engine then ends the other writer's stream and
+refuses it from then on. What the other writer delivered comes again unless
+the harness resumes from its own record. Any holder of the run's token can
+take a run over (docs/security.md). Exit 0 marked; 2 refused (no such log,
+a live owner, a tombstone, a damaged log) or bad usage.
+"""
+
+
+def add_takeover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``walchannel takeover`` to ``sub``: its options, examples and exit codes."""
+    p = sub.add_parser(
+        "takeover",
+        help="mark a log to take its run over from another writer (one shot)",
+        description=(
+            "Mark one run log so that its next handshakes ask the engine to make it the\n"
+            "run's writer, until the first answered one."
+        ),
+        epilog=_TAKEOVER_EXAMPLES,
+        formatter_class=RAW,
+    )
+    p.add_argument("log", metavar="LOG", help="the log file, <run_id>.wal.sqlite3")
+    p.set_defaults(handler=takeover_command)

@@ -1,6 +1,6 @@
 """``walchannel inspect --watch``: a live view of a log folder for an operator at a terminal.
 
-Every refresh reads each log with :func:`walchannel.inspection.inspect_log`
+Every refresh reads each log with :func:`walchannel.cli.inspection.inspect_log`
 (read-only: no owner lock, no writes, short read transactions) and shows
 one row per run, most urgent first (its detail wrapped under it to fit 120
 columns, as ``inspect``'s; ``--wide``: a last column), with two rates since the previous
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from walchannel.cli.inspection import ALERT_STATES, PathError, RunReport, inspect_log
 from walchannel.formatting import align_table, escape_text, format_age, format_size, note_lines
-from walchannel.inspection import ALERT_STATES, PathError, RunReport, inspect_log
 
 __all__ = ["CLEAR_SCREEN", "Rates", "render", "watch"]
 
@@ -155,7 +155,7 @@ def watch(
 
     Args:
         find_logs: lists the log files (called at every refresh, so new
-            runs appear); a :class:`~walchannel.inspection.PathError` is shown
+            runs appear); a :class:`~walchannel.cli.inspection.PathError` is shown
             in the refresh and the watch goes on.
         where: the folder or file watched (for the header).
         interval_s: seconds from one refresh's start to the next's.

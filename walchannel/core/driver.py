@@ -16,7 +16,7 @@ checkpoint policy, ``send_done`` and the failure that ended the run, a
 decisions (and their repeats), and the counters of ``stats()``. The log's
 own facts — the next seq, the stored ack, ``unverified_from``, the unacked
 ``Done`` and completion — have one owner, the log's
-:class:`~walchannel.log_state.LogState`; the driver reads them through
+:class:`~walchannel.log.state.LogState`; the driver reads them through
 :class:`StateSource` and never keeps a copy.
 
 :class:`walchannel.channel.GrpcEngineChannel` carries out what the driver
@@ -32,8 +32,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
-from walchannel.checkpoints import CheckpointPolicy
-from walchannel.end_status import (
+from walchannel.core.checkpoints import CheckpointPolicy
+from walchannel.core.end_status import (
     DownTooLarge,
     Meaning,
     SizeRefusal,
@@ -43,6 +43,8 @@ from walchannel.end_status import (
     read_end,
     run_completed_by,
 )
+from walchannel.core.engine_refusals import fenced_error
+from walchannel.core.watchdog import Verdict, loop_stalled, stream_verdict, watchdog_period_ms
 from walchannel.errors import (
     ChannelClosedError,
     EngineBehindError,
@@ -51,7 +53,7 @@ from walchannel.errors import (
     WalchannelError,
     WriterFencedError,
 )
-from walchannel.log_state import (
+from walchannel.log.state import (
     COMPLETED_BY_ANOTHER,
     FAILED_ENGINE_BEHIND,
     FAILED_UNDELIVERABLE,
@@ -61,8 +63,6 @@ from walchannel.log_state import (
     impossible_answer,
     refused_at_open,
 )
-from walchannel.refusals import fenced_error
-from walchannel.watchdog import Verdict, loop_stalled, stream_verdict, watchdog_period_ms
 
 if TYPE_CHECKING:
     import random
@@ -209,7 +209,7 @@ class StateSource(Protocol):
 
     @property
     def state(self) -> LogState:
-        """The log's current :class:`~walchannel.log_state.LogState`."""
+        """The log's current :class:`~walchannel.log.state.LogState`."""
         ...
 
 
@@ -694,7 +694,7 @@ class Driver:
           and the stream ends: ``h`` above anything this log wrote
           (:attr:`written_bound`), or past SQLite's range, or a shift that
           would carry a row past it
-          (:func:`~walchannel.log_state.impossible_answer`).
+          (:func:`~walchannel.log.state.impossible_answer`).
 
         Args:
             engine_high: ``h``; None without ``engine_acks_handshake`` (no
@@ -776,7 +776,7 @@ class Driver:
 
         The message says where the rows are and what to do (review them,
         or take the run over); :attr:`fenced_failure` is set to the
-        ``failed_reason`` to store (:func:`~walchannel.log_state.fenced_reason`).
+        ``failed_reason`` to store (:func:`~walchannel.log.state.fenced_reason`).
 
         Args:
             why: the cause (the engine's words, or the log's own evidence).
@@ -1041,7 +1041,8 @@ class Driver:
         cuts that way; UNAUTHENTICATED too: a replacement engine may not know
         the run yet) except FAILED_PRECONDITION "run completed"; a size
         refusal is handled apart; a down message over the channel's own
-        receive limit (:func:`~walchannel.end_status.parse_receive_limit`) is named apart, and stays
+        receive limit (:func:`~walchannel.core.end_status.parse_receive_limit`) is named
+        apart, and stays
         the named cause of later ends whose status gRPC lost to a write
         (grpc/grpc#36066) until a stream proves healthy; a GOAWAY
         ``too_many_pings`` doubles :attr:`keepalive_ms` (capped at
@@ -1141,7 +1142,7 @@ class Driver:
 
         ``FENCED``: :class:`~walchannel.errors.WriterFencedError` naming what
         the engine said; ``UNDELIVERABLE``: ``RunCompletedError`` with
-        :data:`~walchannel.log_state.FAILED_UNDELIVERABLE`; ``NOTHING``:
+        :data:`~walchannel.log.state.FAILED_UNDELIVERABLE`; ``NOTHING``:
         ``RunCompletedError``, no mark. SPEC "Reconnect".
         """
         if completion is Completion.FENCED:
@@ -1192,7 +1193,7 @@ class Driver:
         return watchdog_period_ms(self._dead_stream_ms, self._keepalive_ms)
 
     def loop_stalled(self, late_ms: float) -> bool:
-        """:func:`~walchannel.watchdog.loop_stalled` with this channel's keepalive."""
+        """:func:`~walchannel.core.watchdog.loop_stalled` with this channel's keepalive."""
         return loop_stalled(late_ms, self._keepalive_ms)
 
     def stream_verdict(

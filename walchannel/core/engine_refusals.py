@@ -7,7 +7,7 @@ the one text of a log that may not write its run, for the channel and
 :func:`refusal_sets_aside`, :func:`unproven_refusal`); a down message
 over the channel's own limit (:func:`down_too_large_text` and its reader
 :func:`receive_limit_in`, for the tools). What a status *says* is read in
-:mod:`walchannel.end_status`; this decides and words. SPEC "Engine
+:mod:`walchannel.core.end_status`; this decides and words. SPEC "Engine
 duties", "Down messages"; docs/design.md.
 """
 
@@ -18,9 +18,9 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from walchannel.end_status import DownTooLarge, SizeRefusal
+from walchannel.core.end_status import DownTooLarge, SizeRefusal
 from walchannel.errors import WriterFencedError
-from walchannel.log_state import Writer
+from walchannel.log.state import Writer
 
 __all__ = [
     "RefusalVerdict",

@@ -18,8 +18,8 @@ the header checks (:func:`check_header`) and ``PRAGMA quick_check``
 (:func:`quick_check`).
 
 It never writes a file and never takes a lock: the writer is
-:class:`walchannel.log.RunLog`, the readers are in
-:mod:`walchannel.inspection` and :mod:`walchannel.replication`, and all of
+:class:`walchannel.log.writer.RunLog`, the readers are in
+:mod:`walchannel.cli.inspection` and :mod:`walchannel.log.replication`, and all of
 them read the format through the functions here, never re-implemented. It
 imports neither grpc nor httpx.
 """
@@ -41,7 +41,7 @@ from typing import Any, Final
 import msgpack
 
 from walchannel.errors import PayloadError, WalCorruptError
-from walchannel.log_state import KINDS as _KINDS
+from walchannel.log.state import KINDS as _KINDS
 
 __all__ = [
     "APPLICATION_ID",
@@ -85,7 +85,7 @@ SCHEMA_VERSION: Final = 1
 ROW_LOST_TYPE: Final = "walchannel.row_lost"
 
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
-#: (decided in :mod:`walchannel.log_state`, re-exported here).
+#: (decided in :mod:`walchannel.log.state`, re-exported here).
 KINDS: Final = _KINDS
 
 #: The CREATE statements of a new log, in order.

@@ -33,17 +33,17 @@ root"):
   checkpoints nor deletes the writer's ``-wal``.
 - ``PRAGMA query_only`` on every connection.
 - The owner lock is never taken: liveness comes from
-  :func:`walchannel.lock.probe_owner` (``F_OFD_GETLK`` on ``<log>.lock``).
+  :func:`walchannel.log.lock.probe_owner` (``F_OFD_GETLK`` on ``<log>.lock``).
 - Every read transaction is a handful of indexed lookups, or one bounded
   batch of rows, so the owner's checkpoints are never starved: in WAL mode a
   checkpoint cannot copy past a reader's snapshot nor restart the ``-wal``
   while a reader holds one, and a ``TRUNCATE`` checkpoint waits on readers
   (https://sqlite.org/wal.html#concurrency).
-- The format is read through :mod:`walchannel.log_format`
-  (:func:`~walchannel.log_format.check_header`,
-  :func:`~walchannel.log_format.read_meta`,
-  :func:`~walchannel.log_format.decode_row`,
-  :func:`~walchannel.log_format.quick_check`), never re-implemented. A
+- The format is read through :mod:`walchannel.log.format`
+  (:func:`~walchannel.log.format.check_header`,
+  :func:`~walchannel.log.format.read_meta`,
+  :func:`~walchannel.log.format.decode_row`,
+  :func:`~walchannel.log.format.quick_check`), never re-implemented. A
   damaged row is shown as damaged (it is not quarantined: that is a write,
   and the owner's job); a damaged meta field is named, and
   ``snapshot(salvage=True)`` still reads the rows beside it.
@@ -52,7 +52,7 @@ root"):
   :class:`~walchannel.errors.WalCorruptError`: ``inspect`` calls it
   ``unreadable``, not ``corrupt``.
 
-What a reading says about the run (its state) is :mod:`walchannel.inspection`'s.
+What a reading says about the run (its state) is :mod:`walchannel.cli.inspection`'s.
 This module imports neither grpc nor httpx.
 """
 
@@ -73,9 +73,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
 
-from walchannel import files
 from walchannel.errors import WalCorruptError
-from walchannel.log_format import (
+from walchannel.log import files
+from walchannel.log.format import (
     ROWS_AFTER,
     MetaReading,
     Row,
@@ -145,7 +145,7 @@ class Snapshot:
     """One consistent read of the meta row and the ends of the backlog.
 
     ``reading`` is the meta row field by field; :attr:`meta` is it as a
-    :class:`~walchannel.log_format.RunMeta`. Only ``snapshot(salvage=True)``
+    :class:`~walchannel.log.format.RunMeta`. Only ``snapshot(salvage=True)``
     returns a snapshot with damaged fields; ``top_seq`` and the oldest row
     are then read above the stored ack cursor if it reads, else above 0.
     """
@@ -169,7 +169,7 @@ class Snapshot:
         """The meta row.
 
         Raises:
-            walchannel.log_format.MetaDamagedError: a field is damaged (only
+            walchannel.log.format.MetaDamagedError: a field is damaged (only
                 from ``snapshot(salvage=True)``).
         """
         return self.reading.meta()
@@ -207,7 +207,7 @@ class LogReader:
 
     Raises:
         WalCorruptError: the file is a symlink or not a regular file, or
-            fails :func:`walchannel.log_format.check_header`.
+            fails :func:`walchannel.log.format.check_header`.
         LogUnreadableError: this process cannot read the file, its ``-wal``
             or its ``-shm`` (the reason names which, and the file's owner).
     """
@@ -445,7 +445,7 @@ class LogReader:
         """Return the meta row.
 
         Raises:
-            walchannel.log_format.MetaDamagedError: a field is damaged (a
+            walchannel.log.format.MetaDamagedError: a field is damaged (a
                 ``WalCorruptError``; its ``reading`` holds the fields that read).
             WalCorruptError: it cannot be read.
             LogUnreadableError: the log cannot be read here (permissions, locks).
@@ -461,7 +461,7 @@ class LogReader:
                 raise.
 
         Raises:
-            walchannel.log_format.MetaDamagedError: a meta field is damaged
+            walchannel.log.format.MetaDamagedError: a meta field is damaged
                 (without ``salvage``).
             WalCorruptError: it cannot be read.
             LogUnreadableError: the log cannot be read here (permissions, locks).

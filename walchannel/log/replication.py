@@ -51,12 +51,12 @@ from pathlib import Path
 from typing import IO, Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from walchannel import files
 from walchannel.errors import LogError, WalCorruptError
 from walchannel.formatting import escape_text
-from walchannel.lock import OwnerLock
-from walchannel.log_format import RunMeta, check_header, new_file_id, quick_check, read_meta
-from walchannel.log_state import next_seq_at_open
+from walchannel.log import files
+from walchannel.log.format import RunMeta, check_header, new_file_id, quick_check, read_meta
+from walchannel.log.lock import OwnerLock
+from walchannel.log.state import next_seq_at_open
 
 __all__ = [
     "LITESTREAM_ENV",

@@ -3,11 +3,11 @@
 :class:`LogState` is the one owner of the facts a run log decides (SPEC
 "The log", "Dial"): the next seq, the stored ack cursor, ``unverified_from``,
 the seq of the unacked ``Done`` and whether the run is completed. Every
-transaction of :class:`walchannel.log.RunLog` asks it first; it returns the
+transaction of :class:`walchannel.log.writer.RunLog` asks it first; it returns the
 new state and, for an ack or a verification, an :class:`AckPlan` saying what
 to do to the rows ("shift seqs ``>= S`` by ``k``", "delete seqs ``<= X``",
 "set ``completed_at``"). ``RunLog`` only carries that out in SQL, and the
-channel's :class:`walchannel.driver.Driver` reads these facts from the
+channel's :class:`walchannel.core.driver.Driver` reads these facts from the
 log's state instead of tracking copies of them. No I/O, no clock, no
 SQLite: the rules are tested exhaustively on plain values, and
 ``tools/sim.py`` runs them inside the real ``RunLog``.
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
-#: (SPEC "Control vs data"). ``walchannel.log_format.KINDS`` is this set.
+#: (SPEC "Control vs data"). ``walchannel.log.format.KINDS`` is this set.
 KINDS = frozenset({"event", "finding", "approval_request", "done", "progress"})
 
 #: The largest seq: SQLite's largest INTEGER. No row's seq, and no high-water,

@@ -1,14 +1,14 @@
 """RunLog: the writer of a run's write-ahead log, SQLite in WAL mode with msgpack rows.
 
 One database per run at ``<wal_dir>/<run_id>.wal.sqlite3`` (SPEC "The log");
-its tables, header and row encoding are :mod:`walchannel.log_format`, which
+its tables, header and row encoding are :mod:`walchannel.log.format`, which
 the read-only tools share. :class:`RunLog` is the one writer, one class read
 top to bottom: opening (the owner lock, creation under a temporary name,
 the pragmas, the claim at open), its state, the one commit path, the
 transactions (append, ack, verify, complete, meta), the quarantine of
 damaged rows and of rows set aside, the reads, the checkpoints that keep
 the file small, closing. Every decision about seqs, acks and completion is
-:class:`~walchannel.log_state.LogState`'s; ``RunLog`` carries it out in SQL.
+:class:`~walchannel.log.state.LogState`'s; ``RunLog`` carries it out in SQL.
 A row is committed before a seq is handed out; an ack deletes every row
 ``<= seq`` and stores the cursor in one transaction; the ack that deletes
 the ``done`` row turns the log into a tombstone. The log knows nothing of
@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Final, Literal, ParamSpec, Protocol, Self, TypeVar
 
-from walchannel import files
+from walchannel._logging import get_logger
+from walchannel._reentry import FREE, Guard
 from walchannel.clock import SYSTEM_CLOCK, Clock, age_s
 from walchannel.errors import (
     ChannelClosedError,
@@ -51,9 +52,8 @@ from walchannel.errors import (
     WalRemovedError,
     WalWriteError,
 )
-from walchannel.formatting import get_logger
-from walchannel.lock import OwnerLock
-from walchannel.log_format import (
+from walchannel.log import files
+from walchannel.log.format import (
     APPLICATION_ID,
     OPTIONAL_META_TYPES,
     OPTIONAL_ROW_TYPES,
@@ -77,8 +77,8 @@ from walchannel.log_format import (
     row_lost_body,
     row_time,
 )
-from walchannel.log_state import FAILED_FENCED, AckPlan, LogState, Writer
-from walchannel.reentry import FREE, Guard
+from walchannel.log.lock import OwnerLock
+from walchannel.log.state import FAILED_FENCED, AckPlan, LogState, Writer
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -230,7 +230,7 @@ class RunLog:
 
         Args:
             wal_dir: the log folder (None: the default, see
-                :func:`walchannel.files.default_wal_dir`); created 0700.
+                :func:`walchannel.log.files.default_wal_dir`); created 0700.
             run_id: the run; must be a safe file name.
             correlation_id: stored; a different one on reopen is logged at
                 WARNING and stored.
@@ -250,7 +250,7 @@ class RunLog:
             WalWriteError: the folder or file cannot be created, opened or
                 written, the cause named from the OS (SPEC "The log"): its
                 path longer than SQLite opens
-                (:data:`walchannel.files.SQLITE_MAX_PATH_BYTES`, checked before
+                (:data:`walchannel.log.files.SQLITE_MAX_PATH_BYTES`, checked before
                 anything is written), no file descriptor left, a file where
                 a folder should be, permissions, a read-only file system.
         """
@@ -422,7 +422,7 @@ class RunLog:
     def initialize(conn: sqlite3.Connection, run_id: str, correlation_id: str) -> None:
         """Lay out a new log in an empty database: header, tables and meta, in one transaction.
 
-        SPEC "The log" (the schema of :mod:`walchannel.log_format`). The
+        SPEC "The log" (the schema of :mod:`walchannel.log.format`). The
         file's own settings (WAL mode, synchronous) are :meth:`open`'s.
 
         Raises:
@@ -1329,7 +1329,7 @@ class RunLog:
         ``h``; ``unverified_from`` is cleared; then ``Ack(h)`` is stored as
         any ack is. The caller checks first that ``h`` is not below the
         stored cursor (the engine-behind rule). SPEC "Dial"; the decision
-        is :meth:`LogState.verify <walchannel.log_state.LogState.verify>`.
+        is :meth:`LogState.verify <walchannel.log.state.LogState.verify>`.
 
         Args:
             engine_high: ``h``, the engine's answer.
@@ -1354,7 +1354,7 @@ class RunLog:
     def _carry_out(
         self, plan: AckPlan, label: str, what: str, engine_resume: str | None = None
     ) -> int:
-        """Carry out an :class:`~walchannel.log_state.AckPlan` in one transaction; rows deleted."""
+        """Carry out an :class:`~walchannel.log.state.AckPlan` in one transaction; rows deleted."""
         now = self._clock.wall_s()
         boot = self._clock.boot_s()
         count_gone = self._unacked_bytes is not None and plan.advanced
@@ -1430,7 +1430,7 @@ class RunLog:
         one transaction every row is deleted and ``completed_at`` set; the
         stored cursor does not move (after a rollback the engine's ``Done``
         may sit at another seq). The decision is
-        :meth:`LogState.complete_by_engine <walchannel.log_state.LogState.complete_by_engine>`.
+        :meth:`LogState.complete_by_engine <walchannel.log.state.LogState.complete_by_engine>`.
 
         Returns:
             How many rows were deleted.
@@ -1501,7 +1501,7 @@ class RunLog:
         take the run over until the first answered one, which clears the
         mark in its own transaction (one shot: a mark left set would make
         two writers fence each other in turn). A fenced failure mark
-        (``failed_reason`` :data:`~walchannel.log_state.FAILED_FENCED`) is
+        (``failed_reason`` :data:`~walchannel.log.state.FAILED_FENCED`) is
         cleared: the operator decided. SPEC "The log", "Operating tools".
 
         Returns:

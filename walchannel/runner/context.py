@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from walchannel import messages
-from walchannel.interface import ApprovalDecision
+from walchannel.channel.interface import ApprovalDecision
+from walchannel.wire import messages
 
 __all__ = ["Approve", "AsyncItemContext", "ItemContext"]
 

@@ -12,7 +12,7 @@ import logging
 import signal
 from typing import Final
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 
 __all__ = ["NOT_RETRIABLE", "ExitCode", "said"]
 

@@ -17,10 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from walchannel._logging import get_logger
 from walchannel.config import GrpcChannelConfig
 from walchannel.errors import ConfigurationError
-from walchannel.formatting import get_logger
-from walchannel.messages import parse_rfc3339
+from walchannel.wire.messages import parse_rfc3339
 
 __all__ = ["MANIFEST_ENV", "Manifest", "ManifestError"]
 

@@ -22,11 +22,12 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 
 import msgpack
 
-from walchannel import messages
-from walchannel.channel import GrpcEngineChannel
+from walchannel._logging import get_logger
+from walchannel.channel.grpc_channel import GrpcEngineChannel
+from walchannel.channel.interface import ApprovalDecision
 from walchannel.clock import Clock, SystemClock
 from walchannel.config import GrpcChannelConfig, redact_secret
-from walchannel.driver import ChannelState
+from walchannel.core.driver import ChannelState
 from walchannel.errors import (
     BacklogFullError,
     ConfigurationError,
@@ -46,13 +47,12 @@ from walchannel.errors import (
     WalWriteError,
     WriterFencedError,
 )
-from walchannel.formatting import get_logger
 from walchannel.grace import GracePeriod
-from walchannel.interface import ApprovalDecision
 from walchannel.runner.context import AsyncItemContext, ItemContext
 from walchannel.runner.exits import ExitCode, said
 from walchannel.runner.manifest import Manifest, ManifestError
-from walchannel.wire import ResumePoint, row_digest
+from walchannel.wire import messages
+from walchannel.wire.protobuf import ResumePoint, row_digest
 
 __all__ = [
     "Harness",
@@ -470,7 +470,7 @@ class _Run:
 
         A transaction the engine applied in part is its item's: that item is
         scanned again from the counts before it, and the rows the engine
-        applied (by :func:`~walchannel.wire.row_digest`) are left out.
+        applied (by :func:`~walchannel.wire.protobuf.row_digest`) are left out.
         """
         marker = point.marker
         if marker is not None and marker.get("runner") != MARKER_VERSION:

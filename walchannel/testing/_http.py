@@ -15,7 +15,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 
 __all__ = ["DISCOVERY_PATH", "DiscoveryServer"]
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 from walchannel.testing._http import DiscoveryServer
 from walchannel.testing.store import EngineStore
 

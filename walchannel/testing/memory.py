@@ -19,14 +19,19 @@ from typing import Any
 
 import msgpack
 
-from walchannel import messages
-from walchannel.driver import ChannelState
+from walchannel._logging import get_logger
+from walchannel.channel.interface import (
+    ApprovalDecision,
+    BudgetCallback,
+    ChannelStats,
+    StopCallback,
+)
+from walchannel.core.driver import ChannelState
 from walchannel.errors import ChannelClosedError
-from walchannel.formatting import get_logger
-from walchannel.interface import ApprovalDecision, BudgetCallback, ChannelStats, StopCallback
-from walchannel.log_format import encode_body
-from walchannel.payload import check_text
-from walchannel.wire import ResumePoint
+from walchannel.log.format import encode_body
+from walchannel.wire import messages
+from walchannel.wire.payload import check_text
+from walchannel.wire.protobuf import ResumePoint
 
 __all__ = ["InMemoryEngineChannel"]
 

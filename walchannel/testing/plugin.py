@@ -39,7 +39,7 @@ from walchannel.config import Backoff, GrpcChannelConfig
 from walchannel.testing.memory import InMemoryEngineChannel
 
 if TYPE_CHECKING:
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
     from walchannel.testing.engine import LocalEngine
 
 
@@ -124,7 +124,7 @@ async def engine_channel(
     local_engine: LocalEngine, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[GrpcEngineChannel]:
     """A GrpcEngineChannel for a fresh run registered with ``local_engine``; not handshaken."""
-    from walchannel.channel import GrpcEngineChannel
+    from walchannel.channel.grpc_channel import GrpcEngineChannel
 
     name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:80]
     run_id = f"{name}-{secrets.token_hex(3)}"

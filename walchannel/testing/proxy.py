@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 
 __all__ = ["FaultMode", "FaultProxy", "ProxyEvent", "ProxyStats", "main"]
 

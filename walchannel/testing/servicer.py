@@ -56,10 +56,10 @@ from typing import Any, Final, ParamSpec, TypeVar
 import grpc
 from grpc import aio
 
+from walchannel._logging import get_logger
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
 from walchannel.errors import OWNED_BY_ANOTHER_WRITER, WRITER_FENCED
-from walchannel.formatting import get_logger
 from walchannel.testing.store import (
     AcceptResult,
     Admission,
@@ -69,7 +69,7 @@ from walchannel.testing.store import (
     StoreClosedError,
     Writer,
 )
-from walchannel.wire import DATA_KINDS, body_of
+from walchannel.wire.protobuf import DATA_KINDS, body_of
 
 __all__ = [
     "FAULTS",

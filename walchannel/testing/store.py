@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from walchannel.formatting import get_logger
+from walchannel._logging import get_logger
 
 __all__ = [
     "AcceptResult",
@@ -574,7 +574,7 @@ class EngineStore:
             seq: the message's seq (>= 1).
             kind: the ``UpMessage`` oneof name (``event``, ``finding``,
                 ``approval_request``, ``done``).
-            body: the body mapping as :func:`walchannel.wire.body_of` returns it.
+            body: the body mapping as :func:`walchannel.wire.protobuf.body_of` returns it.
             writer: the stream's writer, checked against the run's owner
                 (None: not checked).
 
@@ -737,7 +737,7 @@ class EngineStore:
     def bodies(self, run_id: str) -> list[dict[str, Any]]:
         """Return the applied messages as ``{"seq", "kind", "body"}``, ascending by seq.
 
-        Body shapes are those of :func:`walchannel.wire.body_of` (SPEC
+        Body shapes are those of :func:`walchannel.wire.protobuf.body_of` (SPEC
         "Control vs data"); Struct numbers are floats.
         """
         with self._connection() as conn:

@@ -3,7 +3,7 @@
 :class:`~walchannel.channel.GrpcEngineChannel` never touches grpc or httpx
 itself: it asks a :class:`Transport` for a :class:`StreamCall` per dial and
 for the engine's address before a redial. Production fills the seam with
-grpc.aio and httpx (:class:`walchannel.channel.grpc_transport.GrpcTransport`);
+grpc.aio and httpx (:class:`walchannel.transport.grpc.GrpcTransport`);
 the simulator (``tools/sim.py``) fills it with its simulated network and
 engines, so it runs the very channel production runs. This module imports
 neither grpc nor httpx.
@@ -60,7 +60,7 @@ class StreamCall(Protocol):
     async def read(self) -> bytes:
         """Return the next ``DownMessage`` as the engine sent it, serialized.
 
-        The channel parses it (:func:`walchannel.wire.decode_down`): text
+        The channel parses it (:func:`walchannel.wire.protobuf.decode_down`): text
         that is not UTF-8 is repaired there, above this seam, so the
         simulator can send such bytes too.
 

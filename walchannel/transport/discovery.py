@@ -18,9 +18,9 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from walchannel.address import AllowedHost, Proxy, host_allowed, parse_host_port, proxy_for
+from walchannel._logging import get_logger
 from walchannel.errors import DiscoveryError
-from walchannel.formatting import get_logger
+from walchannel.wire.address import AllowedHost, Proxy, host_allowed, parse_host_port, proxy_for
 
 __all__ = ["MAX_ANSWER_BYTES", "discover", "discovery_client", "discovery_url"]
 
@@ -41,7 +41,7 @@ def discovery_client(
 ) -> tuple[httpx.AsyncClient, Proxy | None]:
     """Build the httpx client discovery uses, with the proxy policy of the stream.
 
-    The environment's proxy is resolved here (:func:`walchannel.address.proxy_for`)
+    The environment's proxy is resolved here (:func:`walchannel.wire.address.proxy_for`)
     and handed to httpx explicitly (``trust_env=False``), so what the log
     and errors name is what is used. httpx tunnels ``https://`` through an
     ``http://`` proxy with CONNECT and sends ``http://`` requests to it.

@@ -1,13 +1,13 @@
 """The production transport: grpc.aio calls and httpx discovery.
 
-Fills the :class:`~walchannel.transport.Transport` seam for
+Fills the :class:`~walchannel.transport.base.Transport` seam for
 :class:`~walchannel.channel.GrpcEngineChannel`: each dial is a fresh grpc.aio
 channel and ``/EngineChannel/Open`` call carrying ``authorization: Bearer
 <run_token>`` metadata, with the keepalive options of SPEC "Dial" and the
 proxy policy of docs/design.md ("Proxies: one policy"); discovery is
-:func:`walchannel.discovery.discover` over the harness's ``http_client`` or
+:func:`walchannel.transport.discovery.discover` over the harness's ``http_client`` or
 a client of its own. grpc's errors become
-:class:`~walchannel.transport.StreamEnded` here, with the status they carry.
+:class:`~walchannel.transport.base.StreamEnded` here, with the status they carry.
 
 It also watches for ``os.fork()`` while a transport is open (from the
 channel's construction to its close): gRPC's fork handlers can crash the
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import grpc
 import grpc.aio
 
-from walchannel.address import Proxy, parse_host_port, proxy_for
-from walchannel.discovery import discover, discovery_client
-from walchannel.end_status import status_lost
-from walchannel.formatting import get_logger
-from walchannel.transport import StreamEnded
-from walchannel.watchdog import KEEPALIVE_TIMEOUT_MS
+from walchannel._logging import get_logger
+from walchannel.core.end_status import status_lost
+from walchannel.core.watchdog import KEEPALIVE_TIMEOUT_MS
+from walchannel.transport.base import StreamEnded
+from walchannel.transport.discovery import discover, discovery_client
+from walchannel.wire.address import Proxy, parse_host_port, proxy_for
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -286,7 +286,7 @@ class GrpcCall:
 
 
 class GrpcTransport:
-    """Dials with grpc.aio and discovers over httpx (a :class:`~walchannel.transport.Transport`).
+    """Dials with grpc.aio, discovers over httpx (a :class:`~walchannel.transport.base.Transport`).
 
     Args:
         config: the run's configuration (address options, credentials,
@@ -395,7 +395,7 @@ class GrpcTransport:
     # -- discovery ------------------------------------------------------------------------
 
     async def discover(self, timeout_s: float) -> str:
-        """Ask ``GET {http_addr}/grpc-address`` (SPEC "Reconnect"; :mod:`walchannel.discovery`)."""
+        """Ask ``GET {http_addr}/grpc-address`` (SPEC "Reconnect"; :mod:`~.discovery`)."""
         http_addr = self._config.http_addr
         assert http_addr is not None
         if self._http is None:

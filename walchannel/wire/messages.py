@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from walchannel.errors import PayloadError
-from walchannel.payload import MAX_VALUES, check_text, plain_payload
+from walchannel.wire.payload import MAX_VALUES, check_text, plain_payload
 
 __all__ = [
     "MAX_PROGRESS_BYTES",
@@ -179,7 +179,7 @@ def event_body(
 
     ``ts`` is an aware datetime, an RFC 3339 §5.6 str (:func:`parse_rfc3339`;
     stored in UTC) or None (now);
-    ``max_values`` bounds the payload (:func:`~walchannel.payload.check_payload`).
+    ``max_values`` bounds the payload (:func:`~walchannel.wire.payload.check_payload`).
 
     Raises:
         PayloadError: a bad field, naming it (``event.type``, ``event.payload.x``).
@@ -202,7 +202,7 @@ def finding_body(
     Args:
         finding: the finding's fields.
         path: how errors name it (``findings[3]`` in a batch).
-        max_values: the bound on values (:func:`~walchannel.payload.check_payload`).
+        max_values: the bound on values (:func:`~walchannel.wire.payload.check_payload`).
 
     Raises:
         PayloadError: naming the bad value's path under ``path``.
@@ -274,7 +274,7 @@ def approval_body(
 ) -> dict[str, Any]:
     """Return the ``approval_request`` body ``{"request_id", "action", "details"}``.
 
-    ``max_values`` bounds ``details`` (:func:`~walchannel.payload.check_payload`).
+    ``max_values`` bounds ``details`` (:func:`~walchannel.wire.payload.check_payload`).
 
     Raises:
         PayloadError: a bad field, naming it.

@@ -29,9 +29,9 @@ import grpc
 from google.protobuf.struct_pb2 import Struct
 from grpc import aio
 
+from walchannel._logging import get_logger
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel._proto import engine_channel_pb2_grpc as pb_grpc
-from walchannel.formatting import get_logger
 from walchannel.testing._http import DiscoveryServer
 from walchannel.testing.servicer import RUN_COMPLETED, EngineServicer, wait_finished
 from walchannel.testing.store import EngineStore, Takeover, Writer

@@ -413,7 +413,7 @@ async def serve_trial(
     import tempfile
     import time
 
-    from walchannel.files import check_run_id
+    from walchannel.log.files import check_run_id
 
     run_id = f"run-{secrets.token_hex(4)}" if run_id is None else run_id
     try:
