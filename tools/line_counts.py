@@ -127,13 +127,14 @@ def table(sources: dict[str, str], *, files: bool) -> list[str]:
     out = ["| layer | modules | " + " | ".join(KINDS) + " |", "|---|---:|" + "---:|" * len(KINDS)]
     for name, counts in sorted(by_layer.items()):
         total.update(counts)
-        out.append(f"| {name} | {modules[name]} | " + " | ".join(str(counts[k]) for k in KINDS) + " |")
+        cells = " | ".join(str(counts[k]) for k in KINDS)
+        out.append(f"| {name} | {modules[name]} | {cells} |")
     out.append(
         f"| **all** | {sum(modules.values())} | "
         + " | ".join(f"**{total[k]}**" for k in KINDS)
         + " |"
     )
-    return out + ([""] + rows if rows else [])
+    return out + (["", *rows] if rows else [])
 
 
 def main() -> None:

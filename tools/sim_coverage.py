@@ -159,7 +159,7 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     'raise TypeError("config must be a GrpcChannelConfig")': _MISUSE,
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel.__init__::"
-    "self._start(config, Seams())": (
+    "self._start(config, ChannelSeams())": (
         "the simulator builds every channel on its seams (walchannel.channel.seams.open_channel)"
     ),
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::log = RunLog.open(": (

@@ -116,7 +116,7 @@ def _check_timeout_ms(call: str, timeout_ms: object) -> None:
 
 
 @dataclass(frozen=True)
-class Seams:
+class ChannelSeams:
     """What a channel may be built on instead of the real parts (None: the real one).
 
     Not for harnesses: :func:`walchannel.channel.seams.open_channel` builds
@@ -168,9 +168,9 @@ class GrpcEngineChannel:
     """
 
     def __init__(self, config: GrpcChannelConfig) -> None:
-        self._start(config, Seams())
+        self._start(config, ChannelSeams())
 
-    def _start(self, config: GrpcChannelConfig, seams: Seams) -> None:
+    def _start(self, config: GrpcChannelConfig, seams: ChannelSeams) -> None:
         """Build the channel on ``seams`` (:func:`walchannel.channel.seams.open_channel`)."""
         if not isinstance(config, GrpcChannelConfig):
             raise TypeError("config must be a GrpcChannelConfig")

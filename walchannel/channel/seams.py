@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from walchannel.channel.grpc_channel import GrpcEngineChannel, Seams
+from walchannel.channel.grpc_channel import ChannelSeams, GrpcEngineChannel
 from walchannel.clock import Clock
 from walchannel.config import GrpcChannelConfig
 from walchannel.core.driver import Driver
@@ -30,7 +30,10 @@ def open_channel(
     clock: Clock | None = None,
     token_hash_when: Literal["open", "accepted"] = "open",  # noqa: S107 - not a secret
 ) -> GrpcEngineChannel:
-    """Return ``GrpcEngineChannel(config)`` built on the given seams (see :class:`Seams`).
+    """Return ``GrpcEngineChannel(config)`` built on the given seams.
+
+    Each seam is described in :class:`~walchannel.channel.grpc_channel.ChannelSeams`
+    (None: the real part).
 
     Raises:
         ValueError: ``token_hash_when`` is neither ``"open"`` nor
@@ -42,7 +45,7 @@ def open_channel(
         raise ValueError(f"token_hash_when must be 'open' or 'accepted', got {token_hash_when!r}")
     channel = GrpcEngineChannel.__new__(GrpcEngineChannel)
     # The constructor's own body, on these seams (its signature keeps them off the face).
-    channel._start(config, Seams(rng, log, transport, clock, token_hash_when))
+    channel._start(config, ChannelSeams(rng, log, transport, clock, token_hash_when))
     return channel
 
 
