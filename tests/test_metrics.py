@@ -556,6 +556,40 @@ async def test_instruments_follow_opentelemetry_naming_and_units(tmp_path: Path)
         assert not inside, f"{a} is also a namespace of {inside}"
 
 
+#: The names dashboards and alerts are built on, as released: a module moving
+#: (issue 59 renamed walchannel.log.size by a mechanical rewrite) never renames them.
+RELEASED_NAMES = {
+    "messaging.client.sent.messages",
+    "walchannel.acked.messages",
+    "walchannel.replayed.messages",
+    "walchannel.reconnects",
+    "walchannel.protocol.errors",
+    "walchannel.unacked.messages",
+    "walchannel.unacked.size",
+    "walchannel.unacked.oldest.age",
+    "walchannel.log.size",
+    "walchannel.channel.state",
+    "walchannel.send.duration",
+}
+RELEASED_ATTRIBUTES = {
+    "messaging.system",
+    "messaging.operation.name",
+    "messaging.operation.type",
+    "walchannel.run_id",
+    "walchannel.state",
+    "walchannel.group_commit",
+}
+
+
+@pytest.mark.asyncio
+async def test_the_instrument_and_attribute_names_are_the_released_ones(tmp_path: Path) -> None:
+    instruments = await created(tmp_path)
+    assert set(instruments) == RELEASED_NAMES
+    attributes = {key for _, _, keys, _ in instruments.values() for key in keys}
+    assert attributes == RELEASED_ATTRIBUTES, attributes
+    assert set(operations_table()) == RELEASED_NAMES
+
+
 def operations_table() -> dict[str, tuple[str, str, set[str]]]:
     """docs/operations.md's metrics table: instrument -> (kind, unit, attribute names)."""
     text = (ROOT / "docs" / "operations.md").read_text()

@@ -27,8 +27,9 @@ for their responsibility:
 
 The channel itself admits calls, commits rows, binds to its event loop and
 closes. Everything runs on the event loop's thread; ``BlockingEngineChannel``
-serves other threads. Every module of the channel logs under
-``walchannel.channel``.
+serves other threads. Every module logs under its own name
+(``walchannel.channel.*`` here, ``walchannel.transport.grpc`` for the
+network), all below the ``walchannel`` logger.
 """
 
 from __future__ import annotations
@@ -848,7 +849,7 @@ class GrpcEngineChannel:
         Args:
             action: what the harness wants to do.
             details: a JSON-like mapping.
-            request_id: default a uuid4 (drawn from the channel's ``rng``).
+            request_id: default a fresh uuid4.
             timeout_ms: how long to wait (None: until close).
 
         Returns:

@@ -99,7 +99,7 @@ UNACKED_SIZE: Final = "walchannel.unacked.size"
 #: Age of the oldest unacked row (0 when none). Gauge, ``s``.
 OLDEST_AGE: Final = "walchannel.unacked.oldest.age"
 #: The log file and its ``-wal`` on disk (as ``inspect``'s DISK). UpDownCounter, ``By``.
-LOG_SIZE: Final = "walchannel.log.writer.size"
+LOG_SIZE: Final = "walchannel.log.size"
 #: 1 for the channel's state, 0 for the others (attribute :data:`STATE_ATTR`).
 #: UpDownCounter, ``{channel}``: summed over channels, how many are in each state.
 STATE: Final = "walchannel.channel.state"

@@ -267,7 +267,7 @@ def disk_bytes(log: Path) -> int:
     """Return the size of a log plus its ``-wal`` (bytes): the disk the run holds.
 
     A file that is missing or cannot be stat'ed counts 0. ``inspect``'s
-    DISK, ``file_bytes`` and the ``walchannel.log.writer.size`` metric.
+    DISK, ``file_bytes`` and the ``walchannel.log.size`` metric.
     """
     total = 0
     for name in (log, f"{log}-wal"):
