@@ -4,8 +4,12 @@ Every up-message gets a monotonic seq and is committed to a per-run SQLite
 write-ahead log before it is written; the engine's cumulative ack truncates
 the log; drops and restarts replay from it. See SPEC.md / README.md.
 
-Names are re-exported lazily (PEP 562) so ``import walchannel`` stays cheap
-and loads grpc only when a gRPC name is used.
+This is what a harness author uses: the channels and their protocols and
+values, the config, the runner, the grace period and the errors (SPEC
+"Layout and toolchain"). Tools that read or repair a log import
+:mod:`walchannel.log`; the folders below are the layers. Names are
+re-exported lazily (PEP 562) so ``import walchannel`` stays cheap and
+loads grpc only when a gRPC name is used.
 """
 
 from __future__ import annotations
