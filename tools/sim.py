@@ -4137,7 +4137,7 @@ class World:
         manifest = Manifest(RUN_ID, CORRELATION_ID, TOKEN, deadline, "e0.sim:1")
         opened: list[GrpcEngineChannel] = []
 
-        def open_channel(config: GrpcChannelConfig) -> GrpcEngineChannel:
+        def runner_channel(config: GrpcChannelConfig) -> GrpcEngineChannel:
             ch = self.channel(proc)
             opened.append(ch)
             return ch
@@ -4156,7 +4156,7 @@ class World:
                 drain_timeout_s=30.0,
                 grace_s=25.0,
                 progress_every_s=0,
-                _seams=Seams(open_channel=open_channel, clock=self.clock, grace=grace),
+                _seams=Seams(open_channel=runner_channel, clock=self.clock, grace=grace),
             )
         except asyncio.CancelledError:
             if not proc.alive or proc.cancel_at is None or proc.ending:
