@@ -41,6 +41,20 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def offline_config(wal_dir: Path, run_id: str, **settings: Any) -> GrpcChannelConfig:
+    """A config whose engine address refuses: for checks that never reach the network."""
+    from walchannel import GrpcChannelConfig
+
+    values: dict[str, Any] = {
+        "grpc_addr": "127.0.0.1:1",
+        "run_id": run_id,
+        "correlation_id": "c",
+        "run_token": f"tok-{run_id}",
+        "wal_dir": wal_dir,
+    }
+    return GrpcChannelConfig(**{**values, **settings})
+
+
 PYTHON = sys.executable
 
 

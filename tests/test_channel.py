@@ -15,7 +15,7 @@ from typing import Any, Literal
 import grpc
 import pytest
 
-from conftest import eventually, new_run, while_progressing
+from conftest import eventually, new_run, offline_config, while_progressing
 from helpers.engine_thread import EngineThread
 from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import (
@@ -873,18 +873,6 @@ async def test_waiting_for_acks_without_a_handshake_says_so(
         await ch.handshake("1", "h", "1")
         assert await ch.wait_acked(seq, timeout_ms=30_000)
     assert local_engine.accepted(run_id) == [1]
-
-
-def offline_config(wal_dir: Path, run_id: str, **settings: Any) -> GrpcChannelConfig:
-    """A config whose engine address refuses: for checks that never reach the network."""
-    return GrpcChannelConfig(
-        grpc_addr="127.0.0.1:1",
-        run_id=run_id,
-        correlation_id="c",
-        run_token=f"tok-{run_id}",
-        wal_dir=wal_dir,
-        **settings,
-    )
 
 
 def test_send_findings_names_the_batch_and_each_findings_index(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import walchannel
-from walchannel import BlockingEngineChannel, GrpcChannelConfig, GrpcEngineChannel
+from conftest import offline_config
+from walchannel import BlockingEngineChannel, GrpcEngineChannel
 from walchannel.channel.seams import driver_of, log_of, open_channel
 from walchannel.core.driver import Driver
 from walchannel.log import Row, RunLog, RunMeta
@@ -43,17 +44,6 @@ FACE = {
 }  # fmt: skip
 
 
-def config(wal_dir: Path, run_id: str = "face-run") -> GrpcChannelConfig:
-    # 127.0.0.1:9 (discard): never dialled, as no handshake is made.
-    return GrpcChannelConfig(
-        grpc_addr="127.0.0.1:9",
-        run_id=run_id,
-        correlation_id="c",
-        run_token="tok-face",
-        wal_dir=wal_dir,
-    )
-
-
 def test_the_top_level_exports_what_a_harness_uses_and_no_log_internals() -> None:
     assert set(walchannel.__all__) == FACE
     for name in ("RunLog", "Row", "RunMeta", "Driver", "driver", "log"):
@@ -75,17 +65,17 @@ def test_the_constructors_take_the_config_alone() -> None:
 @pytest.mark.parametrize("seam", ["log", "transport", "clock", "rng", "token_hash_when"])
 def test_a_seam_passed_to_the_constructor_is_refused(tmp_path: Path, seam: str) -> None:
     with pytest.raises(TypeError, match=seam):
-        GrpcEngineChannel(config(tmp_path), **{seam: None})  # type: ignore[call-arg]
+        GrpcEngineChannel(offline_config(tmp_path, "face-run"), **{seam: None})  # type: ignore[call-arg]
     assert not list(tmp_path.iterdir()), "nothing is opened for a refused call"
 
 
 @pytest.mark.asyncio
 async def test_a_channel_hands_out_no_driver_and_a_log_it_cannot_write(tmp_path: Path) -> None:
-    async with GrpcEngineChannel(config(tmp_path)) as ch:
+    async with GrpcEngineChannel(offline_config(tmp_path, "face-run")) as ch:
         assert not hasattr(ch, "driver")
         seq = ch.send_finding({"path": "a.py"}, progress={"next": 1})
         view = ch.log
-        assert isinstance(view, LogView)
+        assert isinstance(view, LogView) and ch.log is view
         own = log_of(ch)
         # Every read answers as the log's own; nothing that writes is there.
         assert (view.path, view.run_id, view.next_seq, view.high_water) == (
@@ -109,16 +99,16 @@ async def test_a_channel_hands_out_no_driver_and_a_log_it_cannot_write(tmp_path:
 @pytest.mark.asyncio
 async def test_the_seams_factory_refuses_a_bad_policy_and_a_foreign_log(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="token_hash_when must be 'open' or 'accepted'"):
-        open_channel(config(tmp_path), token_hash_when="later")  # type: ignore[arg-type]
+        open_channel(offline_config(tmp_path, "face-run"), token_hash_when="later")  # type: ignore[arg-type]
     other = RunLog.open(tmp_path, "another-run", correlation_id="c")
     try:
         with pytest.raises(ValueError, match="log= must be the open, owned log of run face-run"):
-            open_channel(config(tmp_path), log=other)
+            open_channel(offline_config(tmp_path, "face-run"), log=other)
     finally:
         other.close()
     # The factory's channel is the constructor's: the same log, driven the same way.
     mine = RunLog.open(tmp_path, "face-run", correlation_id="c")
-    async with open_channel(config(tmp_path), log=mine) as ch:
+    async with open_channel(offline_config(tmp_path, "face-run"), log=mine) as ch:
         assert log_of(ch) is mine
         assert ch.send_event("t", "info", {}) == 1
     assert mine.closed

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from conftest import PYTHON, ROOT, child_env, eventually, new_run
-from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
+from conftest import PYTHON, ROOT, child_env, eventually, new_run, offline_config
+from walchannel import ChannelState, GrpcEngineChannel
 from walchannel.channel import metrics as wm
 from walchannel.channel.seams import log_of
 from walchannel.log import RunLog
@@ -181,27 +181,6 @@ async def test_instruments_after_sends_a_killed_engine_and_a_replay(tmp_path: Pa
 # -- the callbacks never touch SQLite ----------------------------------------------------
 
 
-def dead_addr() -> str:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def offline_config(wal_dir: Path, run_id: str, **overrides: Any) -> GrpcChannelConfig:
-    """A channel that never dials (no handshake): sends are only logged."""
-    values: dict[str, Any] = {
-        "grpc_addr": dead_addr(),
-        "run_id": run_id,
-        "correlation_id": "corr",
-        "run_token": "tok-metrics",
-        "wal_dir": wal_dir,
-    }
-    values.update(overrides)
-    return GrpcChannelConfig(**values)
-
-
 @pytest.mark.asyncio
 async def test_collection_on_another_thread_runs_no_sql_there(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -212,7 +191,9 @@ async def test_collection_on_another_thread_runs_no_sql_there(
         for i in range(3):
             log.append("finding", {"fields": {"n": i}})
     readout = Readout()
-    config = offline_config(wal_dir, "otel-nosql", meter_provider=readout.provider)
+    config = offline_config(
+        wal_dir, "otel-nosql", correlation_id="corr", meter_provider=readout.provider
+    )
     async with GrpcEngineChannel(config) as ch:
         for i in range(3, 5):
             ch.send_finding({"n": i})
@@ -257,7 +238,9 @@ async def test_oldest_age_of_a_backlog_left_on_disk(tmp_path: Path) -> None:
         conn.execute("UPDATE rows SET appended_at = appended_at - 60 WHERE seq > 20")
     conn.close()
     readout = Readout()
-    config = offline_config(wal_dir, "otel-resume", meter_provider=readout.provider)
+    config = offline_config(
+        wal_dir, "otel-resume", correlation_id="corr", meter_provider=readout.provider
+    )
     async with GrpcEngineChannel(config) as ch:
         ch.send_finding({"n": 40})
         await eventually(

@@ -193,6 +193,7 @@ class GrpcEngineChannel:
         elif log.run_id != config.run_id or not log.writable:
             raise ValueError(f"log= must be the open, owned log of run {config.run_id}")
         self._log = log
+        self._log_view = LogView(log)
         try:
             if log.completed:
                 raise RunCompletedError(
@@ -313,7 +314,7 @@ class GrpcEngineChannel:
     @property
     def log(self) -> LogView:
         """The run's log to read (:class:`~walchannel.log.view.LogView`); the channel writes it."""
-        return LogView(self._log)
+        return self._log_view
 
     def progress(self) -> Mapping[str, Any] | None:
         """Return the last harness progress marker set (None for a new run).
