@@ -142,8 +142,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "replay_after_verification_skips_a_row",
         "core/driver.py",
-        "            return AnswerPlan(Answer.VERIFY, engine_high + 1, clear)\n",
-        "            return AnswerPlan(Answer.VERIFY, engine_high + 2, clear)\n",
+        "        return self._up_from(event.high + 1, event.now_ms, out)\n",
+        "        return self._up_from(event.high + 2, event.now_ms, out)\n",
         LOST,
     ),
     Plant(
@@ -164,16 +164,15 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "answer_verify_shift_keeps_the_stale_tail",
         "channel/connection.py",
-        "                self._rows.clear_tail()\n",
+        "        self._rows.clear_tail()\n",
         "",
         ("two contents", "applied 2 times", "after the run's Done", *LOST),
     ),
     Plant(
         "received_ack_off_by_one",
         "channel/connection.py",
-        "        kind = driver.on_ack(seq, now)\n",
-        "        kind = driver.on_ack(seq + 1, now)\n",
-        # The cursor above every ack is the checker's own rule, judged at the ack.
+        "            self.feed(ev.AckReceived(msg.ack.seq, now))\n",
+        "            self.feed(ev.AckReceived(msg.ack.seq + 1, now))\n",
         (
             "exceeds what the engine has",
             "beyond the engine",
@@ -186,51 +185,53 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "stored_ack_one_short",
         "channel/connection.py",
-        "            self._log.ack(seq)\n",
-        "            self._log.ack(seq - 1)\n",
+        "            self._log.ack(action.seq)\n",
+        "            self._log.ack(action.seq - 1)\n",
         ("no tombstone", "stuck", "send_done returned"),
     ),
     Plant(
         "stored_done_ack_wakes_no_waiter",
         "channel/connection.py",
-        '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n'
-        "            self._waiters.wake_all()\n",
-        '            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n',
+        '        logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n'
+        "        self._waiters.wake_all()\n",
+        '        logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)\n',
         ("send_done returned",),
     ),
     Plant(
         "stream_end_loses_its_status",
         "channel/connection.py",
-        "        plan = driver.on_end(code, details, debug)\n",
-        "        plan = driver.on_end(None, details, debug)\n",
+        "            self.feed(ev.Ended(code, details, debug, text))\n",
+        "            self.feed(ev.Ended(None, details, debug, text))\n",
         ("stuck", "tight loop", "lacks Done"),
     ),
     Plant(
         "no_backoff_between_dials",
-        "channel/connection.py",
-        "                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
-        "                delay = 0 * driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)\n",
+        "core/driver.py",
+        "        delay = self._next_delay_ms(event.now_ms)\n",
+        "        delay = 0 * self._next_delay_ms(event.now_ms)\n",
         ("tight loop", "backoff reset without progress"),
     ),
     Plant(
         "run_completed_never_tombstones",
         "channel/connection.py",
-        "                self._log.complete_by_engine()\n",
-        "                pass\n",
+        "            try:\n                self._log.complete_by_engine()\n"
+        "            except WalchannelError as exc:\n                logger.error(",
+        "            try:\n                pass\n            except WalchannelError as exc:\n"
+        "                logger.error(",
         ("no tombstone",),
     ),
     Plant(
         "replay_starts_one_row_late",
-        "channel/connection.py",
-        "        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())\n",
-        "        self._driver.on_stream_up(replay_from + 1, self._clock.monotonic_ms())\n",
+        "core/driver.py",
+        "        self._stream_up(replay_from, now_ms)\n",
+        "        self._stream_up(replay_from + 1, now_ms)\n",
         ("stuck", *LOST),
     ),
     Plant(
         "send_done_logs_done_twice",
-        "channel/grpc_channel.py",
-        "        if driver.done_seq is None:\n",
-        "        if True:\n",
+        "core/driver.py",
+        "        if self._log.state.done_seq is None:\n            return (act.LOG_DONE,)",
+        "        if True:\n            return (act.LOG_DONE,)",
         ("ChannelClosedError", "Done applied 2 times"),
     ),
     Plant(
@@ -242,15 +243,15 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "stop_fires_on_every_repeat",
-        "channel/connection.py",
-        "        if not self._driver.on_stop():\n            return",
-        "        if self._driver.on_stop() and False:\n            return",
+        "core/driver.py",
+        "        return (act.StopCallbacks(event.reason),) if self._stop() else _NOTHING\n",
+        "        return (act.StopCallbacks(event.reason),) if self._stop() or True else _NOTHING\n",
         ("on_stop fired",),
     ),
     Plant(
         "decisions_not_cached",
-        "channel/connection.py",
-        "        self._driver.on_decision(request_id, approved, reason)\n",
+        "core/driver.py",
+        "        self._decide(event.request_id, event.approved, event.reason)\n",
         "",
         ("logged again",),
     ),
@@ -292,9 +293,9 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "send_done_takes_a_logged_done_for_a_delivered_one",
-        "channel/grpc_channel.py",
-        "        if driver.completed:\n            # This channel already delivered",
-        "        if driver.completed or driver.done_seq is not None:\n"
+        "core/driver.py",
+        "        if self.completed:\n            # This channel already delivered",
+        "        if self.completed or self._log.state.done_seq is not None:\n"
         "            # This channel already delivered",
         ("send_done returned True", "lacks Done"),
     ),
@@ -312,52 +313,81 @@ PLANTS: tuple[Plant, ...] = (
         "        row = next(self._log.unacked(after_seq=seq, limit=1))\n",
         ("RowRefusedError", "refused", "set aside", "stuck", "connection loop failed"),
     ),
-    # -- the driver's second calls, each after the I/O between it and the input (issue 36)
+    # -- the executor: the performer of an action does nothing (issue 60) --------------
     Plant(
-        "verified_call_dropped",
+        "verify_not_performed",
         "channel/connection.py",
-        "            driver.on_verified(engine_high, shift)\n",
-        "",
+        '        """``RunLog.verify(h)`` with the judg'
+        'ed resume point; answer with its outcome."""\n',
+        '        """``RunLog.verify(h)`` with the judg'
+        'ed resume point; answer with its outcome."""\n'
+        "        return\n",
         ("unacked_count", "wait_acked", "stuck", *LOST),
     ),
     Plant(
-        "completed_by_engine_call_dropped",
+        "tombstone_not_performed",
         "channel/connection.py",
-        "                driver.completed_by_engine()\n",
-        "",
+        '        """Our ``Done`` was applied but its a'
+        'ck was lost: the log becomes a tombstone."""\n',
+        '        """Our ``Done`` was applied but its a'
+        'ck was lost: the log becomes a tombstone."""\n'
+        "        return\n",
         ("not in the log", "is missing", "stuck", "no tombstone", "send_done"),
     ),
     Plant(
-        "set_aside_call_dropped",
+        "end_stream_not_performed",
+        "channel/connection.py",
+        "            self._stream.finish(StreamEnded(action.why))\n",
+        "            pass\n",
+        ("stuck", "applied twice", "gap", *LOST),
+    ),
+    Plant(
+        "ack_moved_not_performed",
+        "channel/connection.py",
+        "        acked = self._driver.acked\n        self._rows.drop_acked(acked)\n"
+        "        self._waiters.ack_moved(acked)\n",
+        "        acked = self._driver.acked\n",
+        ("stuck", "not woken", "wait_acked"),
+    ),
+    Plant(
+        "start_stream_not_performed",
+        "channel/connection.py",
+        "        stream.start()\n",
+        "",
+        ("stuck", "was not written within", *LOST),
+    ),
+    # -- the driver's inputs, each event not fed (issues 36, 60) ------------------------
+    Plant(
+        "set_aside_not_fed",
         "channel/refused_rows.py",
-        "        driver.on_set_aside()\n",
+        "        self._feed(ev.RefusedRowSetAside())\n",
         "",
         ("set aside, yet the next dial",),
     ),
-    # -- the driver's inputs, each call dropped (issue 36) ------------------------------
     Plant(
-        "ack_call_dropped",
+        "ack_not_fed",
         "channel/connection.py",
-        "        kind = driver.on_ack(seq, now)\n",
-        "        kind = AckKind.STALE\n",
+        "            self.feed(ev.AckReceived(msg.ack.seq, now))\n",
+        "            pass\n",
         ("send_done returned False", "stuck", "not woken"),
     ),
     Plant(
-        "close_call_dropped",
+        "close_not_fed",
         "channel/grpc_channel.py",
-        '        self._driver.on_close()\n        _killpoints.reached("in_close")\n',
+        "        self._connection.feed(ev.CloseRequested())\n"
+        '        _killpoints.reached("in_close")\n',
         '        _killpoints.reached("in_close")\n',
         ("backoff reset without progress", "after close", "stuck"),
     ),
     Plant(
-        "expire_call_dropped",
-        "channel/connection.py",
-        "        if not self._driver.expire():\n            return\n",
-        "        if self._driver.final:\n            return\n",
+        "expiry_not_applied",
+        "core/driver.py",
+        "        return (act.DEADLINE_HIT,) if self._expire() else _NOTHING\n",
+        "        return _NOTHING\n",
         ("RunExpiredError raised, but the channel is",),
     ),
     Plant(
-        "admit_call_dropped",
+        "admission_not_asked",
         "channel/grpc_channel.py",
         "        error = self._driver.admit(call, self._clock.wall_s())\n",
         "        error = None\n",
@@ -419,8 +449,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "group_seqs_not_counted_ahead",
         "channel/group_commit.py",
-        "        first = self._log.next_seq + len(self._items)\n",
-        "        first = self._log.next_seq\n",
+        "        first = self._next_seq_after(len(self._items))  # the driver numbers rows\n",
+        "        first = self._next_seq_after(0)  # the driver numbers rows\n",
         ("was handed out for", "two contents", *LOST),
     ),
     Plant(
@@ -434,9 +464,9 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "wait_acked_leaves_the_group_pending",
         "channel/grpc_channel.py",
-        "        newest = driver.high_water\n        if group is not None:\n"
-        "            newest += group.rows\n            group.flush()\n",
-        "        newest = driver.high_water\n",
+        "        newest = driver.next_seq_after(0 if group is None else group.rows) - 1\n"
+        "        if group is not None:\n            group.flush()\n",
+        "        newest = driver.next_seq_after(0) - 1\n",
         ("is not committed", "never applied"),
     ),
     # -- liveness, close and the log's physical state (issue 51) ----------------------
@@ -450,10 +480,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "close_leaves_the_received_ack_unstored",
         "channel/grpc_channel.py",
-        "        self._connection.store_ack(force=True)\n"
-        "        if self._driver.move(ChannelState.CLOSED):\n",
-        "        self._connection.store_ack()\n"
-        "        if self._driver.move(ChannelState.CLOSED):\n",
+        "        self._connection.flush_acks()\n        self._connection.feed(ev.Closed())\n",
+        "        self._connection.feed(ev.Closed())\n",
         ("clean close",),
     ),
     Plant(
@@ -480,8 +508,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         "recovery_keeps_the_failed_reason",
         "channel/connection.py",
-        "                self._log.update_meta(failed_at=None, failed_reason=None)\n",
-        "                self._log.update_meta(failed_at=None)\n",
+        "            self._log.update_meta(failed_at=None, failed_reason=None)\n",
+        "            self._log.update_meta(failed_at=None)\n",
         ("failed_reason",),
     ),
     # -- nothing returned is lost at the process boundary (issue 52) ------------------

@@ -187,9 +187,9 @@ def test_rows_written_an_hour_behind_are_not_stuck_at_once(faked_harness) -> Non
 async def test_a_step_past_the_deadline_expires_the_run_and_a_step_back_does_not_reopen_it(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import walchannel.channel.connection
+    import walchannel.core.driver
 
-    monkeypatch.setattr(walchannel.channel.connection, "DEADLINE_LOOK_S", 0.2)
+    monkeypatch.setattr(walchannel.core.driver, "DEADLINE_LOOK_S", 0.2)
     run_id, token = new_run(local_engine)
     deadline = datetime.now(UTC) + timedelta(hours=1)
     config = local_channel_config(
@@ -220,9 +220,9 @@ async def test_a_step_past_the_deadline_expires_the_run_and_a_step_back_does_not
 async def test_a_step_back_moves_the_deadline_away_with_the_wall_clock(
     local_engine: LocalEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import walchannel.channel.connection
+    import walchannel.core.driver
 
-    monkeypatch.setattr(walchannel.channel.connection, "DEADLINE_LOOK_S", 0.2)
+    monkeypatch.setattr(walchannel.core.driver, "DEADLINE_LOOK_S", 0.2)
     run_id, token = new_run(local_engine)
     deadline = datetime.now(UTC) + timedelta(seconds=1.5)
     config = local_channel_config(
@@ -240,3 +240,25 @@ async def test_a_step_back_moves_the_deadline_away_with_the_wall_clock(
             assert await ch.wait_acked(timeout_ms=5000)
         # Back on the real clock, the deadline has passed.
         await eventually(lambda: ch.state is ChannelState.EXPIRED, what="EXPIRED")
+
+
+@pytest.mark.asyncio
+async def test_a_call_that_finds_the_deadline_passed_expires_the_channel_at_once(
+    local_engine: LocalEngine, tmp_path: Path
+) -> None:
+    # Issue 60: the admission's answer is fed back (DeadlinePassed): the run is
+    # EXPIRED when the call raises, not at the deadline timer's next look (a
+    # minute away at most: DEADLINE_LOOK_S).
+    run_id, token = new_run(local_engine)
+    deadline = datetime.now(UTC) + timedelta(hours=1)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, hard_deadline=deadline
+    )
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        with time_machine.travel(time.time() + 2 * HOUR, tick=False):
+            with pytest.raises(RunExpiredError):
+                ch.send_finding({"n": 0})
+            assert ch.state is ChannelState.EXPIRED  # no await between: the call expired it
+            with pytest.raises(RunExpiredError):
+                ch.send_event("progress", "info", {})

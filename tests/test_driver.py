@@ -1,9 +1,18 @@
-"""The driver (walchannel.core.driver), tested directly: exact numbers; no gRPC, loop or disk."""
+"""The driver (walchannel.core.driver), tested directly: exact numbers; no gRPC, loop or disk.
+
+Its one entry point, ``handle(event)``, is tested event by event for the
+actions it answers (below, "The one entry point"); the decisions it builds
+them from (``_answer``, ``_end``, ``_ack``, the backoff, the state table)
+are tested here directly too, with the exact numbers each rule gives.
+"""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import random
+import re
+import typing
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +26,8 @@ import walchannel.core.driver as wd
 import walchannel.core.end_status as es
 import walchannel.core.engine_refusals as rf
 from walchannel.config import Backoff, GrpcChannelConfig
+from walchannel.core import actions as act
+from walchannel.core import events as ev
 from walchannel.core.checkpoints import (
     CHECKPOINT_EVERY_MS,
     CHECKPOINT_IDLE_MS,
@@ -48,12 +59,14 @@ from walchannel.core.watchdog import (
     watchdog_period_ms,
 )
 from walchannel.errors import (
+    BacklogFullError,
     ChannelClosedError,
     EngineBehindError,
     PayloadError,
     RowRefusedError,
     RunCompletedError,
     RunExpiredError,
+    WalchannelError,
     WriterFencedError,
 )
 from walchannel.log.state import (
@@ -88,14 +101,14 @@ def driver(
     base = {"grpc_addr": "127.0.0.1:1", "run_id": "r", "correlation_id": "c", "run_token": "t"}
     d = Driver(GrpcChannelConfig(**{**base, **config}), log, failed_mark=failed_mark, now_ms=0.0)
     if acked > stored:  # an ack received, not stored yet
-        assert d.on_ack(acked, 0.0) is AckKind.ADVANCE
+        assert d._ack(acked, 0.0) is AckKind.ADVANCE
     return d
 
 
 def dials_failed(d: Driver, n: int) -> None:
     """``n`` dials failed in a row: the backoff attempt is ``n`` higher."""
     for _ in range(n):
-        d.next_delay_ms(0.0, random.Random(0))
+        d._next_delay_ms(0.0)
 
 
 def log_of(d: Driver) -> SimpleNamespace:
@@ -105,8 +118,8 @@ def log_of(d: Driver) -> SimpleNamespace:
 
 
 def up(d: Driver, replay_from: int, now: float = 0.0) -> None:
-    d.move(S.CONNECTING)
-    d.on_stream_up(replay_from, now)
+    d._move(S.CONNECTING)
+    d._stream_up(replay_from, now)
 
 
 # -- the log's seq rules (log_state) -------------------------------------------------
@@ -140,16 +153,16 @@ def test_legal_transitions_and_final_states() -> None:
     d = driver()
     assert d.state is S.IDLE
     for state in (S.CONNECTING, S.STREAMING, S.BACKOFF, S.CONNECTING, S.BACKOFF):
-        assert d.move(state)
-    assert not d.move(S.BACKOFF)  # staying put is no change
-    assert d.move(S.FAILED) and d.final
+        assert d._move(state)
+    assert not d._move(S.BACKOFF)  # staying put is no change
+    assert d._move(S.FAILED) and d.final
     with pytest.raises(StateError, match="FAILED -> CONNECTING"):
-        d.move(S.CONNECTING)
-    d.move(S.CLOSED)
+        d._move(S.CONNECTING)
+    d._move(S.CLOSED)
     for state in S:
         if state is not S.CLOSED:
             with pytest.raises(StateError):
-                d.move(state)
+                d._move(state)
 
 
 #: The arrows of SPEC's state diagram ("The channel", **States**).
@@ -183,36 +196,36 @@ def test_the_transition_table_allows_exactly_specs_arrows(old: ChannelState) -> 
     for new in S:
         d = driver()
         for step in _path_to(old):
-            d.move(step)
+            d._move(step)
         assert d.state is old
         if new is old:
-            assert not d.move(new)
+            assert not d._move(new)
         elif (old, new) in SPEC_ARROWS:
-            assert d.move(new) and d.state is new
+            assert d._move(new) and d.state is new
         else:
             with pytest.raises(StateError, match=f"{old.name} -> {new.name}"):
-                d.move(new)
+                d._move(new)
 
 
 def test_a_failure_moves_through_the_table_and_a_final_state_stays() -> None:
     d = driver()
     behind = EngineBehindError("behind")
-    assert d.fail(behind) == FAILED_ENGINE_BEHIND
+    assert d._fail(behind) == FAILED_ENGINE_BEHIND
     assert d.state is S.FAILED and d.failure is behind  # IDLE -> FAILED: a drawn arrow
     e = driver()
-    assert e.expire() and e.state is S.EXPIRED
-    assert not e.expire()
-    e.fail(behind)
+    assert e._expire() and e.state is S.EXPIRED
+    assert not e._expire()
+    e._fail(behind)
     assert e.state is S.EXPIRED and e.failure is behind  # kept as the error to raise
     c = driver()
     up(c, 1)
-    error = c.completed_by_engine()
+    error = c._completed_by_engine()
     assert c.state is S.FAILED and c.failure is error
 
 
 def test_idle_cannot_stream_without_connecting() -> None:
     with pytest.raises(StateError):
-        driver().move(S.STREAMING)
+        driver()._move(S.STREAMING)
 
 
 # -- one admission check ----------------------------------------------------------------
@@ -220,21 +233,21 @@ def test_idle_cannot_stream_without_connecting() -> None:
 
 def test_admission_says_closed_then_done_then_expired_then_failed() -> None:
     d = driver(hard_deadline=datetime(2030, 1, 1, tzinfo=UTC))
-    deadline = d.deadline_in_s(0.0)
+    deadline = d._deadline_in_s(0.0)
     assert deadline is not None
     before, after = 0.0, deadline + 1.0
     for call in Call:
         assert d.admit(call, before) is None
         assert isinstance(d.admit(call, after), RunExpiredError)
     behind = EngineBehindError("behind")
-    assert d.fail(behind) == FAILED_ENGINE_BEHIND and d.state is S.FAILED
+    assert d._fail(behind) == FAILED_ENGINE_BEHIND and d.state is S.FAILED
     for call in Call:
         assert d.admit(call, before) is behind
-    d.on_done_sent()
+    d.handle(ev.DoneLogged())
     assert "already called" in str(d.admit(Call.DONE, before))
     assert "no new rows" in str(d.admit(Call.SEND, before))
     assert d.admit(Call.HANDSHAKE, before) is behind  # a handshake sends no row
-    d.on_close()
+    d.handle(ev.CloseRequested())
     for call in Call:
         error = d.admit(call, after)
         assert isinstance(error, ChannelClosedError) and "closed" in str(error)
@@ -247,15 +260,15 @@ def test_the_final_state_says_the_error_once_the_deadline_passes_too() -> None:
     deadline = datetime(2030, 1, 1, tzinfo=UTC)
     failed = driver(hard_deadline=deadline)
     fenced = WriterFencedError("another writer's", run_id="r", path="p", writer_id="w")
-    failed.fail(fenced)
-    after = (failed.deadline_in_s(0.0) or 0.0) + 1.0
+    failed._fail(fenced)
+    after = (failed._deadline_in_s(0.0) or 0.0) + 1.0
     for call in Call:
         assert failed.admit(call, after) is fenced, call
-    assert not failed.expire() and failed.state is S.FAILED
+    assert not failed._expire() and failed.state is S.FAILED
     # The other order: EXPIRED first, a failure after it is kept, the expiry still said.
     expired = driver(hard_deadline=deadline)
-    assert expired.expire()
-    expired.fail(EngineBehindError("behind"))
+    assert expired._expire()
+    expired._fail(EngineBehindError("behind"))
     for call in Call:
         assert isinstance(expired.admit(call, 0.0), RunExpiredError), call
         assert isinstance(expired.admit(call, after), RunExpiredError), call
@@ -263,17 +276,17 @@ def test_the_final_state_says_the_error_once_the_deadline_passes_too() -> None:
 
 def test_expiry_moves_to_expired_once_and_never_out_of_a_final_state() -> None:
     d = driver()
-    assert d.expire() and d.state is S.EXPIRED
-    assert not d.expire()
+    assert d._expire() and d.state is S.EXPIRED
+    assert not d._expire()
     failed = driver()
-    failed.fail(RunCompletedError("done"))
-    assert not failed.expire() and failed.state is S.FAILED
+    failed._fail(RunCompletedError("done"))
+    assert not failed._expire() and failed.state is S.FAILED
 
 
 def test_an_expired_run_stays_expired_when_the_wall_clock_steps_back() -> None:
     # Million-schedule seed 291100: past the deadline, then the clock stepped back an hour.
     d = driver(hard_deadline=datetime(2030, 1, 1, tzinfo=UTC))
-    assert d.expire()
+    assert d._expire()
     for call in Call:
         assert isinstance(d.admit(call, 0.0), RunExpiredError), call
 
@@ -281,8 +294,8 @@ def test_an_expired_run_stays_expired_when_the_wall_clock_steps_back() -> None:
 def test_a_refused_done_fails_with_its_own_reason() -> None:
     d = driver()
     refused = RowRefusedError("too big", run_id="r", seq=3, kind="done", size=9, limit=8, path="p")
-    assert d.fail(refused, reason=FAILED_DONE_REFUSED) == FAILED_DONE_REFUSED
-    assert driver().fail(RunCompletedError("x")) is None
+    assert d._fail(refused, reason=FAILED_DONE_REFUSED) == FAILED_DONE_REFUSED
+    assert driver()._fail(RunCompletedError("x")) is None
 
 
 # -- acks ---------------------------------------------------------------------------------
@@ -290,37 +303,37 @@ def test_a_refused_done_fails_with_its_own_reason() -> None:
 
 def test_acks_are_cumulative_and_stale_ones_change_nothing() -> None:
     d = driver()
-    assert d.on_ack(4, 0) is AckKind.ADVANCE
-    assert d.on_ack(2, 1) is AckKind.STALE
-    assert d.on_ack(4, 2) is AckKind.STALE
+    assert d._ack(4, 0) is AckKind.ADVANCE
+    assert d._ack(2, 1) is AckKind.STALE
+    assert d._ack(4, 2) is AckKind.STALE
     assert d.acked == 4 and d.unacked == 6
-    assert d.on_ack(11, 3) is AckKind.ABOVE_HIGH_WATER
+    assert d._ack(11, 3) is AckKind.ABOVE_HIGH_WATER
     assert d.acked == 4
 
 
 def test_ack_storage_is_coalesced() -> None:
     d = driver(high=10_000)
-    d.on_ack(1, 1000.0)
-    assert d.ack_to_store(1000.0) is None
-    d.on_ack(2, 1050.0)
-    assert d.ack_to_store(1050.0) is None
-    assert d.ack_to_store(1000.0 + ACK_STORE_AFTER_MS) == 2
+    d._ack(1, 1000.0)
+    assert d._ack_to_store(1000.0) is None
+    d._ack(2, 1050.0)
+    assert d._ack_to_store(1050.0) is None
+    assert d._ack_to_store(1000.0 + ACK_STORE_AFTER_MS) == 2
     plan = log_of(d).state.ack(2)
     log_of(d).state = plan.state
-    assert d.ack_to_store(5000.0) is None
+    assert d._ack_to_store(5000.0) is None
     for seq in range(3, 3 + ACK_STORE_EVERY):
-        d.on_ack(seq, 2000.0)
-    assert d.ack_to_store(2000.0) == 2 + ACK_STORE_EVERY
-    assert d.ack_to_store(2000.0, force=True) == 2 + ACK_STORE_EVERY
+        d._ack(seq, 2000.0)
+    assert d._ack_to_store(2000.0) == 2 + ACK_STORE_EVERY
+    assert d._ack_to_store(2000.0, force=True) == 2 + ACK_STORE_EVERY
 
 
 def test_an_unstored_ack_arms_one_timer_of_the_coalescing_window() -> None:
     d = driver(acked=3, stored=3)
-    assert d.ack_timer_ms(timer_armed=False) is None  # nothing pending
-    d.on_ack(4, 1000.0)
-    assert d.ack_to_store(1000.0) is None  # coalesced
-    assert d.ack_timer_ms(timer_armed=False) == ACK_STORE_AFTER_MS
-    assert d.ack_timer_ms(timer_armed=True) is None  # one timer at a time
+    assert d._ack_timer_ms(timer_armed=False) is None  # nothing pending
+    d._ack(4, 1000.0)
+    assert d._ack_to_store(1000.0) is None  # coalesced
+    assert d._ack_timer_ms(timer_armed=False) == ACK_STORE_AFTER_MS
+    assert d._ack_timer_ms(timer_armed=True) is None  # one timer at a time
 
 
 def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
@@ -328,10 +341,10 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
     log = log_of(d)
     log.state = log.state.append(["done"])
     assert d.done_seq == 6 and d.high_water == 6
-    d.on_ack(5, 0)
-    assert d.ack_to_store(0) is None
-    d.on_ack(6, 0)
-    assert d.ack_to_store(0) == 6
+    d._ack(5, 0)
+    assert d._ack_to_store(0) is None
+    d._ack(6, 0)
+    assert d._ack_to_store(0) == 6
     assert not d.completed
     plan = log.state.ack(6)
     assert plan is not None and plan.completed
@@ -358,8 +371,8 @@ def test_a_verified_logs_answer_is_applied_in_one_call(
     answer: int, kind: Answer, replay_from: int | None, acked: int, state: S, errors: int
 ) -> None:
     d = driver(acked=5, stored=3)
-    d.move(S.CONNECTING)
-    plan = d.on_answer(answer, 0.0)
+    d._move(S.CONNECTING)
+    plan = d._answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (kind, replay_from)
     # One call applies what the answer means to the driver; the log is the caller's.
     assert (d.acked, d.stored, d.high_water, d.provisional) == (acked, 3, 10, None)
@@ -392,7 +405,7 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
     answer: int, unverified: int | None, words: str
 ) -> None:
     d = driver(acked=5, stored=3, unverified=unverified, failed_mark=True)
-    plan = d.on_answer(answer, 0.0)
+    plan = d._answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.IMPOSSIBLE, None)
     assert words in plan.problem and f"Ack({answer})" in plan.problem
     assert (d.acked, d.stored, d.high_water, d.provisional, d.failed_mark) == (
@@ -410,23 +423,23 @@ def test_an_answer_out_of_sqlites_range_is_impossible_and_applies_nothing(
 def test_the_largest_answer_that_leaves_a_seq_for_the_next_row_verifies() -> None:
     d = driver(unverified=1)  # rows 1-10, none verified
     answer = 2**63 - 12  # rows move to 2**63 - 11 .. 2**63 - 2
-    assert d.on_answer(answer, 0.0).answer is Answer.VERIFY
+    assert d._answer(answer, 0.0).answer is Answer.VERIFY
     plan = log_of(d).state.verify(answer)
     assert plan.state.next_seq == 2**63 - 1
 
 
 def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_applied() -> None:
     d = driver(high=30, acked=2, stored=2)
-    assert d.on_answer(2, 0.0).answer is Answer.RESUME
+    assert d._answer(2, 0.0).answer is Answer.RESUME
     up(d, 3)
     assert d.ack_bound == 2
     for seq in (3, 4, 5):
-        d.on_writing(seq)
-    d.on_written(3)
+        d.handle(ev.Writing(seq))
+    d.handle(ev.Written(3))
     # Row 5's write started: an engine may ack it before the write returns.
-    assert d.on_ack(5, 0) is AckKind.ADVANCE and d.acked == 5
+    assert d._ack(5, 0) is AckKind.ADVANCE and d.acked == 5
     for n, lie in enumerate((6, 25, 30, 31, 2**63, 2**64 - 1), start=1):
-        assert d.on_ack(lie, 0) is AckKind.NEVER_WRITTEN, lie
+        assert d._ack(lie, 0) is AckKind.NEVER_WRITTEN, lie
         assert d.protocol_errors == n  # counted in the same call
     assert d.last_error == (
         f"protocol error: Ack({2**64 - 1}) covers rows never written: beyond seq 5, the "
@@ -434,27 +447,27 @@ def test_an_ack_beyond_every_write_and_the_answer_is_never_written_and_not_appli
     )
     assert d.acked == 5 and d.ack_bound == 5
     # A replay rewinds the writer: rows written before still bound acks.
-    d.on_end("UNAVAILABLE", "connection reset")
-    d.move(S.BACKOFF)
-    assert d.on_answer(3, 0.0).answer is Answer.FORGOT and d.acked == 3
+    d._end("UNAVAILABLE", "connection reset")
+    d._move(S.BACKOFF)
+    assert d._answer(3, 0.0).answer is Answer.FORGOT and d.acked == 3
     up(d, 4)
-    assert d.ack_bound == 5 and d.on_ack(5, 0) is AckKind.ADVANCE
+    assert d.ack_bound == 5 and d._ack(5, 0) is AckKind.ADVANCE
     # The answer bounds them too: an engine that holds rows of an earlier process.
-    d.on_end("UNAVAILABLE", "connection reset")
-    d.move(S.BACKOFF)
-    plan = d.on_answer(20, 0.0)
+    d._end("UNAVAILABLE", "connection reset")
+    d._move(S.BACKOFF)
+    plan = d._answer(20, 0.0)
     assert plan.answer is Answer.RESUME and plan.acked_moved and d.acked == 20  # applied as an ack
-    assert d.on_ack(20, 0) is AckKind.STALE
-    assert d.on_ack(21, 0) is AckKind.NEVER_WRITTEN
+    assert d._ack(20, 0) is AckKind.STALE
+    assert d._ack(21, 0) is AckKind.NEVER_WRITTEN
 
 
 def test_without_handshake_answers_acks_are_bounded_by_the_high_water_only() -> None:
     d = driver(high=30, engine_acks_handshake=False)
-    assert d.on_answer(None, 0.0).answer is Answer.NO_ANSWER
+    assert d._answer(None, 0.0).answer is Answer.NO_ANSWER
     up(d, 1)
-    assert d.on_ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
+    assert d._ack(25, 0) is AckKind.ADVANCE  # the engine's rows of an earlier process
     # Beyond the high-water, the bound then (SPEC "Acks"): the stream ends.
-    assert d.on_ack(31, 0) is AckKind.NEVER_WRITTEN
+    assert d._ack(31, 0) is AckKind.NEVER_WRITTEN
     assert d.ack_bound == 30 and d.protocol_errors == 1
     assert d.last_error == (
         "protocol error: Ack(31) covers rows never written: beyond seq 30, the log's "
@@ -467,71 +480,70 @@ def test_the_first_answer_since_open_verifies_and_replays_after_it(answer: int) 
     # SPEC "Dial": rows at or above unverified_from move to h+1, h+2, ...;
     # the writer starts right after h either way.
     d = driver(unverified=4)
-    plan = d.on_answer(answer, 0.0)
+    plan = d._answer(answer, 0.0)
     assert (plan.answer, plan.replay_from) == (Answer.VERIFY, answer + 1)
     # What moves: the driver remembers which seqs it handed out are unverified
     # (4..10), so on_verified can make them provisional; acked does not move yet.
     assert d.acked == 0 and d.provisional is None
     plan_log = log_of(d).state.verify(answer)
     log_of(d).state = plan_log.state
-    d.on_verified(answer, plan_log.shift_by)
+    d._verified(answer, plan_log.shift_by)
     expected = None if plan_log.shift_by == 0 else (4, 11, plan_log.shift_by)
     assert d.provisional == expected and d.acked == answer
 
 
 def test_behind_wins_over_verification_and_keeps_the_failed_mark() -> None:
     d = driver(stored=3, unverified=4, failed_mark=True)
-    plan = d.on_answer(2, 0.0)
+    plan = d._answer(2, 0.0)
     assert plan.answer is Answer.BEHIND and not plan.clear_failed_mark and d.failed_mark
 
 
 @pytest.mark.parametrize("answer", [4, 5, 11])
 def test_a_healthy_answer_clears_an_old_failed_mark_once(answer: int) -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    assert d.on_answer(answer, 0.0).clear_failed_mark and not d.failed_mark
-    assert not d.on_answer(answer, 0.0).clear_failed_mark
-    assert not driver(acked=5, stored=3).on_answer(answer, 0.0).clear_failed_mark
+    assert d._answer(answer, 0.0).clear_failed_mark and not d.failed_mark
+    assert not d._answer(answer, 0.0).clear_failed_mark
+    assert not driver(acked=5, stored=3)._answer(answer, 0.0).clear_failed_mark
 
 
 def test_without_handshake_answers_the_writer_starts_at_the_cursor() -> None:
     d = driver(acked=5, stored=3, failed_mark=True)
-    plan = d.on_answer(None, 0.0)
+    plan = d._answer(None, 0.0)
     assert (plan.answer, plan.replay_from, plan.clear_failed_mark) == (Answer.NO_ANSWER, 6, False)
 
 
 def test_forgotten_acks_are_resent_without_moving_below_the_stored_cursor() -> None:
     d = driver(acked=8, stored=2)
-    plan = d.on_answer(5, 0.0)
+    plan = d._answer(5, 0.0)
     assert (plan.answer, plan.replay_from, d.acked) == (Answer.FORGOT, 6, 5)
     assert plan.problem == "below acks it gave (8)"
     up(d, 6)
     assert d.next_to_write() == 6
     e = driver(acked=8, stored=2)
-    assert e.on_answer(1, 0.0).answer is Answer.BEHIND  # below the stored cursor
+    assert e._answer(1, 0.0).answer is Answer.BEHIND  # below the stored cursor
     f = driver(acked=8, stored=3)
-    assert f.on_answer(3, 0.0).answer is Answer.FORGOT
+    assert f._answer(3, 0.0).answer is Answer.FORGOT
     assert f.acked == 3  # never below what the log stores
-    assert f.ack_to_store(10_000.0) is None  # the forgotten acks are not stored any more
+    assert f._ack_to_store(10_000.0) is None  # the forgotten acks are not stored any more
 
 
 def test_verification_shift_translates_provisional_seqs() -> None:
     # Rows 4..10 were logged before the first answer; the engine holds up to 20.
     d = driver(high=10, acked=3, stored=3, unverified=4, done_seq=10)
-    plan = d.on_answer(20, 0.0)
+    plan = d._answer(20, 0.0)
     assert plan.answer is Answer.VERIFY and plan.replay_from == 21
     verify = log_of(d).state.verify(20)
     assert verify.shift_by == verification_shift(4, 20) == 17
     log_of(d).state = verify.state
-    d.on_verified(20, verify.shift_by)
+    d._verified(20, verify.shift_by)
     assert d.high_water == 27 and d.acked == 20 and d.stored == 20
     assert d.unverified_from is None and d.done_seq == 27
     assert [d.translate(s) for s in (3, 4, 10, 11, 28)] == [3, 21, 27, 11, 28]
-    assert [d.untranslate(s) for s in (3, 21, 27, 28)] == [3, 4, 10, 28]
     # wait_acked's one query: seq 4 as handed out is row 21, not yet acked; 3 is.
     assert d.is_acked(3) and not d.is_acked(4) and not d.is_acked(10)
     up(d, 21)
-    d.on_writing(21)
-    assert d.on_ack(21, 0.0) is AckKind.ADVANCE
+    d.handle(ev.Writing(21))
+    assert d._ack(21, 0.0) is AckKind.ADVANCE
     assert d.is_acked(4) and not d.is_acked(5)
 
 
@@ -543,15 +555,15 @@ def test_writer_position_follows_replay_rewind_and_end() -> None:
     assert d.next_to_write() is None  # no stream
     up(d, 1)  # never below the received ack
     assert d.state is S.STREAMING and d.next_to_write() == 3
-    d.on_written(3)
-    d.on_written(4)
+    d.handle(ev.Written(3))
+    d.handle(ev.Written(4))
     assert d.next_to_write() == 5
-    assert d.rewind() == 3
+    assert d._rewind() == 3
     assert d.next_to_write() == 3
-    d.on_written(5)
+    d.handle(ev.Written(5))
     assert d.next_to_write() is None
-    d.on_end("UNAVAILABLE", "connection reset")
-    assert d.next_to_write() is None and d.rewind() == 3
+    d._end("UNAVAILABLE", "connection reset")
+    assert d.next_to_write() is None and d._rewind() == 3
 
 
 def test_an_ack_above_a_rewound_writer_moves_it_past_the_acked_rows() -> None:
@@ -559,13 +571,13 @@ def test_an_ack_above_a_rewound_writer_moves_it_past_the_acked_rows() -> None:
     # writer goes on at 5, never asking the log for rows it may have deleted.
     d = driver(high=6, acked=2, stored=2)
     up(d, 3)
-    d.on_written(3)
-    d.on_written(4)
-    d.rewind()
+    d.handle(ev.Written(3))
+    d.handle(ev.Written(4))
+    d._rewind()
     assert d.next_to_write() == 3
-    d.on_ack(4, 0.0)
+    d._ack(4, 0.0)
     assert d.next_to_write() == 5
-    d.on_ack(3, 0.0)  # stale: nothing moves back
+    d._ack(3, 0.0)  # stale: nothing moves back
     assert d.next_to_write() == 5
 
 
@@ -578,8 +590,8 @@ def test_an_ack_during_a_replayed_write_that_covers_later_rows_is_not_undone() -
     up(d, 3)
     seq = d.next_to_write()
     assert seq == 3
-    d.on_ack(5, 0.0)  # during the write
-    d.on_written(seq)
+    d._ack(5, 0.0)  # during the write
+    d.handle(ev.Written(seq))
     assert d.next_to_write() == 6
 
 
@@ -587,7 +599,7 @@ def test_a_write_at_or_below_the_highest_written_seq_is_a_replay() -> None:
     d = driver(high=10)
     up(d, 1)
     for seq in (1, 2, 3, 2, 3, 4):
-        d.on_written(seq)
+        d.handle(ev.Written(seq))
     assert (d.sent, d.replayed) == (6, 2)
     assert d.is_replay(4) and not d.is_replay(5)
 
@@ -596,31 +608,31 @@ def test_every_dial_after_the_first_is_a_reconnect() -> None:
     # Issue 53: whether its stream came up or not (a dial refused, a stream cut
     # for a missing handshake answer): streams up alone counted none of those.
     d = driver()
-    d.on_dial()
+    d._count_dial()
     up(d, 1)
     assert d.reconnects == 0
     for _ in range(2):
-        d.move(S.BACKOFF)
-        d.on_dial()  # refused, or never answered
-    d.on_dial()
+        d._move(S.BACKOFF)
+        d._count_dial()  # refused, or never answered
+    d._count_dial()
     up(d, 1)
     assert d.reconnects == 3
 
 
 def test_a_held_done_is_never_written_and_stops_once_the_rows_before_it_are_acked() -> None:
     d = driver(high=10, acked=5, stored=5)
-    assert d.held_due() is None  # nothing held
+    assert d._held_due() is None  # nothing held
     up(d, 6)
     error = PayloadError("done", "too big")
-    d.hold(8, error)
+    d._hold(8, error)
     written = []
     while (seq := d.next_to_write()) is not None:
         written.append(seq)
-        d.on_written(seq)
+        d.handle(ev.Written(seq))
     assert written == [6, 7]
-    assert d.held_due() is None
-    d.on_ack(7, 0.0)
-    assert d.held_due() is error and d.held_due() is None  # taken once
+    assert d._held_due() is None
+    d._ack(7, 0.0)
+    assert d._held_due() is error and d._held_due() is None  # taken once
 
 
 # -- backoff and reconnecting -----------------------------------------------------------------
@@ -661,22 +673,21 @@ def test_backoff_stays_within_bounds(attempt: int, seed: int) -> None:
 def test_the_attempt_resets_only_on_an_ack_of_a_row_written_on_the_stream() -> None:
     backoff = Backoff(initial_ms=100, multiplier=2, max_ms=100_000, jitter_ms=0)
     d = driver(high=60, acked=50, stored=50, backoff=backoff)
-    rng = random.Random(0)
-    delays = [d.next_delay_ms(0, rng)]  # first dial refused
+    delays = [d._next_delay_ms(0)]  # first dial refused
     up(d, 51, 100)
-    d.on_ack(50, 100)  # nothing written yet
-    d.move(S.BACKOFF)
-    delays.append(d.next_delay_ms(200, rng))  # dropped at once
+    d._ack(50, 100)  # nothing written yet
+    d._move(S.BACKOFF)
+    delays.append(d._next_delay_ms(200))  # dropped at once
     up(d, 51, 300)
-    d.on_written(51)
-    d.on_ack(50, 300)  # covers nothing written on this stream
-    d.move(S.BACKOFF)
-    delays.append(d.next_delay_ms(400, rng))
+    d.handle(ev.Written(51))
+    d._ack(50, 300)  # covers nothing written on this stream
+    d._move(S.BACKOFF)
+    delays.append(d._next_delay_ms(400))
     up(d, 51, 500)
-    d.on_written(51)
-    d.on_ack(51, 500)
-    d.move(S.BACKOFF)
-    delays.append(d.next_delay_ms(600, rng))
+    d.handle(ev.Written(51))
+    d._ack(51, 500)
+    d._move(S.BACKOFF)
+    delays.append(d._next_delay_ms(600))
     assert delays == [100, 200, 400, 100]
 
 
@@ -685,19 +696,19 @@ def test_the_attempt_resets_after_a_stable_stream() -> None:
     d = driver(backoff=backoff)
     dials_failed(d, 5)
     up(d, 1, 0)
-    assert d.next_delay_ms(STABLE_STREAM_MS - 1, random.Random(0)) == 3200
-    d.move(S.BACKOFF)
+    assert d._next_delay_ms(STABLE_STREAM_MS - 1) == 3200
+    d._move(S.BACKOFF)
     up(d, 1, 0)
-    assert d.next_delay_ms(STABLE_STREAM_MS, random.Random(0)) == 100
+    assert d._next_delay_ms(STABLE_STREAM_MS) == 100
 
 
 def test_a_set_aside_row_or_a_held_done_resets_the_attempt() -> None:
     d = driver()
     dials_failed(d, 4)
-    d.on_set_aside()
+    d._set_aside()
     assert d.attempt == 0
     dials_failed(d, 4)
-    d.hold(3, PayloadError("done", "x"))
+    d._hold(3, PayloadError("done", "x"))
     assert d.attempt == 0
 
 
@@ -706,30 +717,30 @@ def test_a_set_aside_row_or_a_held_done_resets_the_attempt() -> None:
 
 def test_too_many_pings_doubles_the_keepalive_up_to_five_minutes() -> None:
     d = driver(keepalive_ms=25_000)
-    plan = d.on_end("UNAVAILABLE", "Too many pings")
+    plan = d._end("UNAVAILABLE", "Too many pings")
     assert plan.keepalive_doubled and plan.end is End.RECONNECT and d.keepalive_ms == 50_000
-    plan = d.on_end("UNAVAILABLE", "", 'GOAWAY "too_many_pings"')
+    plan = d._end("UNAVAILABLE", "", 'GOAWAY "too_many_pings"')
     assert plan.keepalive_doubled and d.keepalive_ms == 100_000
-    d.on_end("UNAVAILABLE", "too_many_pings")
-    d.on_end("UNAVAILABLE", "too_many_pings")
+    d._end("UNAVAILABLE", "too_many_pings")
+    d._end("UNAVAILABLE", "too_many_pings")
     assert d.keepalive_ms == MAX_KEEPALIVE_MS
-    assert not d.on_end("UNAVAILABLE", "Socket closed").keepalive_doubled
+    assert not d._end("UNAVAILABLE", "Socket closed").keepalive_doubled
 
 
 def test_run_completed_ends_the_loop_even_once_the_channel_is_over() -> None:
     d = driver()
-    assert d.on_end("FAILED_PRECONDITION", "run completed").end is End.RUN_COMPLETED
-    d.fail(EngineBehindError("x"))
-    assert d.on_end("FAILED_PRECONDITION", "Run Completed").end is End.RUN_COMPLETED
-    assert d.on_end("UNAVAILABLE", "x").end is End.ALREADY_OVER
+    assert d._end("FAILED_PRECONDITION", "run completed").end is End.RUN_COMPLETED
+    d._fail(EngineBehindError("x"))
+    assert d._end("FAILED_PRECONDITION", "Run Completed").end is End.RUN_COMPLETED
+    assert d._end("UNAVAILABLE", "x").end is End.ALREADY_OVER
     assert d.last_end_code == "UNAVAILABLE"
 
 
 def test_every_other_status_reconnects() -> None:
     d = driver()
     for code in ("INTERNAL", "UNKNOWN", "UNAVAILABLE", "UNAUTHENTICATED", "CANCELLED", None):
-        assert d.on_end(code, "run completed" if code else "").end is End.RECONNECT
-    assert d.on_end("FAILED_PRECONDITION", "expected seq 4, got 9").end is End.RECONNECT
+        assert d._end(code, "run completed" if code else "").end is End.RECONNECT
+    assert d._end("FAILED_PRECONDITION", "expected seq 4, got 9").end is End.RECONNECT
 
 
 @pytest.mark.parametrize(
@@ -744,17 +755,17 @@ def test_run_completed_makes_a_logged_done_a_tombstone_else_marks_what_is_left(
     done_seq: int | None, stored: int, completion: Completion
 ) -> None:
     d = driver(high=10, stored=stored, done_seq=done_seq)
-    assert d.on_run_completed() is completion
-    error = d.completed_by_engine()
+    assert d._run_completed() is completion
+    error = d._completed_by_engine()
     assert d.failure is error and d.state is S.FAILED
 
 
 def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -> None:
     d = driver()
-    plan = d.on_end("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (900 vs. 500)")
+    plan = d._end("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (900 vs. 500)")
     assert plan.end is End.SIZE_REFUSAL and plan.refusal == SizeRefusal(900, 500)
     # The channel's own receive limit (a down message) is no refusal of a row.
-    plan = d.on_end("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (900 vs. 500)")
+    plan = d._end("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (900 vs. 500)")
     assert plan.end is End.DOWN_TOO_LARGE and plan.refusal is None
     for code, details in [
         ("RESOURCE_EXHAUSTED", "quota"),
@@ -762,7 +773,7 @@ def test_a_size_refusal_is_read_from_the_status_and_anything_else_reconnects() -
         ("INTERNAL", "RST_STREAM"),
         (None, ""),
     ]:
-        plan = d.on_end(code, details)
+        plan = d._end(code, details)
         assert plan.end is End.RECONNECT and plan.refusal is None, (code, details)
 
 
@@ -779,11 +790,11 @@ def test_an_unproven_size_refusal_says_why_nothing_was_set_aside() -> None:
 
 def test_the_same_end_again_is_said_once_until_a_stream_comes_up() -> None:
     d = driver()
-    assert d.first_said("UNAVAILABLE: refused")
-    assert not d.first_said("UNAVAILABLE: refused")
-    assert d.first_said("UNAUTHENTICATED: who")
+    assert d._first_said("UNAVAILABLE: refused")
+    assert not d._first_said("UNAVAILABLE: refused")
+    assert d._first_said("UNAUTHENTICATED: who")
     up(d, 1)
-    assert d.first_said("UNAUTHENTICATED: who")
+    assert d._first_said("UNAUTHENTICATED: who")
 
 
 def test_describe_end_names_a_status_grpc_aio_lost_to_a_write() -> None:
@@ -952,11 +963,11 @@ def test_a_held_off_checkpoint_is_retried_less_often_and_a_reclaim_goes_on_at_on
 
 def test_stop_fires_once_and_decisions_are_kept_by_request_id() -> None:
     d = driver()
-    assert d.on_stop() is True
-    assert d.on_stop() is False  # re-sent after a handshake
+    assert d._stop() is True
+    assert d._stop() is False  # re-sent after a handshake
     assert d.decision("r1") is None
-    d.on_decision("r1", True, "ok")
-    d.on_decision("r1", False, "changed")  # the latest wins
+    d._decide("r1", True, "ok")
+    d._decide("r1", False, "changed")  # the latest wins
     assert d.decision("r1") == (False, "changed")
 
 
@@ -1009,34 +1020,34 @@ def test_a_fresh_driver_starts_with_nothing_known_sent_or_failed() -> None:
         None,
         None,
     )
-    assert d.first_said("")  # nothing was said yet, not even an empty text
+    assert d._first_said("")  # nothing was said yet, not even an empty text
 
 
 def test_the_first_unstored_ack_counts_one_toward_the_store_every_batch() -> None:
     d = driver(high=10_000)
     for seq in range(1, ACK_STORE_EVERY):
-        assert d.on_ack(seq, 0.0) is AckKind.ADVANCE
-    assert d.ack_to_store(0.0) is None  # one ack short of the batch
-    d.on_ack(ACK_STORE_EVERY, 0.0)
-    assert d.ack_to_store(0.0) == ACK_STORE_EVERY
+        assert d._ack(seq, 0.0) is AckKind.ADVANCE
+    assert d._ack_to_store(0.0) is None  # one ack short of the batch
+    d._ack(ACK_STORE_EVERY, 0.0)
+    assert d._ack_to_store(0.0) == ACK_STORE_EVERY
 
 
 def test_an_answer_of_zero_bounds_acks_by_what_was_written_since_none_was() -> None:
     d = driver()
-    assert d.on_answer(0, 0.0) == AnswerPlan(Answer.RESUME, 1)  # acked 0: nothing moved
+    assert d._answer(0, 0.0) == AnswerPlan(Answer.RESUME, 1)  # acked 0: nothing moved
     assert d.ack_bound == 0
-    assert d.on_ack(1, 0.0) is AckKind.NEVER_WRITTEN  # row 1 never went out on the stream
-    d.on_writing(1)
-    assert d.ack_bound == 1 and d.on_ack(1, 0.0) is AckKind.ADVANCE
+    assert d._ack(1, 0.0) is AckKind.NEVER_WRITTEN  # row 1 never went out on the stream
+    d.handle(ev.Writing(1))
+    assert d.ack_bound == 1 and d._ack(1, 0.0) is AckKind.ADVANCE
 
 
 def test_the_deadline_is_counted_down_to_zero_and_refuses_at_the_second() -> None:
     d = driver(hard_deadline=_DEADLINE)
     at = _DEADLINE.timestamp()
-    assert driver().deadline_in_s(at) is None
-    assert d.deadline_in_s(at - 30.0) == 30.0
-    assert d.deadline_in_s(at - 0.25) == 0.25
-    assert d.deadline_in_s(at) == 0.0 and d.deadline_in_s(at + 5.0) == 0.0
+    assert driver()._deadline_in_s(at) is None
+    assert d._deadline_in_s(at - 30.0) == 30.0
+    assert d._deadline_in_s(at - 0.25) == 0.25
+    assert d._deadline_in_s(at) == 0.0 and d._deadline_in_s(at + 5.0) == 0.0
     assert d.admit(Call.SEND, at - 0.001) is None
     for call in Call:
         error = d.admit(call, at)  # the deadline second itself is past it
@@ -1051,32 +1062,32 @@ def test_only_send_done_of_a_completed_run_passes_a_deadline_or_a_failure() -> N
     assert d.admit(Call.DONE, after) is None
     assert isinstance(d.admit(Call.SEND, after), RunExpiredError)
     assert isinstance(d.admit(Call.HANDSHAKE, after), RunExpiredError)
-    error = d.completed_by_engine()
+    error = d._completed_by_engine()
     assert d.admit(Call.DONE, 0.0) is None
     assert d.admit(Call.SEND, 0.0) is error
 
 
 def test_close_done_and_errors_are_recorded_as_said() -> None:
     d = driver()
-    d.on_close()
+    d.handle(ev.CloseRequested())
     assert d.closed is True
-    d.on_done_sent()
+    d.handle(ev.DoneLogged())
     assert d.done_sent is True
-    d.note_error("UNAVAILABLE: connection refused")
+    d.handle(ev.ErrorSeen("UNAVAILABLE: connection refused"))
     assert d.last_error == "UNAVAILABLE: connection refused"
-    assert d.protocol_error("ack 99 above the high-water 10") == (
+    assert d._protocol_error("ack 99 above the high-water 10") == (
         "protocol error: ack 99 above the high-water 10"
     )
     assert d.last_error == "protocol error: ack 99 above the high-water 10"
     assert d.protocol_errors == 1
-    d.protocol_error("again")
-    d.protocol_error("and again")
+    d._protocol_error("again")
+    d._protocol_error("and again")
     assert d.protocol_errors == 3 and d.last_error == "protocol error: and again"
 
 
 def test_an_engine_behind_the_cursor_is_named_with_both_seqs() -> None:
     d = driver(acked=5, stored=3)
-    plan = d.on_answer(2, 0.0)
+    plan = d._answer(2, 0.0)
     assert plan == AnswerPlan(Answer.BEHIND, None, failed_reason=FAILED_ENGINE_BEHIND)
     assert isinstance(d.failure, EngineBehindError) and d.state is S.FAILED
     assert str(d.failure) == (
@@ -1087,20 +1098,20 @@ def test_an_engine_behind_the_cursor_is_named_with_both_seqs() -> None:
 
 def test_a_verifying_answer_clears_the_old_failed_mark_in_its_plan() -> None:
     d = driver(unverified=4, failed_mark=True)
-    assert d.on_answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, True)
+    assert d._answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, True)
     assert d.failed_mark is False
-    assert d.on_answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, False)  # cleared once
+    assert d._answer(5, 0.0) == AnswerPlan(Answer.VERIFY, 6, False)  # cleared once
 
 
 def test_a_verification_is_followed_once_and_an_equal_answer_keeps_the_ack() -> None:
     d = driver(acked=5, stored=5, unverified=4)
-    assert d.on_answer(7, 0.0).answer is Answer.VERIFY
-    d.on_verified(7, 4)
+    assert d._answer(7, 0.0).answer is Answer.VERIFY
+    d._verified(7, 4)
     assert d.provisional == (4, 11, 4) and d.acked == 7
-    d.on_verified(9, 2)  # no VERIFY plan before it: no range handed out to move
+    d._verified(9, 2)  # no VERIFY plan before it: no range handed out to move
     assert d.provisional == (4, 11, 4) and d.acked == 9
     fresh = driver(acked=5, stored=5)
-    fresh.on_verified(5, 3)
+    fresh._verified(5, 3)
     assert fresh.provisional is None and fresh.acked == 5
 
 
@@ -1115,7 +1126,7 @@ _FOREIGN_WHY = (
 def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None:
     me = Writer("w-me", 0, False, False)
     d = with_writer(me, unverified=1, path="/wal/r.wal")
-    plan = d.on_answer(1, 0.0)  # the engine holds seq 1 already: not this log's
+    plan = d._answer(1, 0.0)  # the engine holds seq 1 already: not this log's
     assert plan == AnswerPlan(Answer.FOREIGN, None, failed_reason=fenced_reason(_FOREIGN_WHY))
     error = d.failure
     assert isinstance(error, WriterFencedError)
@@ -1135,14 +1146,14 @@ def test_a_never_answered_log_meeting_one_row_of_the_engine_is_foreign() -> None
     )
     assert d.fenced_failure == fenced_reason(_FOREIGN_WHY)
     # An engine holding nothing, or a log that may meet rows, verifies.
-    assert with_writer(me, unverified=1).on_answer(0, 0.0).answer is Answer.VERIFY
+    assert with_writer(me, unverified=1)._answer(0, 0.0).answer is Answer.VERIFY
     answered = me._replace(answered=True)
-    assert with_writer(answered, unverified=1).on_answer(1, 0.0).answer is Answer.VERIFY
+    assert with_writer(answered, unverified=1)._answer(1, 0.0).answer is Answer.VERIFY
 
 
 def test_fenced_keeps_its_reason_and_names_the_run_the_log_and_the_writer() -> None:
     d = with_writer(Writer("w-me", 2, False, True), path="/wal/my run.wal")
-    error = d.fenced("because", engine_high=7)
+    error = d._fenced("because", engine_high=7)
     assert d.fenced_failure == fenced_reason("because")
     assert d.fenced_failure == f"{FAILED_FENCED} (because); every row is kept"
     assert str(error) == (
@@ -1157,7 +1168,7 @@ def test_fenced_keeps_its_reason_and_names_the_run_the_log_and_the_writer() -> N
         "w-me",
         7,
     )
-    assert d.fenced("again").engine_high is None
+    assert d._fenced("again").engine_high is None
 
 
 def test_fenced_error_without_a_writer_or_a_path_says_this_writer_and_log() -> None:
@@ -1169,7 +1180,7 @@ def test_fenced_error_without_a_writer_or_a_path_says_this_writer_and_log() -> N
     )
     assert (error.run_id, error.path, error.writer_id, error.engine_high) == ("r", "", None, None)
     d = driver()  # no path given: the log is not named
-    made = d.fenced("because", engine_high=3)
+    made = d._fenced("because", engine_high=3)
     assert made.path == "" and str(made) == str(error)
     assert (made.writer_id, made.engine_high) == (None, 3)
     named = fenced_error("r", "/wal/r.wal", Writer("w-1", 0, False, False), "x", engine_high=4)
@@ -1227,17 +1238,17 @@ def test_a_takeover_without_handshake_answers_starts_failed_naming_the_log(
 def test_run_completed_by_another_fences_only_a_log_with_rows_left() -> None:
     me = Writer("w-me", 0, False, True)
     # No writer named (none said yet): this writer's rows left are undeliverable, not fenced.
-    assert with_writer(me, high=10, stored=7).on_run_completed() is Completion.UNDELIVERABLE
+    assert with_writer(me, high=10, stored=7)._run_completed() is Completion.UNDELIVERABLE
     said = "run completed by writer w-other"
     empty = with_writer(me, high=10, stored=10)
-    assert empty.on_end("FAILED_PRECONDITION", said).end is End.RUN_COMPLETED
-    assert empty.on_run_completed() is Completion.NOTHING
+    assert empty._end("FAILED_PRECONDITION", said).end is End.RUN_COMPLETED
+    assert empty._run_completed() is Completion.NOTHING
     one = with_writer(me, high=10, stored=9)  # a single row left is a row left
-    assert one.on_end("FAILED_PRECONDITION", said).completion is Completion.FENCED
+    assert one._end("FAILED_PRECONDITION", said).completion is Completion.FENCED
     d = with_writer(me, high=10, stored=7, path="/wal/r.wal")
-    d.on_end("FAILED_PRECONDITION", said)
-    assert d.on_run_completed() is Completion.FENCED
-    error, reason = d.refused(Completion.FENCED)
+    d._end("FAILED_PRECONDITION", said)
+    assert d._run_completed() is Completion.FENCED
+    error, reason = d._refused(Completion.FENCED)
     why = (
         "the engine says writer w-other completed the run, while 3 row(s) of this writer "
         "were never applied"
@@ -1252,9 +1263,9 @@ def test_a_refusal_of_this_writer_is_fenced_with_the_engines_words() -> None:
     me = Writer("w-me", 0, False, True)
     d = with_writer(me, path="/wal/r.wal")
     details = "writer fenced: a newer copy of this log (epoch 1) writes the run"
-    assert d.on_end("FAILED_PRECONDITION", details).end is End.FENCED
-    assert d.on_run_completed() is Completion.FENCED
-    error, reason = d.refused(Completion.FENCED)
+    assert d._end("FAILED_PRECONDITION", details).end is End.FENCED
+    assert d._run_completed() is Completion.FENCED
+    error, reason = d._refused(Completion.FENCED)
     why = f"the engine refused it: {details}"
     assert reason == fenced_reason(why) == d.fenced_failure
     assert str(error) == str(fenced_error("r", "/wal/r.wal", me, why))
@@ -1268,8 +1279,8 @@ def test_run_completed_with_one_row_left_marks_it_undeliverable(
     stored: int, completion: Completion, reason: str | None
 ) -> None:
     d = driver(high=10, stored=stored)
-    assert d.on_run_completed() is completion
-    error, said = d.refused(completion)
+    assert d._run_completed() is completion
+    error, said = d._refused(completion)
     assert isinstance(error, RunCompletedError) and said == reason
     assert str(error) == "run r: the engine says the run is completed"
     assert d.fenced_failure is None
@@ -1277,7 +1288,7 @@ def test_run_completed_with_one_row_left_marks_it_undeliverable(
 
 def test_the_engines_completion_fails_the_run_with_its_own_words() -> None:
     d = driver()
-    error = d.completed_by_engine()
+    error = d._completed_by_engine()
     assert isinstance(error, RunCompletedError)
     assert str(error) == "run r: the engine says the run is completed"
     assert d.failure is error and d.state is S.FAILED
@@ -1294,12 +1305,12 @@ def test_a_tombstone_says_every_logged_row_acked_and_no_seq_past_them() -> None:
 def test_a_held_done_is_due_exactly_when_the_row_before_it_is_acked() -> None:
     d = driver(high=10, acked=3, stored=3)
     error = PayloadError("done", "too big")
-    assert d.held_due() is None  # nothing held back
-    d.hold(5, error)
-    assert d.held_due() is None  # row 4 is not acked
-    d.on_ack(4, 0.0)
-    assert d.held_due() is error
-    assert d.held is None and d.held_due() is None
+    assert d._held_due() is None  # nothing held back
+    d._hold(5, error)
+    assert d._held_due() is None  # row 4 is not acked
+    d._ack(4, 0.0)
+    assert d._held_due() is error
+    assert d.held is None and d._held_due() is None
 
 
 # -- what the driver says: exact texts, plans and boundaries (mutation survivors) -------------
@@ -1319,116 +1330,116 @@ def test_every_end_plan_carries_the_doubled_keepalive_whatever_the_end() -> None
         ("run completed", "", End.RUN_COMPLETED, Completion.UNDELIVERABLE),
     ):
         e = driver(keepalive_ms=25_000)
-        plan = e.on_end("FAILED_PRECONDITION", details, said)
+        plan = e._end("FAILED_PRECONDITION", details, said)
         assert (plan.end, plan.keepalive_doubled, plan.refusal) == (end, bool(said), None)
         assert e.state is S.FAILED and plan.completion is completion
         assert plan.failed_reason is not None  # 10 rows here were never applied
     # A logged Done the engine applied: a tombstone, not a failure; the keepalive still doubles.
     for said in (pings, ""):
         t = driver(keepalive_ms=25_000, done_seq=10)
-        assert t.on_end("FAILED_PRECONDITION", "run completed", said) == wd.EndPlan(
+        assert t._end("FAILED_PRECONDITION", "run completed", said) == wd.EndPlan(
             End.RUN_COMPLETED, bool(said), None, completion=Completion.TOMBSTONE
         )
         assert t.failure is None
     d = driver(keepalive_ms=25_000)
     big = es.DownTooLarge(900, 500)
-    assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(
+    assert d._end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE, pings) == wd.EndPlan(
         End.DOWN_TOO_LARGE, True, None, big
     )
-    assert d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE) == wd.EndPlan(
+    assert d._end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE) == wd.EndPlan(
         End.DOWN_TOO_LARGE, False, None, big
     )
     refused = "SERVER: Received message larger than max (900 vs. 500)"
-    assert d.on_end("RESOURCE_EXHAUSTED", refused, pings) == wd.EndPlan(
+    assert d._end("RESOURCE_EXHAUSTED", refused, pings) == wd.EndPlan(
         End.SIZE_REFUSAL, True, SizeRefusal(900, 500)
     )
-    assert d.on_end("RESOURCE_EXHAUSTED", refused) == wd.EndPlan(
+    assert d._end("RESOURCE_EXHAUSTED", refused) == wd.EndPlan(
         End.SIZE_REFUSAL, False, SizeRefusal(900, 500)
     )
-    assert d.on_end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.RECONNECT, True, None)
-    d.fail(EngineBehindError("x"))
-    assert d.on_end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.ALREADY_OVER, True, None)
-    assert d.on_end("UNAVAILABLE", "x") == wd.EndPlan(End.ALREADY_OVER, False, None)
+    assert d._end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.RECONNECT, True, None)
+    d._fail(EngineBehindError("x"))
+    assert d._end("UNAVAILABLE", "x", pings) == wd.EndPlan(End.ALREADY_OVER, True, None)
+    assert d._end("UNAVAILABLE", "x") == wd.EndPlan(End.ALREADY_OVER, False, None)
 
 
 def test_a_down_message_too_large_stays_the_cause_of_ends_grpc_lost_to_a_write() -> None:
     d = driver()
     assert d.down_too_large is None
-    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    d._end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
     assert d.down_too_large == es.DownTooLarge(900, 500)
     # The next stream's end lost its status to a write (grpc/grpc#36066): still too large.
-    plan = d.on_end("INTERNAL", LOST)
+    plan = d._end("INTERNAL", LOST)
     assert plan == wd.EndPlan(End.DOWN_TOO_LARGE, False, None, es.DownTooLarge(900, 500), True)
     assert d.down_too_large == es.DownTooLarge(900, 500)
     # A real status that says something else replaces it.
-    assert d.on_end("UNAVAILABLE", "Socket closed") == wd.EndPlan(End.RECONNECT, False, None)
+    assert d._end("UNAVAILABLE", "Socket closed") == wd.EndPlan(End.RECONNECT, False, None)
     assert d.down_too_large is None
     # With nothing known before, a lost status is an ordinary reconnect.
-    assert d.on_end("INTERNAL", LOST) == wd.EndPlan(End.RECONNECT, False, None)
+    assert d._end("INTERNAL", LOST) == wd.EndPlan(End.RECONNECT, False, None)
     assert d.down_too_large is None
 
 
 def test_an_ack_of_a_written_row_or_a_stable_stream_forgets_the_down_message_too_large() -> None:
     d = driver(high=10)
-    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    d._end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
     up(d, 1)
-    d.on_written(1)
-    d.on_ack(1, 0.0)
+    d.handle(ev.Written(1))
+    d._ack(1, 0.0)
     assert d.down_too_large is None
-    d.move(S.BACKOFF)
-    d.on_end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
+    d._move(S.BACKOFF)
+    d._end("RESOURCE_EXHAUSTED", GRPC_SAYS_DOWN_TOO_LARGE)
     up(d, 2, 0.0)
-    d.next_delay_ms(STABLE_STREAM_MS, random.Random(0))
+    d._next_delay_ms(STABLE_STREAM_MS)
     assert d.down_too_large is None
 
 
 def test_an_ack_moves_a_writer_standing_exactly_at_its_seq_and_no_writer_without_a_stream() -> None:
     d = driver(high=10)
-    assert d.on_ack(4, 0.0) is AckKind.ADVANCE
+    assert d._ack(4, 0.0) is AckKind.ADVANCE
     assert d.write_pos == 0  # no stream: nothing to move
     up(d, 5)
     assert d.write_pos == 5
-    d.on_ack(5, 0.0)  # the row the writer stands at
+    d._ack(5, 0.0)  # the row the writer stands at
     assert d.write_pos == 6
 
 
 def test_acks_are_stored_at_the_256th_and_coalescing_restarts_after_a_store() -> None:
     d = driver(high=10_000)
     for seq in range(1, ACK_STORE_EVERY):
-        d.on_ack(seq, 0.0)
-    assert d.ack_to_store(0.0) is None  # 255: not yet
-    d.on_ack(ACK_STORE_EVERY, 0.0)
-    assert d.ack_to_store(0.0) == ACK_STORE_EVERY
+        d._ack(seq, 0.0)
+    assert d._ack_to_store(0.0) is None  # 255: not yet
+    d._ack(ACK_STORE_EVERY, 0.0)
+    assert d._ack_to_store(0.0) == ACK_STORE_EVERY
     log = log_of(d)
     plan = log.state.ack(ACK_STORE_EVERY)
     log.state = plan.state
-    assert d.ack_timer_ms(timer_armed=False) is None
+    assert d._ack_timer_ms(timer_armed=False) is None
     start = ACK_STORE_EVERY + 1
     for seq in range(start, start + ACK_STORE_EVERY - 1):
-        d.on_ack(seq, 0.0)
-    assert d.ack_to_store(0.0) is None  # counting from 0 again
-    d.on_ack(start + ACK_STORE_EVERY - 1, 0.0)
-    assert d.ack_to_store(0.0) == 2 * ACK_STORE_EVERY
+        d._ack(seq, 0.0)
+    assert d._ack_to_store(0.0) is None  # counting from 0 again
+    d._ack(start + ACK_STORE_EVERY - 1, 0.0)
+    assert d._ack_to_store(0.0) == 2 * ACK_STORE_EVERY
 
 
 def test_an_ack_already_stored_is_not_stored_again_even_when_forced() -> None:
     d = driver(acked=3, stored=3)
-    assert d.ack_to_store(0.0, force=True) is None
+    assert d._ack_to_store(0.0, force=True) is None
 
 
 def test_a_stream_up_forgets_the_last_end_said_whatever_it_was() -> None:
     d = driver()
-    assert d.first_said("")
-    assert not d.first_said("")
+    assert d._first_said("")
+    assert not d._first_said("")
     up(d, 1)
-    assert d.first_said("")
+    assert d._first_said("")
 
 
 def test_a_stream_end_leaves_the_writer_at_zero() -> None:
     d = driver()
     up(d, 1)
     assert d.write_pos == 1
-    d.on_end("UNAVAILABLE", "connection reset")
+    d._end("UNAVAILABLE", "connection reset")
     assert d.write_pos == 0
     assert d.next_to_write() is None
 
@@ -1650,63 +1661,63 @@ def test_the_write_finder_finds_a_planted_write(tmp_path: Path) -> None:
 
 def test_an_answer_applied_as_an_ack_waits_to_be_stored_from_the_answers_time() -> None:
     d = driver(high=10, acked=3, stored=3)
-    plan = d.on_answer(8, 5_000.0)
+    plan = d._answer(8, 5_000.0)
     assert plan.acked_moved and d.acked == 8
-    assert d.ack_timer_ms(timer_armed=False) is not None
-    assert d.ack_to_store(5_000.0 + ACK_STORE_AFTER_MS - 1) is None
-    assert d.ack_to_store(5_000.0 + ACK_STORE_AFTER_MS) == 8
-    assert d.ack_timer_ms(timer_armed=False) is None  # handed out: the window starts again
+    assert d._ack_timer_ms(timer_armed=False) is not None
+    assert d._ack_to_store(5_000.0 + ACK_STORE_AFTER_MS - 1) is None
+    assert d._ack_to_store(5_000.0 + ACK_STORE_AFTER_MS) == 8
+    assert d._ack_timer_ms(timer_armed=False) is None  # handed out: the window starts again
 
 
 def test_an_answer_above_the_high_water_raises_no_ack_bound() -> None:
     # Issue 53: the refused answer is never the bound (it was: acks up to it were
     # then taken as "above the high-water", and after a restart as rows).
     d = driver(high=10)
-    d.move(S.CONNECTING)
-    assert d.on_answer(11, 0.0).answer is Answer.AHEAD
+    d._move(S.CONNECTING)
+    assert d._answer(11, 0.0).answer is Answer.AHEAD
     up(d, 1)
-    assert d.on_ack(11, 0.0) is AckKind.NEVER_WRITTEN
-    d.on_writing(1)
-    assert d.on_ack(1, 0.0) is AckKind.ADVANCE  # what this channel wrote may be acked
+    assert d._ack(11, 0.0) is AckKind.NEVER_WRITTEN
+    d.handle(ev.Writing(1))
+    assert d._ack(1, 0.0) is AckKind.ADVANCE  # what this channel wrote may be acked
     assert d.protocol_errors == 2 and d.acked == 1
 
 
 def test_the_error_of_the_runs_end_is_built_in_one_place() -> None:
     d = driver()
     assert d.ended_error() is None
-    d.on_close()
+    d.handle(ev.CloseRequested())
     closed = d.ended_error()
     assert isinstance(closed, ChannelClosedError) and str(closed) == "run r: the channel is closed"
     e = driver()
-    e.expire()
+    e._expire()
     expired = e.ended_error()
     assert isinstance(expired, RunExpiredError) and str(expired) == "run r: past its hard_deadline"
     behind = EngineBehindError("behind")
-    e.fail(behind)  # a failure after the deadline: the failure is what ended it
+    e._fail(behind)  # a failure after the deadline: the failure is what ended it
     assert e.ended_error() is behind
     f = driver()
-    f.fail(behind)
-    f.on_close()
+    f._fail(behind)
+    f.handle(ev.CloseRequested())
     assert f.ended_error() is behind
 
 
 def test_run_completed_is_decided_in_the_end_and_a_tombstone_needs_the_log_first() -> None:
     d = driver(high=10, acked=9, stored=9, done_seq=10)
     up(d, 10)
-    plan = d.on_end("FAILED_PRECONDITION", "run completed")
+    plan = d._end("FAILED_PRECONDITION", "run completed")
     assert (plan.end, plan.completion, plan.failed_reason) == (
         End.RUN_COMPLETED,
         Completion.TOMBSTONE,
         None,
     )
     assert d.state is S.STREAMING and d.failure is None  # nothing failed: the log comes first
-    error = d.completed_by_engine()
+    error = d._completed_by_engine()
     assert d.state is S.FAILED and d.failure is error
     # The log could not be made a tombstone: its rows stay, undeliverable.
     e = driver(high=10, acked=9, stored=9, done_seq=10)
     up(e, 10)
-    assert e.on_end("FAILED_PRECONDITION", "run completed").completion is Completion.TOMBSTONE
-    assert e.tombstone_not_stored() == FAILED_UNDELIVERABLE
+    assert e._end("FAILED_PRECONDITION", "run completed").completion is Completion.TOMBSTONE
+    assert e._tombstone_not_stored() == FAILED_UNDELIVERABLE
     assert e.state is S.FAILED and isinstance(e.failure, RunCompletedError)
 
 
@@ -1716,7 +1727,7 @@ def test_run_completed_is_decided_in_the_end_and_a_tombstone_needs_the_log_first
 def test_expected_seq_below_the_stored_cursor_fails_the_run_as_engine_behind() -> None:
     d = driver(high=20, stored=15)
     up(d, 16)
-    plan = d.on_end("FAILED_PRECONDITION", "expected seq 11, got seq 16")
+    plan = d._end("FAILED_PRECONDITION", "expected seq 11, got seq 16")
     assert plan.end is wd.End.CONTRADICTED
     assert plan.failed_reason == FAILED_ENGINE_BEHIND
     assert d.state is S.FAILED
@@ -1729,7 +1740,7 @@ def test_expected_seq_at_or_above_the_stored_cursor_is_re_sent(expected: int) ->
     # The FORGOT rule: acks received but not stored may be lost; the rows are still here.
     d = driver(high=20, acked=18, stored=15)
     up(d, 19)
-    plan = d.on_end("FAILED_PRECONDITION", f"expected seq {expected}, got seq 19")
+    plan = d._end("FAILED_PRECONDITION", f"expected seq {expected}, got seq 19")
     assert plan.end is wd.End.RECONNECT
     assert d.state is S.STREAMING and d.failure is None
 
@@ -1746,24 +1757,425 @@ def _trusted(written: int | None, *, high: int = 10, unverified: int | None = 11
 @pytest.mark.parametrize("answer", [11, 60, 2**62])
 def test_an_answer_above_the_written_bound_is_refused_and_bounds_no_ack(answer: int) -> None:
     d = _trusted(10)
-    plan = d.on_answer(answer, 0.0)
+    plan = d._answer(answer, 0.0)
     assert plan.answer is Answer.AHEAD
     assert d.protocol_errors == 1
     assert f"Ack({answer}) is above seq 10" in (d.last_error or "")
     assert d.ack_bound == 0  # the refused answer raises nothing: only writes will
-    assert d.on_ack(answer, 0.0) is AckKind.NEVER_WRITTEN
+    assert d._ack(answer, 0.0) is AckKind.NEVER_WRITTEN
 
 
 def test_an_answer_within_the_written_bound_is_verified_as_before() -> None:
     d = _trusted(10)
-    assert d.on_answer(10, 0.0).answer is Answer.VERIFY
+    assert d._answer(10, 0.0).answer is Answer.VERIFY
 
 
 @pytest.mark.parametrize("answer", [11, 60])
 def test_without_a_written_bound_an_answer_above_is_the_verification_path(answer: int) -> None:
     # A takeover, a restored log, another boot: the engine may hold more than this log.
     d = _trusted(None)
-    assert d.on_answer(answer, 0.0).answer is Answer.VERIFY
-    d.on_verified(answer, answer + 1 - 11)
+    assert d._answer(answer, 0.0).answer is Answer.VERIFY
+    d._verified(answer, answer + 1 - 11)
     assert d.written_bound == answer  # from now on, above it is no engine's word
-    assert d.on_answer(answer + 5, 0.0).answer is Answer.AHEAD
+    assert d._answer(answer + 5, 0.0).answer is Answer.AHEAD
+
+
+# -- the one entry point: events in, actions out (issue 60) ------------------------------------
+
+
+def streaming(**kw: Any) -> Driver:
+    """A driver whose stream is up (answered with its stored cursor), writer at the cursor."""
+    d = driver(**kw)
+    d.handle(ev.LoopStarted())
+    actions = d.handle(ev.Answered(d.stored, 0.0))
+    assert any(isinstance(a, act.StartStream) for a in actions), actions
+    while (seq := d.next_to_write()) is not None:  # every row goes out: acks may cover them
+        d.handle(ev.Writing(seq))
+        d.handle(ev.Written(seq))
+    return d
+
+
+def test_every_event_has_a_handler_and_every_handler_an_event() -> None:
+    d = driver()
+    events = set(typing.get_args(ev.Event))
+    assert set(d._handlers) == events
+    assert {name for name in ev.__all__ if name[0].isupper()} - {"Event", "Failure"} == {
+        e.__name__ for e in events
+    }
+
+
+def test_the_executor_performs_every_action_the_driver_can_give() -> None:
+    from walchannel.channel.connection import ConnectionLoop
+
+    actions = set(typing.get_args(act.Action))
+    performers = ConnectionLoop._performers.__code__.co_names
+    assert {a.__name__ for a in actions} <= set(performers), "an action no one performs"
+    assert {name for name in act.__all__ if name[0].isupper() and not name.isupper()} - {
+        "Action"
+    } == {a.__name__ for a in actions}
+
+
+def test_the_loop_dials_backs_off_and_rediscovers_only_with_a_discovery_url() -> None:
+    backoff = Backoff(initial_ms=100, multiplier=2, max_ms=1000, jitter_ms=0)
+    d = driver(backoff=backoff, keepalive_ms=20_000)
+    assert list(d.handle(ev.LoopStarted())) == [act.STATE_CHANGED, act.Dial(20_000)]
+    assert d.state is S.CONNECTING
+    assert list(d.handle(ev.StreamOver(0.0))) == [act.STATE_CHANGED, act.Backoff(100, 1)]
+    assert list(d.handle(ev.BackoffOver())) == [act.STATE_CHANGED, act.Dial(20_000)]
+    assert d.reconnects == 1
+    found = driver(http_addr="http://127.0.0.1:1", allowed_hosts=["127.0.0.1"], keepalive_ms=20_000)
+    found.handle(ev.LoopStarted())
+    found.handle(ev.StreamOver(0.0))
+    assert list(found.handle(ev.BackoffOver())) == [act.REDISCOVER]
+    assert list(found.handle(ev.Rediscovered())) == [act.STATE_CHANGED, act.Dial(20_000)]
+
+
+@pytest.mark.parametrize("over", ["closed", "failed"])
+def test_the_loop_ends_once_the_channel_is_closed_or_over(over: str) -> None:
+    d = driver()
+    d.handle(ev.LoopStarted())
+    if over == "closed":
+        d.handle(ev.CloseRequested())
+    else:
+        d.handle(ev.Failed(WalchannelError("x"), ev.Failure.CORRUPT))
+    for event in (ev.StreamOver(0.0), ev.BackoffOver(), ev.Rediscovered(), ev.LoopStarted()):
+        assert not d.handle(event), event
+
+
+def test_a_verifying_answer_asks_for_the_verification_and_its_outcome_starts_the_stream() -> None:
+    d = driver(high=10, unverified=4, failed_mark=True)
+    d.handle(ev.LoopStarted())
+    assert list(d.handle(ev.Answered(6, 0.0))) == [act.CLEAR_FAILED_MARK, act.Verify(6)]
+    assert d.state is S.CONNECTING  # nothing is up until the log moved its rows
+    log_of(d).state = log_of(d).state.verify(6).state
+    actions = list(d.handle(ev.Verified(6, 3, 0.0)))
+    assert actions[:3] == [
+        act.Renumbered(6, 4, 3),
+        act.ArmCheckpointTimer(CHECKPOINT_IDLE_MS),
+        act.ACK_MOVED_BY_ANSWER,
+    ]
+    assert actions[-1] == act.StartStream(7)
+    assert d.state is S.STREAMING and d.acked == 6 and d.translate(4) == 7
+
+
+def test_a_verification_not_written_ends_the_stream_and_forgets_the_verification() -> None:
+    d = driver(high=10, unverified=4)
+    d.handle(ev.LoopStarted())
+    d.handle(ev.Answered(6, 0.0))
+    assert list(d.handle(ev.VerificationFailed("disk full"))) == [
+        act.RecordError("disk full", loud=False),
+        act.EndStream("handshake answer refused"),
+    ]
+    assert d._verifying is None and d.state is S.CONNECTING
+
+
+@pytest.mark.parametrize(("answer", "cls"), [(2, EngineBehindError)])
+def test_an_answer_that_fails_the_run_stores_the_failure_and_ends_the_stream(
+    answer: int, cls: type[Exception]
+) -> None:
+    d = driver(acked=5, stored=3)
+    d.handle(ev.LoopStarted())
+    actions = list(d.handle(ev.Answered(answer, 0.0)))
+    assert actions == [
+        act.StoreFailure(FAILED_ENGINE_BEHIND),
+        act.EndStream("handshake answer refused"),
+    ]
+    assert isinstance(d.failure, cls) and d.state is S.FAILED
+
+
+def test_an_answer_above_the_log_is_a_protocol_error_that_ends_the_stream() -> None:
+    d = driver(acked=5, stored=3)
+    d.handle(ev.LoopStarted())
+    said = (
+        "protocol error: handshake answer Ack(11) is above seq 10, the highest this log can "
+        "have written; not applied"
+    )
+    assert list(d.handle(ev.Answered(11, 0.0))) == [
+        act.NoteProtocolError(said),
+        act.EndStream(f"{said}; the stream is ended and dialed again"),
+    ]
+    assert d.state is S.CONNECTING and d.protocol_errors == 1
+
+
+def test_a_forgetful_answer_warns_and_starts_from_what_it_holds() -> None:
+    d = driver(acked=5, stored=3)
+    d.handle(ev.LoopStarted())
+    assert list(d.handle(ev.Answered(4, 0.0))) == [
+        act.Warn("the engine answered Ack(4) below acks it gave (5); re-sending from 5"),
+        act.StartStream(5),
+    ]
+
+
+def test_an_answer_that_acks_the_rows_before_a_refused_done_stops_instead_of_streaming() -> None:
+    d = driver(high=5, acked=0, stored=0)
+    d.handle(ev.LoopStarted())
+    error = RowRefusedError("too big", run_id="r", seq=5, kind="done", size=9, limit=8, path="p")
+    assert not d.handle(ev.DoneRefused(5, error))
+    actions = list(d.handle(ev.Answered(4, 0.0)))
+    assert act.StoreFailure(FAILED_DONE_REFUSED) in actions
+    assert actions[-1] == act.EndStream("the channel stopped")
+    assert d.failure is error and d.state is S.FAILED
+
+
+def test_an_ack_moves_allocates_nothing_and_a_due_store_is_asked_for() -> None:
+    d = streaming(high=10_000)
+    first = d.handle(ev.AckReceived(1, 1000.0))
+    assert list(first) == [act.ACK_MOVED, act.ArmAckTimer(ACK_STORE_AFTER_MS)]
+    # The timer is armed: later acks answer one shared tuple.
+    assert d.handle(ev.AckReceived(2, 1001.0)) is d.handle(ev.AckReceived(3, 1002.0))
+    assert list(d.handle(ev.AckTimerFired(1000.0 + ACK_STORE_AFTER_MS))) == [act.StoreAck(3)]
+    for seq in range(4, 4 + ACK_STORE_EVERY - 1):
+        d.handle(ev.AckReceived(seq, 2000.0))
+    assert list(d.handle(ev.AckReceived(3 + ACK_STORE_EVERY, 2000.0))) == [
+        act.ACK_MOVED,
+        act.StoreAck(3 + ACK_STORE_EVERY),
+    ]
+
+
+def test_a_stored_ack_asks_the_reclaim_and_a_stored_done_wakes_everyone() -> None:
+    d = streaming(high=5)
+    idle = act.ArmCheckpointTimer(CHECKPOINT_IDLE_MS)
+    assert list(d.handle(ev.AckStored(3, 0.0))) == [idle]
+    log = log_of(d)
+    log.state = log.state.append(["done"])
+    d.handle(ev.Writing(6))
+    d.handle(ev.Written(6))
+    assert list(d.handle(ev.AckReceived(6, 0.0))) == [act.ACK_MOVED, act.StoreAck(6)]
+    log.state = log.state.ack(6).state
+    # Nothing unacked, and the last checkpoint long ago: give the disk back now.
+    assert list(d.handle(ev.AckStored(6, 20_000.0))) == [act.DONE_ACKED, act.CHECKPOINT]
+
+
+def test_flushing_acks_stores_whatever_is_received_and_not_stored() -> None:
+    d = streaming(high=10)
+    assert not d.handle(ev.AcksFlushed(0.0))
+    d.handle(ev.AckReceived(4, 0.0))
+    assert list(d.handle(ev.AcksFlushed(0.0))) == [act.StoreAck(4)]
+
+
+def test_stale_and_impossible_acks_are_answered_apart() -> None:
+    d = streaming(high=10, acked=5, stored=5)
+    assert list(d.handle(ev.AckReceived(4, 0.0))) == [act.StaleAck(4, 5)]
+    actions = list(d.handle(ev.AckReceived(99, 0.0)))
+    kind = "impossible acks (NEVER_WRITTEN)"
+    assert actions[0] == act.NoteProtocolError(d.last_error or "", kind)
+    assert actions[1] == act.EndStream(f"{d.last_error}; the stream is ended and dialed again")
+    assert d.acked == 5 and d.protocol_errors == 1
+
+
+def test_run_completed_over_a_logged_done_asks_for_a_tombstone_and_hears_its_outcome() -> None:
+    d = driver(high=6, done_seq=6)
+    d.handle(ev.LoopStarted())
+    assert list(d.handle(ev.Ended("FAILED_PRECONDITION", "run completed", "", "x"))) == [
+        act.TOMBSTONE
+    ]
+    assert d.state is S.CONNECTING and d.failure is None  # not decided before the log answers
+    assert list(d.handle(ev.TombstoneStored())) == [act.STATE_CHANGED]
+    assert isinstance(d.failure, RunCompletedError) and d.state is S.FAILED
+    other = driver(high=6, done_seq=6)
+    other.handle(ev.Ended("FAILED_PRECONDITION", "run completed", "", "x"))
+    assert list(other.handle(ev.TombstoneNotStored())) == [act.StoreFailure(FAILED_UNDELIVERABLE)]
+
+
+def test_run_completed_with_nothing_left_marks_the_log_and_fails_without_a_mark() -> None:
+    d = driver(high=6, stored=6)
+    assert list(d.handle(ev.Ended("FAILED_PRECONDITION", "run completed", "", "x"))) == [
+        act.MARK_COMPLETED,
+        act.StoreFailure(None),
+    ]
+
+
+def test_a_stream_end_is_said_loudly_once_and_a_size_refusal_is_set_aside() -> None:
+    d = driver()
+    unavailable = ev.Ended("UNAVAILABLE", "down", "", "UNAVAILABLE: down")
+    assert list(d.handle(unavailable)) == [act.RecordEnd("UNAVAILABLE: down", loud=True)]
+    assert list(d.handle(unavailable)) == [act.RecordEnd("UNAVAILABLE: down", loud=False)]
+    details = "Received message larger than max (70000 vs. 65536)"
+    actions = list(d.handle(ev.Ended("RESOURCE_EXHAUSTED", details, "", "refused")))
+    assert actions == [act.SetAsideRefused(SizeRefusal(70000, 65536), "refused", loud=True)]
+    assert not d.handle(ev.RefusedRowSetAside()) and d.attempt == 0
+
+
+def test_too_many_pings_is_said_once_whatever_the_doublings() -> None:
+    d = driver(keepalive_ms=10_000)
+    goaway = ev.Ended("UNAVAILABLE", "GOAWAY too_many_pings", "", "x")
+    assert list(d.handle(goaway)) == [
+        act.KeepaliveDoubled(10_000, 20_000),
+        act.RecordEnd("x", loud=True),
+    ]
+    assert not any(isinstance(a, act.KeepaliveDoubled) for a in d.handle(goaway))
+    assert d.keepalive_ms == 40_000
+
+
+@pytest.mark.parametrize(
+    ("cause", "reason"),
+    [
+        (ev.Failure.LOG_REMOVED, wd.FAILED_LOG_REMOVED),
+        (ev.Failure.CORRUPT, wd.FAILED_CORRUPT),
+        (ev.Failure.GROUP_LOST, wd.FAILED_GROUP_LOST),
+        (ev.Failure.INTERNAL, f"{wd.FAILED_INTERNAL}: KeyError: 'x'"),
+    ],
+)
+def test_each_failure_of_walchannels_own_gets_its_reason_from_the_driver(
+    cause: ev.Failure, reason: str
+) -> None:
+    d = driver()
+    error = WalchannelError("broken")
+    assert list(d.handle(ev.Failed(error, cause, "KeyError: 'x'"))) == [act.StoreFailure(reason)]
+    assert d.failure is error and d.state is S.FAILED
+
+
+def test_a_group_lost_while_closing_is_recorded_and_a_removal_after_the_end_is_nothing() -> None:
+    d = driver()
+    d.handle(ev.CloseRequested())
+    error = WalchannelError("lost seqs 3-4")
+    assert list(d.handle(ev.Failed(error, ev.Failure.GROUP_LOST))) == [
+        act.RecordError("lost seqs 3-4", loud=True)
+    ]
+    assert d.failure is None
+    over = driver()
+    over.handle(ev.Failed(error, ev.Failure.CORRUPT))
+    assert not over.handle(ev.Failed(error, ev.Failure.LOG_REMOVED))
+
+
+def test_the_deadline_is_looked_at_until_it_passes_then_expires_once() -> None:
+    d = driver(hard_deadline=datetime.fromtimestamp(1000.0, UTC))
+    assert list(d.handle(ev.DeadlineLook(0.0))) == [act.ArmDeadline(wd.DEADLINE_LOOK_S)]
+    assert list(d.handle(ev.DeadlineLook(990.0))) == [act.ArmDeadline(10.0)]
+    assert list(d.handle(ev.DeadlineLook(1000.0))) == [act.DEADLINE_HIT]
+    assert d.state is S.EXPIRED
+    assert not d.handle(ev.DeadlinePassed()) and not d.handle(ev.DeadlineLook(2000.0))
+    assert not driver().handle(ev.DeadlineLook(0.0))  # no deadline: no timer
+
+
+def test_send_done_is_answered_by_the_logs_state() -> None:
+    fresh = driver(high=5)
+    assert list(fresh.handle(ev.DoneRequested())) == [act.LOG_DONE]
+    assert not fresh.done_sent  # a Done not logged (a bad field) may be sent again
+    assert list(fresh.handle(ev.DoneLogged())) == [act.WAIT_DONE] and fresh.done_sent
+    logged = driver(high=6, done_seq=6)
+    assert list(logged.handle(ev.DoneRequested())) == [act.WAIT_DONE] and logged.done_sent
+    tomb = driver(high=6, done_seq=6)
+    log = log_of(tomb)
+    log.state = log.state.ack(6).state
+    assert list(tomb.handle(ev.DoneRequested())) == [act.DONE_DELIVERED] and tomb.done_sent
+
+
+def test_stop_is_fired_once_and_every_decision_is_resolved_and_kept() -> None:
+    d = driver()
+    assert list(d.handle(ev.StopReceived("budget"))) == [act.StopCallbacks("budget")]
+    assert not d.handle(ev.StopReceived("budget"))
+    decided = ev.DecisionReceived("q", True, "ok")
+    assert list(d.handle(decided)) == [act.ResolveApproval("q", True, "ok")]
+    assert d.decision("q") == (True, "ok")
+
+
+def test_rewind_and_close_go_through_the_entry_point() -> None:
+    d = streaming(high=10, acked=4, stored=4)
+    for seq in range(5, 9):
+        d.handle(ev.Writing(seq))
+        d.handle(ev.Written(seq))
+    assert list(d.handle(ev.Rewind())) == [act.Replay(6)] and d.write_pos == 5
+    assert not d.handle(ev.CloseRequested()) and d.closed
+    assert list(d.handle(ev.Closed())) == [act.STATE_CHANGED] and d.state is S.CLOSED
+    assert not d.handle(ev.Closed())
+
+
+def test_a_protocol_violation_is_counted_said_and_ends_the_stream() -> None:
+    d = streaming()
+    said = "protocol error: the engine sent garbage"
+    assert list(d.handle(ev.ProtocolViolation("the engine sent garbage"))) == [
+        act.NoteProtocolError(said),
+        act.EndStream(said),
+    ]
+    assert d.protocol_errors == 1 and d.last_error == said
+
+
+def test_the_backlog_limit_is_the_drivers_answer() -> None:
+    assert driver().backlog_error(10**9, 0, 10**9) is None  # no limit
+    d = driver(max_unacked_bytes=100)
+    assert d.backlog_error(50, 0, 50) is None
+    error = d.backlog_error(50, 20, 31)
+    assert isinstance(error, BacklogFullError)
+    assert str(error).startswith(
+        "run r: 50 unacked bytes + 20 pending + 31 would pass max_unacked_bytes 100"
+    )
+
+
+def test_the_disk_reclaim_is_asked_for_by_the_driver_and_hears_each_steps_result() -> None:
+    d = streaming(high=10)
+    assert list(d.handle(ev.CheckpointTimerFired(0.0))) == []  # nothing deleted: nothing due
+    d.handle(ev.AckReceived(10, 0.0))
+    assert list(d.handle(ev.AckStored(10, 20_000.0))) == [act.CHECKPOINT]
+    # A big reclaim goes on at once; a held-off one is retried after the idle wait, doubling.
+    assert list(d.handle(ev.Checkpointed(complete=False, shrank=True))) == [
+        act.ArmCheckpointTimer(0.0)
+    ]
+    assert list(d.handle(ev.CheckpointTimerFired(20_000.0 + CHECKPOINT_IDLE_MS))) == [
+        act.CHECKPOINT
+    ]
+    assert list(d.handle(ev.Checkpointed(complete=False, shrank=False))) == [
+        act.ArmCheckpointTimer(CHECKPOINT_IDLE_MS)
+    ]
+    assert not d.handle(ev.Checkpointed(complete=True, shrank=False))
+    d.handle(ev.CloseRequested())
+    assert not d.handle(ev.CheckpointTimerFired(99_000.0))  # closed: RunLog.close checkpoints
+    assert not d.handle(ev.Checkpointed(complete=False, shrank=False))
+
+
+# -- docs/design.md's tables are the code's ----------------------------------------------------
+
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+
+def _table(title: str) -> list[list[str]]:
+    """The rows of the first table under ``### {title}`` in docs/design.md, cells stripped."""
+    text = DESIGN.read_text().split(f"\n### {title}\n", 1)[1]
+    rows = [line for line in text.split("\n#")[0].splitlines() if line.startswith("| ")]
+    cells = [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+    return [row for row in cells[1:] if not set(row[0]) <= {"-"}]
+
+
+def _names(cell: str) -> list[str]:
+    """The class names a cell gives in backticks (``Answered(high, now_ms)`` is ``Answered``)."""
+    messages = {"Done", "Ack", "Stop"}  # the wire's messages, not classes
+    return [
+        m for m in re.findall(r"`([A-Z][A-Za-z]+)", cell) if not m.isupper() and m not in messages
+    ]
+
+
+def test_design_md_shows_every_event_and_every_action_and_nothing_else() -> None:
+    events = {e.__name__ for e in typing.get_args(ev.Event)}
+    actions = {a.__name__ for a in typing.get_args(act.Action)}
+    rows = _table("Events")
+    assert {n for row in rows for n in _names(row[0])} == events
+    answered = {n for row in rows for n in _names(row[2])}
+    assert answered <= actions, answered - actions
+    assert {n for row in _table("Actions") for n in _names(row[0])} == actions
+    assert {n for row in _table("Actions") for n in _names(row[2])} <= events
+
+
+def test_design_md_state_table_is_the_drivers() -> None:
+    table = {}
+    for old, new in _table("States"):
+        table[S[old.strip("`")]] = frozenset(S[n] for n in re.findall(r"`([A-Z]+)`", new))
+    assert table == wd._LEGAL
+
+
+def test_events_fed_outside_the_executor_are_ones_that_ask_for_nothing() -> None:
+    # Only ConnectionLoop.feed performs actions; a part that hands the driver
+    # an event itself may hand it only one whose handler answers nothing.
+    package = Path(wd.__file__).resolve().parents[1]
+    fed = set()
+    for path in package.rglob("*.py"):
+        if path.name in ("driver.py", "connection.py"):
+            continue
+        fed |= set(re.findall(r"\.handle\(ev\.(\w+)\(", path.read_text()))
+    assert fed == {"ErrorSeen", "RowsCommitted", "BacklogDated"}
+    d = streaming()
+    for event in (ev.ErrorSeen("x"), ev.RowsCommitted(1, 0.0), ev.BacklogDated(((1, 0.0),))):
+        assert d.handle(event) == ()
+    for name in fed:
+        source = inspect.getsource(d._handlers[getattr(ev, name)])
+        returns = re.findall(r"return (.+)", source)
+        assert returns == ["_NOTHING"], (name, returns)

@@ -204,7 +204,7 @@ async def test_walchannels_own_invariant_breaking_fails_the_run_and_names_it(
         await ch.handshake("1", "h", "1")
         ch.send_finding({"n": 0})
         assert await ch.wait_acked(timeout_ms=5000)
-        monkeypatch.setattr(Driver, "next_delay_ms", broken)
+        monkeypatch.setattr(Driver, "_next_delay_ms", broken)
         await local_engine.end_streams(run_id, grpc.StatusCode.UNAVAILABLE)
         await eventually(lambda: ch.state is ChannelState.FAILED, what="FAILED")
         with pytest.raises(WalchannelError, match=type(planted).__name__) as raised:

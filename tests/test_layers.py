@@ -52,7 +52,10 @@ ORDER = [
     "walchannel.config",
     # core/: the run's decisions (values in, decisions out).
     "walchannel.core.end_status",
+    "walchannel.core.events",
+    "walchannel.core.actions",
     "walchannel.core.checkpoints",
+    "walchannel.core.ages",
     "walchannel.core.watchdog",
     "walchannel.core.engine_refusals",
     "walchannel.core.driver",
@@ -130,7 +133,10 @@ NO_NETWORK = {
     "walchannel.clock",
     "walchannel.log.state",
     "walchannel.core.end_status",
+    "walchannel.core.events",
+    "walchannel.core.actions",
     "walchannel.core.checkpoints",
+    "walchannel.core.ages",
     "walchannel.core.watchdog",
     "walchannel.core.engine_refusals",
     "walchannel.core.driver",
@@ -160,8 +166,11 @@ NO_NETWORK = {
 # The run's decisions: values in, decisions out; no I/O, no clock.
 NO_IO = {
     "walchannel.core.driver",
+    "walchannel.core.events",
+    "walchannel.core.actions",
     "walchannel.core.end_status",
     "walchannel.core.checkpoints",
+    "walchannel.core.ages",
     "walchannel.core.watchdog",
     "walchannel.core.engine_refusals",
     "walchannel.log.state",

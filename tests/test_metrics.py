@@ -28,6 +28,7 @@ from conftest import PYTHON, ROOT, child_env, eventually, new_run, offline_confi
 from walchannel import ChannelState, GrpcEngineChannel
 from walchannel.channel import metrics as wm
 from walchannel.channel.seams import log_of
+from walchannel.core.ages import CommitAges
 from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -267,13 +268,13 @@ async def test_oldest_age_of_a_backlog_left_on_disk(tmp_path: Path) -> None:
     ),
     st.integers(min_value=2, max_value=16),
 )
-def test_oldest_tracker_errs_old_by_under_two_resolutions(ops: list[Any], max_marks: int) -> None:
-    tracker = wm.OldestTracker(resolution_s=0.5, max_marks=max_marks)
+def test_commit_ages_err_old_by_under_two_resolutions(ops: list[Any], max_marks: int) -> None:
+    tracker = CommitAges(resolution_s=0.5, max_marks=max_marks)
     committed: dict[int, float] = {}
     now, high, acked, stored = 1000.0, 0, 0, 0
     for rows, gap, ack, store in ops:
         now += gap
-        tracker.committed(high + 1, now, stored, int)
+        tracker.committed(high + 1, now, stored)
         for seq in range(high + 1, high + rows + 1):
             committed[seq] = now
         high += rows
@@ -282,7 +283,7 @@ def test_oldest_tracker_errs_old_by_under_two_resolutions(ops: list[Any], max_ma
             stored = acked
         if acked < high:
             first = acked + 1
-            at = tracker.oldest(first, int)
+            at = tracker.oldest(first)
             assert at is not None
             # Never younger than the row; older by less than two resolutions.
             assert committed[first] - 2 * tracker.resolution_s < at <= committed[first]
@@ -593,3 +594,15 @@ async def test_the_operations_table_is_what_the_channel_creates(tmp_path: Path) 
     instruments = await created(tmp_path)
     got = {name: (kind, unit, keys) for name, (kind, unit, keys, _) in instruments.items()}
     assert operations_table() == got
+
+
+def test_commit_ages_follow_a_verification_that_moves_the_rows() -> None:
+    # Issue 60: the marks are in the log's numbering; a shift moves them with the rows.
+    ages = CommitAges(resolution_s=0.1)
+    ages.committed(1, 10.0, 0)  # rows 1.. (verified)
+    ages.committed(4, 20.0, 0)  # rows 4.. handed out before the answer: unverified
+    ages.committed(6, 30.0, 0)
+    ages.shift(4, 8, 100)  # the engine already held seqs up to 103
+    assert ages.oldest(3) == 10.0
+    assert ages.oldest(104) == 20.0 and ages.oldest(105) == 20.0
+    assert ages.oldest(106) == 30.0

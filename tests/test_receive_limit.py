@@ -37,6 +37,7 @@ from helpers.rogue import RogueEngine, RogueStream
 from walchannel import ChannelState, GrpcChannelConfig, GrpcEngineChannel
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.cli import main
+from walchannel.core import events as ev
 from walchannel.core.driver import Driver, End
 from walchannel.core.end_status import DownTooLarge, describe_end, parse_receive_limit
 from walchannel.log.state import LogState
@@ -327,22 +328,22 @@ def test_a_status_grpc_lost_to_a_write_keeps_the_receive_limit_as_the_cause() ->
     )
     d = Driver(config, log, failed_mark=False, now_ms=0.0)  # type: ignore[arg-type]
     lost = ("INTERNAL", "Internal error from Core")
-    assert d.on_end(*lost).end is End.RECONNECT  # nothing known yet: said as it is
+    assert d._end(*lost).end is End.RECONNECT  # nothing known yet: said as it is
     hit = "Stream removed (CLIENT: Received message larger than max (5242890 vs. 4194304))"
-    plan = d.on_end("RESOURCE_EXHAUSTED", hit)
+    plan = d._end("RESOURCE_EXHAUSTED", hit)
     assert plan.end is End.DOWN_TOO_LARGE and plan.too_large == DownTooLarge(5242890, 4194304)
-    plan = d.on_end(*lost)
+    plan = d._end(*lost)
     assert plan.end is End.DOWN_TOO_LARGE and plan.too_large == DownTooLarge(5242890, 4194304)
     # Another known end replaces it.
-    assert d.on_end("UNAVAILABLE", "Socket closed").end is End.RECONNECT
-    assert d.on_end(*lost).end is End.RECONNECT
+    assert d._end("UNAVAILABLE", "Socket closed").end is End.RECONNECT
+    assert d._end(*lost).end is End.RECONNECT
     # An ack of a row written on a stream proves the limit no longer bites.
-    d.on_end("RESOURCE_EXHAUSTED", hit)
-    d.move(ChannelState.CONNECTING)
-    d.on_stream_up(1, 0.0)
-    d.on_written(1)
-    d.on_ack(1, 1.0)
-    assert d.on_end(*lost).end is End.RECONNECT
+    d._end("RESOURCE_EXHAUSTED", hit)
+    d._move(ChannelState.CONNECTING)
+    d._stream_up(1, 0.0)
+    d.handle(ev.Written(1))
+    d._ack(1, 1.0)
+    assert d._end(*lost).end is End.RECONNECT
     assert "grpc/grpc#36066" in describe_end(*lost)
 
 

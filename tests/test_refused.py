@@ -33,13 +33,16 @@ from walchannel import (
 )
 from walchannel.cli.inspection import inspect_log
 from walchannel.config import GrpcChannelConfig
-from walchannel.core.driver import AckKind, Driver
+from walchannel.core import actions as act
+from walchannel.core import events as ev
+from walchannel.core.driver import Driver
 from walchannel.core.end_status import SizeRefusal, parse_size_refusal
 from walchannel.core.engine_refusals import RefusalVerdict, pick_refused_row, refusal_sets_aside
+from walchannel.errors import raw_message
 from walchannel.log import RunLog
 from walchannel.log.format import ROW_LOST_TYPE
 from walchannel.log.reader import LogReader
-from walchannel.log.state import LogState
+from walchannel.log.state import FAILED_DONE_REFUSED, LogState
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
 from walchannel.wire import messages
@@ -388,21 +391,23 @@ def test_a_held_seq_is_never_written() -> None:
         grpc_addr="127.0.0.1:1", run_id="r", correlation_id="c", run_token="t"
     )
     driver = Driver(config, log, failed_mark=False, now_ms=0.0)
-    driver.move(ChannelState.CONNECTING)
-    driver.on_stream_up(1, 0.0)
-    driver.hold(
-        3,
-        RowRefusedError("refused", run_id="r", seq=3, kind="done", size=9, limit=8, path="p"),
-    )
+    driver.handle(ev.LoopStarted())
+    assert act.StartStream(1) in driver.handle(ev.Answered(0, 0.0))
+    error = RowRefusedError("refused", run_id="r", seq=3, kind="done", size=9, limit=8, path="p")
+    assert not driver.handle(ev.DoneRefused(3, error))  # rows 1 and 2 are not acked yet
     written = []
     while (seq := driver.next_to_write()) is not None:
         written.append(seq)
-        driver.on_written(seq)
+        driver.handle(ev.Writing(seq))
+        driver.handle(ev.Written(seq))
     assert written == [1, 2]
-    assert driver.held_due() is None  # rows 1 and 2 are not acked yet
-    assert driver.on_ack(2, 1.0) is AckKind.ADVANCE
-    error = driver.held_due()
-    assert isinstance(error, RowRefusedError) and driver.held_due() is None
+    first = driver.handle(ev.AckReceived(1, 1.0))
+    assert act.ACK_MOVED in first and not any(isinstance(a, act.StoreFailure) for a in first)
+    actions = driver.handle(ev.AckReceived(2, 1.0))
+    assert act.StoreFailure(FAILED_DONE_REFUSED) in actions
+    assert act.EndStream(raw_message(error)) in actions
+    assert driver.failure is error and driver.state is ChannelState.FAILED
+    assert list(driver.handle(ev.AckReceived(2, 2.0))) == [act.StaleAck(2, 2)]  # stopped once
 
 
 # -- the log ----------------------------------------------------------------------

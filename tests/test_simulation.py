@@ -326,20 +326,21 @@ def test_every_path_that_carries_out_a_decision_has_a_plant() -> None:
     # The issue's list: each is planted in the function that carries it out,
     # found by where its lines sit now, not by the name it was given.
     carried_out = {
-        "answer_verify_shift_keeps_the_stale_tail": "connection.py:ConnectionLoop._take_answer",
-        "received_ack_off_by_one": "connection.py:ConnectionLoop._on_ack",
-        "stored_ack_one_short": "connection.py:ConnectionLoop.store_ack",
-        "stream_end_loses_its_status": "connection.py:ConnectionLoop._record_end",
-        "run_completed_never_tombstones": "connection.py:ConnectionLoop._on_run_completed",
-        "replay_starts_one_row_late": "connection.py:ConnectionLoop._open",
-        "send_done_logs_done_twice": "GrpcEngineChannel.send_done",
-        "stored_done_ack_wakes_no_waiter": "connection.py:ConnectionLoop.store_ack",
-        "refused_row_set_aside_but_the_tail_kept": "refused_rows.py:RefusedRows.on_refusal",
+        "answer_verify_shift_keeps_the_stale_tail": (
+            "channel/connection.py:ConnectionLoop._do_renumbered"
+        ),
+        "received_ack_off_by_one": "channel/connection.py:ConnectionLoop._on_down",
+        "stored_ack_one_short": "channel/connection.py:ConnectionLoop._do_store_ack",
+        "stream_end_loses_its_status": "channel/connection.py:ConnectionLoop._record_end",
+        "run_completed_never_tombstones": "channel/connection.py:ConnectionLoop._do_tombstone",
+        "replay_starts_one_row_late": "core/driver.py:Driver._up_from",
+        "send_done_logs_done_twice": "core/driver.py:Driver._on_done_requested",
+        "stored_done_ack_wakes_no_waiter": "channel/connection.py:ConnectionLoop._do_done_acked",
+        "refused_row_set_aside_but_the_tail_kept": "channel/refused_rows.py:RefusedRows.on_refusal",
     }
     by_name = {p.name: p for p in PLANTS}
     for name, function in carried_out.items():
-        where = function if ".py:" in function else f"grpc_channel.py:{function}"
-        assert _function_of(by_name[name]) == f"channel/{where}", name
+        assert _function_of(by_name[name]) == function, name
 
 
 def test_every_answer_the_harness_gets_has_a_plant() -> None:
@@ -350,11 +351,11 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
         "first_provisional_seq_left_untranslated": "core/driver.py:Driver.translate",
         "waiter_acked_exactly_not_woken": "channel/waiters.py:Waiters.ack_moved",
         "send_done_takes_a_logged_done_for_a_delivered_one": (
-            "channel/grpc_channel.py:GrpcEngineChannel.send_done"
+            "core/driver.py:Driver._on_done_requested"
         ),
         "progress_not_taken_from_the_disk": "log/writer.py:RunLog._follow_disk",
         "refused_row_read_one_late": "channel/refused_rows.py:RefusedRows.on_refusal",
-        "engine_forgot_answer_not_applied": "core/driver.py:Driver.on_answer",
+        "engine_forgot_answer_not_applied": "core/driver.py:Driver._answer",
         "first_ack_taken_for_an_answer_without_answers": "channel/stream.py:Stream._read_loop",
     }
     by_name = {p.name: p for p in PLANTS}
@@ -362,43 +363,48 @@ def test_every_answer_the_harness_gets_has_a_plant() -> None:
         assert _function_of(by_name[name]) == function, name
 
 
-def test_every_driver_input_and_second_call_has_a_plant_that_drops_it() -> None:
-    # Issue 36: each input reaches the driver in one call, and a second call
-    # only follows I/O; each call has a plant, where it is made, that loses it.
+def test_every_input_fed_and_every_performer_has_a_plant_that_loses_it() -> None:
+    # Issues 36 and 60: each input reaches the driver as one event, and each
+    # action's I/O is one performer; a plant where the channel feeds the event
+    # loses it, and a plant in a performer makes it do nothing.
     calls = {
-        # the inputs
-        "admit_call_dropped": ("channel/grpc_channel.py:GrpcEngineChannel._admit", ".admit("),
-        "close_call_dropped": ("channel/grpc_channel.py:GrpcEngineChannel._close", ".on_close()"),
-        "ack_call_dropped": ("channel/connection.py:ConnectionLoop._on_ack", ".on_ack("),
+        # the inputs, each not fed (or its answer not asked)
+        "admission_not_asked": ("channel/grpc_channel.py:GrpcEngineChannel._admit", ".admit("),
+        "close_not_fed": ("channel/grpc_channel.py:GrpcEngineChannel._close", "CloseRequested"),
+        "ack_not_fed": ("channel/connection.py:ConnectionLoop._on_down", "AckReceived"),
         "stream_end_loses_its_status": (
             "channel/connection.py:ConnectionLoop._record_end",
-            "on_end(code,",
+            "Ended(code,",
         ),
-        "expire_call_dropped": ("channel/connection.py:ConnectionLoop.expire", ".expire()"),
-        "stop_fires_on_every_repeat": ("channel/connection.py:ConnectionLoop._on_stop", "not "),
-        "decisions_not_cached": (
-            "channel/connection.py:ConnectionLoop._on_decision",
-            ".on_decision(",
-        ),
-        # the second calls, each after the I/O between it and its input
-        "verified_call_dropped": (
-            "channel/connection.py:ConnectionLoop._take_answer",
-            ".on_verified(",
-        ),
-        "completed_by_engine_call_dropped": (
-            "channel/connection.py:ConnectionLoop._on_run_completed",
-            ".completed_by_engine()",
-        ),
-        "set_aside_call_dropped": (
+        "expiry_not_applied": ("core/driver.py:Driver._on_deadline_passed", "._expire()"),
+        "set_aside_not_fed": (
             "channel/refused_rows.py:RefusedRows.on_refusal",
-            ".on_set_aside()",
+            "RefusedRowSetAside",
+        ),
+        "stop_fires_on_every_repeat": ("core/driver.py:Driver._on_stop_received", "self._stop()"),
+        "decisions_not_cached": ("core/driver.py:Driver._on_decision_received", "._decide("),
+        # the performers, each doing nothing
+        "verify_not_performed": ("channel/connection.py:ConnectionLoop._do_verify", '"""'),
+        "tombstone_not_performed": ("channel/connection.py:ConnectionLoop._do_tombstone", '"""'),
+        "end_stream_not_performed": (
+            "channel/connection.py:ConnectionLoop._do_end_stream",
+            ".finish(",
+        ),
+        "ack_moved_not_performed": (
+            "channel/connection.py:ConnectionLoop._do_ack_moved",
+            ".ack_moved(",
+        ),
+        "start_stream_not_performed": (
+            "channel/connection.py:ConnectionLoop._do_start_stream",
+            "stream.start()",
         ),
     }
     by_name = {p.name: p for p in PLANTS}
     for name, (function, call) in calls.items():
         plant = by_name[name]
         assert _function_of(plant) == function, name
-        assert call in plant.original and call not in plant.replacement, name
+        assert call in plant.original, name
+        assert plant.original != plant.replacement, name
 
 
 def test_a_plant_is_placed_by_where_its_lines_sit() -> None:

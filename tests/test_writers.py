@@ -725,7 +725,7 @@ def test_the_first_answer_joins_rows_only_with_evidence(
     writer: LogWriter, high: int, answer: Answer
 ) -> None:
     d = _driver(writer=writer)
-    plan = d.on_answer(high, 0.0)
+    plan = d._answer(high, 0.0)
     assert plan.answer is answer
     if answer is Answer.FOREIGN:
         assert plan.replay_from is None and isinstance(d.failure, WriterFencedError)
@@ -746,8 +746,8 @@ def test_the_first_answer_joins_rows_only_with_evidence(
 )
 def test_the_engines_refusals_are_recognised_by_their_fixed_texts(details: str, end: End) -> None:
     d = _driver(writer=LogWriter("x", 0, False, True), unverified=None)
-    assert d.on_end("FAILED_PRECONDITION", details).end is end
-    assert _driver(writer=None).on_end("UNAVAILABLE", details).end is End.RECONNECT
+    assert d._end("FAILED_PRECONDITION", details).end is end
+    assert _driver(writer=None)._end("UNAVAILABLE", details).end is End.RECONNECT
 
 
 @pytest.mark.parametrize(
@@ -764,9 +764,9 @@ def test_run_completed_is_ours_only_when_it_names_us(
     details: str, done: int | None, completion: Completion
 ) -> None:
     d = _driver(writer=LogWriter("x", 0, False, True), unverified=None, done=done)
-    d.on_end("FAILED_PRECONDITION", details)
-    assert d.on_run_completed() is completion
-    error, reason = d.refused(completion)
+    d._end("FAILED_PRECONDITION", details)
+    assert d._run_completed() is completion
+    error, reason = d._refused(completion)
     if completion is Completion.FENCED:
         assert isinstance(error, WriterFencedError) and reason is not None
         assert reason.startswith(FAILED_FENCED)

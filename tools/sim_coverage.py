@@ -127,24 +127,24 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/connection.py::ConnectionLoop._resync_marker::return": (
         "the disk refusing the marker after a first announcement (above)"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_clear_failed_mark::"
     "except WalchannelError as exc:": (
         "the disk refusing to clear a failed mark at a healthy answer: since a channel left "
         "open no longer fails its run, the world's failed runs (engine behind, a refused "
         "Done) rarely meet a disk-full period at their next answer; "
         "tests/test_meta_write_failures.py refuses it"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop._take_answer::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_clear_failed_mark::"
     'logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)': (
         "the disk refusing to clear a failed mark (above)"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop._on_run_completed::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_mark_completed::"
     "except WalchannelError as exc:": (
-        "the disk refusing the tombstone of a log holding nothing unacked at \"run "
-        "completed\": a restart after the run ended meeting a disk-full period in its first "
+        'the disk refusing the tombstone of a log holding nothing unacked at "run '
+        'completed": a restart after the run ended meeting a disk-full period in its first '
         "exchange; tests/test_meta_write_failures.py refuses it"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop._on_run_completed::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_mark_completed::"
     'logger.warning("run %s: cannot mark the log completed: %s", self._run_id, exc)': (
         "the disk refusing that tombstone (above)"
     ),
@@ -206,7 +206,7 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel.handshake::return": (
         "a second handshake() while streaming: tests/test_channel.py"
     ),
-    "walchannel/channel/connection.py::ConnectionLoop.store_ack::return": (
+    "walchannel/channel/connection.py::ConnectionLoop._do_store_ack::return": (
         "an ack to store once the log is closed: close() stores the ack before it closes the "
         "log, and an ack is handed out to store once (Driver.ack_to_store)"
     ),
@@ -214,7 +214,10 @@ ALLOWED: dict[str, str] = {
     'logger.exception("run %s: the connection loop failed", self._run_id)': _BUG,
     "walchannel/channel/connection.py::ConnectionLoop._run::"
     'what = f"{type(exc).__name__}: {exc}"': _BUG,
-    "walchannel/channel/connection.py::ConnectionLoop._run::self._reporter.fail(": _BUG,
+    "walchannel/channel/connection.py::ConnectionLoop._run::"
+    'error = WalchannelError(f"run {self._run_id}: connection loop failed: {what}")': _BUG,
+    "walchannel/channel/connection.py::ConnectionLoop._run::"
+    "self.feed(ev.Failed(error, ev.Failure.INTERNAL, what))": _BUG,
     "walchannel/channel/connection.py::ConnectionLoop._log_damaged": _READ_FAILS,
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
     "except WalchannelError as exc:": _READ_FAILS,
@@ -222,33 +225,34 @@ ALLOWED: dict[str, str] = {
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::"
     'self._reporter.record(f"{addr}: {text}")': _READ_FAILS,
     "walchannel/channel/refused_rows.py::RefusedRows.on_refusal::return None": _READ_FAILS,
-    "walchannel/channel/connection.py::ConnectionLoop._on_down_too_large::logger.info(": (
+    "walchannel/channel/connection.py::ConnectionLoop._do_say_down_too_large::logger.info(": (
         _STATUS_LOST
     ),
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel._start::"
     "pending_token_hash = token_hash": _REPLACED_TOKEN,
-    "walchannel/channel/connection.py::ConnectionLoop._open::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_start_stream::"
     'stored["token_sha256"] = self._pending_token_hash': _REPLACED_TOKEN,
-    "walchannel/channel/connection.py::ConnectionLoop._open::"
+    "walchannel/channel/connection.py::ConnectionLoop._do_start_stream::"
     "self._pending_token_hash = None": _REPLACED_TOKEN,
-    "walchannel/channel/connection.py::ConnectionLoop._open::logger.warning(": _REPLACED_TOKEN,
+    "walchannel/channel/connection.py::ConnectionLoop._do_start_stream::logger.warning(": (
+        _REPLACED_TOKEN
+    ),
     "walchannel/channel/refused_rows.py::RefusedRows._asked_again::except WalchannelError:": (
         _READ_FAILS
     ),
     "walchannel/channel/refused_rows.py::RefusedRows._asked_again::return False": _READ_FAILS,
     "walchannel/channel/connection.py::ConnectionLoop.abandon": _LOOP,
     "walchannel/channel/waiters.py::Waiters.drop": _LOOP,
-    "walchannel/channel/reclaim.py::DiskReclaim._arm::except RuntimeError:": (_LOOP),
-    "walchannel/channel/reclaim.py::DiskReclaim._arm::return": _LOOP,
-    "walchannel/channel/reclaim.py::DiskReclaim._arm::"
+    "walchannel/channel/waiters.py::Waiters.state_changed::"
+    "return  # their event loop is gone: nothing of it may be touched": _LOOP,
+    "walchannel/channel/waiters.py::Waiters.wake_all::return": _LOOP,
+    "walchannel/channel/reclaim.py::DiskReclaim.arm::except RuntimeError:": (_LOOP),
+    "walchannel/channel/reclaim.py::DiskReclaim.arm::return": _LOOP,
+    "walchannel/channel/reclaim.py::DiskReclaim.arm::"
     "timer.cancel()  # a long retry wait; new acks bring it forward": _NO_FILE,
-    "walchannel/channel/reclaim.py::DiskReclaim._fired::return": (
-        "close() cancels the timer before it marks the channel closed"
-    ),
-    "walchannel/channel/reclaim.py::DiskReclaim._step::return": (
+    "walchannel/channel/reclaim.py::DiskReclaim.step::return": (
         "a checkpoint of a closed log: close() cancels the timer first"
     ),
-    "walchannel/channel/reclaim.py::DiskReclaim._step::self._arm(delay)": _NO_FILE,
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::"
     "if loop.is_closed() or not loop.is_running():": _LOOP,
     "walchannel/channel/grpc_channel.py::GrpcEngineChannel.close::self._abandon()": _LOOP,

@@ -1,12 +1,12 @@
-"""The connection loop: one part of the channel.
+"""The connection loop and the channel's executor: one part of the channel.
 
 It dials, sends the handshake (seq 0), waits for the engine's ``Ack(h)``,
-has the driver apply it (SPEC "Dial": the verification rule), replays and
-streams until the stream ends; then backs off, rediscovers and dials again,
-until ``close()``, ``hard_deadline`` or a failure (SPEC "Reconnect"). What
-the engine sends down (acks, ``Stop``, decisions, budget updates) is taken
-here, and so is every end of stream (:meth:`Driver.on_end
-<walchannel.core.driver.Driver.on_end>` decides; this carries the decision out).
+replays and streams until the stream ends; then backs off, rediscovers and
+dials again, until ``close()``, ``hard_deadline`` or a failure (SPEC
+"Dial", "Reconnect"). Everything that happens (an answer, an ack, a
+stream's end, a timer, what the harness's calls ask) is fed to the driver
+(:meth:`ConnectionLoop.feed`), and this performs the actions it answers;
+it decides nothing itself (docs/design.md, "The driver: events and actions").
 However the loop's task ends with the channel still open (cancelled from
 outside, a ``BaseException`` inside it), the channel was left open: it
 closes itself and every waiter wakes (SPEC "Cancellation"). An exception of
@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 from typing import TYPE_CHECKING, Any, Final
 
 from walchannel import _killpoints
@@ -28,8 +27,9 @@ from walchannel.channel.interface import ApprovalDecision, BudgetCallback, StopC
 from walchannel.channel.reclaim import DiskReclaim
 from walchannel.channel.refused_rows import RefusedRows
 from walchannel.channel.stream import TEARDOWN_TIMEOUT_S, Stream
-from walchannel.core.driver import AckKind, Answer, ChannelState, Completion, End
-from walchannel.core.end_status import DownTooLarge, describe_end
+from walchannel.core import actions as act
+from walchannel.core import events as ev
+from walchannel.core.end_status import describe_end
 from walchannel.core.engine_refusals import down_too_large_text
 from walchannel.errors import (
     DiscoveryError,
@@ -41,12 +41,6 @@ from walchannel.errors import (
     raw_message,
 )
 from walchannel.log.format import engine_resume
-from walchannel.log.state import (
-    FAILED_CORRUPT,
-    FAILED_DONE_REFUSED,
-    FAILED_INTERNAL,
-    FAILED_LOG_REMOVED,
-)
 from walchannel.transport.base import StreamEnded
 from walchannel.wire import messages
 from walchannel.wire import protobuf as wire
@@ -61,16 +55,14 @@ if TYPE_CHECKING:
     from walchannel.channel.waiters import Waiters
     from walchannel.clock import Clock
     from walchannel.config import GrpcChannelConfig
+    from walchannel.core.actions import Action
     from walchannel.core.driver import Driver
     from walchannel.log.writer import RunLog
     from walchannel.transport.base import Transport
 
-__all__ = ["DEADLINE_LOOK_S", "ConnectionLoop"]
+__all__ = ["ConnectionLoop"]
 
 logger = get_logger(__name__)
-
-#: How often the hard_deadline timer asks the wall clock at the longest (seconds).
-DEADLINE_LOOK_S: Final = 60.0
 
 #: How the connection loop ended when a task.cancel() from outside reached it.
 CANCELLED_FROM_OUTSIDE: Final = (
@@ -88,7 +80,6 @@ class ConnectionLoop:
         driver: the run's driver: every decision is its; this does the I/O.
         rows: the writer's row source.
         clock: the clocks read (monotonic ms, wall seconds).
-        rng: the backoff jitter's random source.
         transport: where dials and discovery go.
         replica: the replica gate under ``durability="replicated"``, else None.
         waiters: what the harness's awaits watch (woken from here).
@@ -116,7 +107,6 @@ class ConnectionLoop:
         driver: Driver,
         rows: RowSource,
         clock: Clock,
-        rng: random.Random,
         transport: Transport,
         replica: ReplicaGate | None,
         waiters: Waiters,
@@ -134,7 +124,6 @@ class ConnectionLoop:
         self._driver = driver
         self._rows = rows
         self._clock = clock
-        self._rng = rng
         self._transport = transport
         self._replica = replica
         self._waiters = waiters
@@ -149,20 +138,26 @@ class ConnectionLoop:
         """The engine's address: the configured one, then what discovery answered."""
         self.stop_callbacks: list[StopCallback] = []
         self.budget_callbacks: list[BudgetCallback] = []
-        self._reclaim = DiskReclaim(log, driver, clock)
+        self._reclaim = DiskReclaim(log, clock, self.feed)
         self._refused = RefusedRows(
             config,
             log,
             driver,
             rows,
             reporter,
+            self.feed,
             handshake_size=lambda: self.hello().ByteSize(),
         )
         self._stream: Stream | None = None
         self._runner: asyncio.Task[None] | None = None
         self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._pings_warned = False
+        self._perform = self._performers()
+        # What the executor carries between an action and the code that awaits it.
+        self._turn: act.Dial | act.Backoff | act.Rediscover | None = None
+        self._done_step: Action | None = None
+        self._replayed = 0
+        self._ended: Stream | None = None  # the stream whose end is being fed
         #: The engine's resume point from its last answer, as stored in meta
         #: (None: it announced none); SPEC "The engine keeps the resume point".
         self.engine_resume: dict[str, Any] | None = engine_resume(log.meta().engine_resume)
@@ -177,7 +172,7 @@ class ConnectionLoop:
         if self._runner is not None:
             return
         loop = asyncio.get_running_loop()
-        self._check_deadline()
+        self._look_at_deadline()
         self._runner = loop.create_task(self._run(), name=f"walchannel-{self._run_id}")
         self._runner.add_done_callback(self._runner_done)
 
@@ -281,29 +276,132 @@ class ConnectionLoop:
 
     # -- hard_deadline ---------------------------------------------------------------------
 
-    def _check_deadline(self) -> None:
-        """Expire at ``hard_deadline`` on the wall clock, whatever the clock's steps.
-
-        The token's expiry is a wall-clock time: the timer wakes at most every
-        :data:`DEADLINE_LOOK_S` and asks the wall clock, so a step either way
-        (NTP, a resumed VM) moves the expiry with it, as the admission check
-        of every call does.
-        """
+    def _look_at_deadline(self) -> None:
+        """The ``hard_deadline`` timer: the driver looks at the wall clock (``DeadlineLook``)."""
         self._deadline_timer = None
-        delay = self._driver.deadline_in_s(self._clock.wall_s())
-        if delay is None or self._driver.closed:
-            return
-        if delay <= 0:
-            self.expire()
-            return
+        self.feed(ev.DeadlineLook(self._clock.wall_s()))
+
+    # -- the executor ----------------------------------------------------------------------
+
+    def feed(self, event: ev.Event) -> None:
+        """Hand ``event`` to the driver and perform every action it answers, in order.
+
+        An action whose I/O has a result feeds the next event here in turn
+        (``Verify`` then ``Verified``): the driver hears of every outcome.
+        The connection loop's own turns (``Dial``, ``Backoff``,
+        ``Rediscover``) are awaited by :meth:`_run`. docs/design.md, "The
+        driver: events and actions".
+        """
+        perform = self._perform
+        for action in self._driver.handle(event):
+            perform[type(action)](action)
+
+    def _performers(self) -> dict[type, Callable[[Any], None]]:
+        """The performer of each action (each does I/O only; the driver decided)."""
+        return {
+            act.Dial: self._next_turn,
+            act.Backoff: self._next_turn,
+            act.Rediscover: self._next_turn,
+            act.StateChanged: self._do_state_changed,
+            act.StartStream: self._do_start_stream,
+            act.EndStream: self._do_end_stream,
+            act.Replay: self._do_replay,
+            act.NoteProtocolError: self._do_note_protocol_error,
+            act.StaleAck: self._do_stale_ack,
+            act.ClearFailedMark: self._do_clear_failed_mark,
+            act.Verify: self._do_verify,
+            act.Renumbered: self._do_renumbered,
+            act.AckMoved: self._do_ack_moved,
+            act.Checkpoint: self._do_checkpoint,
+            act.ArmCheckpointTimer: self._do_arm_checkpoint_timer,
+            act.DoneAcked: self._do_done_acked,
+            act.RecordError: self._do_record_error,
+            act.Warn: self._do_warn,
+            act.StoreAck: self._do_store_ack,
+            act.ArmAckTimer: self._do_arm_ack_timer,
+            act.ArmDeadline: self._do_arm_deadline,
+            act.DeadlineHit: self._do_deadline_hit,
+            act.StoreFailure: self._do_store_failure,
+            act.Tombstone: self._do_tombstone,
+            act.MarkCompleted: self._do_mark_completed,
+            act.RecordEnd: self._do_record_end,
+            act.SayDownTooLarge: self._do_say_down_too_large,
+            act.SetAsideRefused: self._do_set_aside_refused,
+            act.KeepaliveDoubled: self._do_keepalive_doubled,
+            act.StopCallbacks: self._do_stop_callbacks,
+            act.ResolveApproval: self._do_resolve_approval,
+            act.DoneDelivered: self._next_done_step,
+            act.LogDone: self._next_done_step,
+            act.WaitDone: self._next_done_step,
+        }
+
+    def _next_turn(self, action: act.Dial | act.Backoff | act.Rediscover) -> None:
+        self._turn = action  # awaited by _run
+
+    def _next_done_step(self, action: act.DoneDelivered | act.LogDone | act.WaitDone) -> None:
+        self._done_step = action  # carried out by send_done
+
+    def done_step(self, event: ev.DoneRequested | ev.DoneLogged) -> Action:
+        """Feed ``send_done``'s ``event``; return what ``send_done`` does next.
+
+        ``DONE_DELIVERED`` (return True), ``LOG_DONE`` (log the row, then
+        feed ``DoneLogged``) or ``WAIT_DONE``.
+        """
+        self._done_step = None
+        self.feed(event)
+        step = self._done_step
+        assert step is not None, f"the driver answered {event!r} with no step"
+        return step
+
+    def replay(self) -> int:
+        """``replay_unacked()``: feed ``Rewind``; return how many rows go again."""
+        self._replayed = 0
+        self.feed(ev.Rewind())
+        return self._replayed
+
+    def flush_acks(self) -> None:
+        """Store the received ack now if it is not stored yet (close, the backlog limit)."""
+        self.feed(ev.AcksFlushed(self._clock.monotonic_ms()))
+
+    def _do_state_changed(self, action: act.StateChanged) -> None:
+        self._waiters.state_changed()
+
+    def _do_end_stream(self, action: act.EndStream) -> None:
+        if self._stream is not None:
+            self._stream.finish(StreamEnded(action.why))
+
+    def _do_replay(self, action: act.Replay) -> None:
+        self._rows.clear_readahead()
+        self._replayed = action.count
+        self._wakeup.set()
+
+    def _do_note_protocol_error(self, action: act.NoteProtocolError) -> None:
+        if action.kind is not None:
+            self._say(action.kind, logging.ERROR, "run %s: %s", self._run_id, action.text)
+        else:
+            logger.error("run %s: %s", self._run_id, action.text)
+
+    def _do_stale_ack(self, action: act.StaleAck) -> None:
+        if self._stream is not None:
+            self._stream.stale_ack(action.seq, action.acked)
+
+    def _do_warn(self, action: act.Warn) -> None:
+        logger.warning("run %s: %s", self._run_id, action.text)
+
+    def _do_record_error(self, action: act.RecordError) -> None:
+        if action.loud:
+            logger.error("%s", action.text)
+        self._reporter.record(action.text)
+
+    def _do_store_failure(self, action: act.StoreFailure) -> None:
+        self._reporter.failed(action.reason)
+
+    def _do_arm_deadline(self, action: act.ArmDeadline) -> None:
         self._deadline_timer = asyncio.get_running_loop().call_later(
-            min(delay, DEADLINE_LOOK_S), self._check_deadline
+            action.delay_s, self._look_at_deadline
         )
 
-    def expire(self) -> None:
-        """``hard_deadline`` passed: ``EXPIRED`` (once), said and stored; the stream ends."""
-        if not self._driver.expire():
-            return
+    def _do_deadline_hit(self, action: act.DeadlineHit) -> None:
         logger.error("run %s: hard_deadline passed; the channel stops", self._run_id)
         self._reporter.record("hard_deadline passed")
         self._waiters.state_changed()
@@ -312,37 +410,31 @@ class ConnectionLoop:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _move(self, state: ChannelState) -> None:
-        if self._driver.move(state):
-            self._waiters.state_changed()
-
     async def _run(self) -> None:
-        driver = self._driver
         try:
-            rediscover = False  # the first dial uses the configured address
-            while not driver.final and not driver.closed:
-                if rediscover:
-                    rediscover = False
+            self._turn = None
+            self.feed(ev.LoopStarted())
+            while self._turn is not None:
+                turn, self._turn = self._turn, None
+                if isinstance(turn, act.Dial):
+                    await self._stream_once(self.addr, turn.keepalive_ms)
+                    self.feed(ev.StreamOver(self._clock.monotonic_ms()))
+                elif isinstance(turn, act.Backoff):
+                    logger.info(
+                        "run %s: reconnecting in %.0f ms (attempt %d)",
+                        self._run_id,
+                        turn.delay_ms,
+                        turn.attempt,
+                    )
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can
+                    # turn a cancel into a TimeoutError (python/cpython#86296).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(turn.delay_ms / 1000):
+                            await self._waiters.over.wait()
+                    self.feed(ev.BackoffOver())
+                else:
                     await self._rediscover()
-                    continue  # the run may have ended while discovery answered
-                self._move(ChannelState.CONNECTING)
-                await self._stream_once(self.addr)
-                if driver.closed or driver.final:
-                    break
-                self._move(ChannelState.BACKOFF)
-                delay = driver.next_delay_ms(self._clock.monotonic_ms(), self._rng)
-                logger.info(
-                    "run %s: reconnecting in %.0f ms (attempt %d)",
-                    self._run_id,
-                    delay,
-                    driver.attempt,
-                )
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can
-                # turn a cancel into a TimeoutError (python/cpython#86296).
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay / 1000):
-                        await self._waiters.over.wait()
-                rediscover = self._config.http_addr is not None
+                    self.feed(ev.Rediscovered())
         except WalRemovedError:
             return  # the log's listener failed the run (log_removed)
         except Exception as exc:
@@ -352,10 +444,8 @@ class ConnectionLoop:
             # loudly rather than spin, naming it for inspect; nothing is dropped.
             logger.exception("run %s: the connection loop failed", self._run_id)
             what = f"{type(exc).__name__}: {exc}"
-            self._reporter.fail(
-                WalchannelError(f"run {self._run_id}: connection loop failed: {what}"),
-                reason=f"{FAILED_INTERNAL}: {what}",
-            )
+            error = WalchannelError(f"run {self._run_id}: connection loop failed: {what}")
+            self.feed(ev.Failed(error, ev.Failure.INTERNAL, what))
 
     async def _rediscover(self) -> None:
         """Ask discovery for the engine's address; keep the last one on any failure.
@@ -413,18 +503,20 @@ class ConnectionLoop:
 
         The log's listener (``RunLog.on_removed``), called by the commit that found it.
         """
-        if not self._driver.final:
-            self._reporter.fail(error, reason=FAILED_LOG_REMOVED)
+        self.feed(ev.Failed(error, ev.Failure.LOG_REMOVED))
 
     def _log_damaged(self, error: WalchannelError) -> None:
         """The writer found the log file damaged: re-dialing cannot mend it; stop, keep the rows."""
-        self._reporter.fail(error, reason=FAILED_CORRUPT)
+        self.feed(ev.Failed(error, ev.Failure.CORRUPT))
 
-    async def _stream_once(self, addr: str) -> None:
+    def _violation(self, message: str) -> None:
+        """The stream read what no correct engine sends (``message``): the stream ends."""
+        self.feed(ev.ProtocolViolation(message))
+
+    async def _stream_once(self, addr: str, keepalive_ms: int) -> None:
         """Dial ``addr``, handshake, stream until the stream ends; never raises for I/O."""
-        self._driver.on_dial()
         try:
-            call = self._transport.dial(addr, keepalive_ms=self._driver.keepalive_ms)
+            call = self._transport.dial(addr, keepalive_ms=keepalive_ms)
         except Exception as exc:  # channel creation, a malformed proxy variable
             self._reporter.foreign(f"dialing {addr}", exc)
             return
@@ -437,6 +529,7 @@ class ConnectionLoop:
             wakeup=self._wakeup,
             on_down=self._on_down,
             on_fatal=self._log_damaged,
+            on_violation=self._violation,
             heartbeat=self._heartbeat,
             acks_handshake=self._config.engine_acks_handshake,
             replica=self._replica,
@@ -482,22 +575,34 @@ class ConnectionLoop:
             engine_high = ack.seq
             if not self._judge_resume(stream, ack, took_over):
                 return
-        # None (engine_acks_handshake=False) is decided too: replay from the cursor.
-        replay_from = self._take_answer(engine_high)
-        if replay_from is not None and not stream.ended.is_set():
+        if self._commit_pending is not None:
+            # Rows handed out before the answer are judged and renumbered with
+            # the log's: the driver reads the high-water when it takes the answer.
+            try:
+                self._commit_pending()
+            except WalWriteError as exc:
+                self._reporter.record(raw_message(exc))
+                stream.finish(StreamEnded("handshake answer refused"))
+                return
+            except GroupCommitError:
+                # Given up: the run failed naming its seqs (its files removed).
+                stream.finish(StreamEnded("handshake answer refused"))
+                return
+        try:
+            # None (engine_acks_handshake=False) is decided too: replay from the cursor.
+            self.feed(ev.Answered(engine_high, self._clock.monotonic_ms()))
+        finally:
+            self._resume_to_store = None  # a refused answer's point is never stored
+            self._resync = False
+
+    def _do_start_stream(self, action: act.StartStream) -> None:
+        """The answer was taken: store its resume point, start the writer and the watchdog."""
+        stream = self._stream
+        assert stream is not None  # only the answer of a live stream starts one
+        if not stream.ended.is_set():
             self._store_resume()
-            if self._resync and not self._driver.final:
+            if self._resync:
                 self._resync_marker()
-        self._resume_to_store = None  # a refused answer's point is never stored
-        self._resync = False
-        if replay_from is None:
-            stream.finish(StreamEnded("handshake answer refused"))
-            return
-        if self._driver.final:
-            # The answer acked the rows before a refused Done: stopped (_check_held).
-            stream.finish(StreamEnded("the channel stopped"))
-            return
-        self._driver.on_stream_up(replay_from, self._clock.monotonic_ms())
         self._waiters.state_changed()
         logger.info("run %s: streaming to %s", self._run_id, stream.addr)
         stored: dict[str, Any] = {
@@ -537,12 +642,10 @@ class ConnectionLoop:
         try:
             point = wire.resume_point(ack)
         except ValueError as exc:
-            said = self._driver.protocol_error(
+            self._violation(
                 f"the engine at {stream.addr} answered the handshake with {exc}; the stream"
                 " is ended and dialed again"
             )
-            logger.error("run %s: %s", self._run_id, said)
-            stream.finish(StreamEnded(said))
             return False
         before = self.engine_resume
         resume: dict[str, Any] | None = None
@@ -633,91 +736,36 @@ class ConnectionLoop:
             take_over=writer.take_over,
         )
 
-    def _take_answer(self, engine_high: int | None) -> int | None:
-        """Apply the handshake answer ``Ack(h)`` and do the I/O it needs. SPEC "Dial".
+    def _do_clear_failed_mark(self, action: act.ClearFailedMark) -> None:
+        try:
+            self._log.update_meta(failed_at=None, failed_reason=None)
+        except WalchannelError as exc:
+            logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
 
-        The driver applies the answer in one call (:meth:`Driver.on_answer
-        <walchannel.core.driver.Driver.on_answer>`); only a verification calls it
-        again, after the log moved its rows.
+    def _do_verify(self, action: act.Verify) -> None:
+        """``RunLog.verify(h)`` with the judged resume point; answer with its outcome."""
+        try:
+            shift = self._log.verify(action.high, engine_resume=self._verify_resume())
+        except WalWriteError as exc:
+            self.feed(ev.VerificationFailed(raw_message(exc)))
+            return
+        pending = self._resume_to_store
+        if pending is not None and pending[0] is not None:
+            self.engine_resume, self._resume_to_store = pending[0], None
+        self.feed(ev.Verified(action.high, shift, self._clock.monotonic_ms()))
 
-        Args:
-            engine_high: ``h``; None without ``engine_acks_handshake``.
-
-        Returns:
-            The first seq to write on the stream, or None to end the stream.
-        """
-        driver = self._driver
-        if self._commit_pending is not None:
-            # Rows handed out before the answer are judged and renumbered with
-            # the log's: the driver reads the high-water in on_answer.
-            try:
-                self._commit_pending()
-            except WalWriteError as exc:
-                self._reporter.record(raw_message(exc))
-                return None
-            except GroupCommitError:
-                return None  # given up, the run failed naming its seqs (its files removed)
-        now = self._clock.monotonic_ms()
-        plan = driver.on_answer(engine_high, now)
-        answer = plan.answer
-        if engine_high is None:
-            return plan.replay_from
-        if plan.clear_failed_mark:
-            try:
-                self._log.update_meta(failed_at=None, failed_reason=None)
-            except WalchannelError as exc:
-                logger.warning("run %s: cannot clear the failed mark: %s", self._run_id, exc)
-        if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
-            logger.error("run %s: %s", self._run_id, plan.problem)
-            if self._stream is not None:
-                # Nothing applied, nothing written: an engine that holds seqs this
-                # log never wrote would drop rows sent under them as duplicates.
-                # The stream ends, and a fresh handshake re-syncs.
-                self._stream.finish(
-                    StreamEnded(f"{plan.problem}; the stream is ended and dialed again")
-                )
-            return plan.replay_from
-        if answer is Answer.BEHIND or answer is Answer.FOREIGN:
-            self._reporter.failed(plan.failed_reason)  # the run cannot go on with this engine
-            return None
-        if answer is Answer.VERIFY:
-            unverified = driver.unverified_from
-            try:
-                shift = self._log.verify(engine_high, engine_resume=self._verify_resume())
-            except WalWriteError as exc:
-                self._reporter.record(raw_message(exc))
-                return None
-            pending = self._resume_to_store
-            if pending is not None and pending[0] is not None:
-                self.engine_resume, self._resume_to_store = pending[0], None
-            if shift:
-                logger.warning(
-                    "run %s: the engine already holds seqs up to %d, at or above this log's "
-                    "unverified rows (from %s); moved them by %d to follow it",
-                    self._run_id,
-                    engine_high,
-                    unverified,
-                    shift,
-                )
-                self._rows.clear_tail()
-                # Seqs handed out before now live higher: waiters re-read their targets.
-                self._waiters.wake_all()
-            driver.on_verified(engine_high, shift)
-            self._reclaim.rows_deleted()  # the verifying ack deleted rows too
-            self._after_ack()
-            return plan.replay_from
-        if answer is Answer.FORGOT:
-            logger.warning(
-                "run %s: the engine answered Ack(%d) %s; re-sending from %d",
-                self._run_id,
-                engine_high,
-                plan.problem,
-                plan.replay_from,
-            )
-        elif plan.acked_moved:
-            _killpoints.reached("after_ack_received")
-            self._after_ack(now)
-        return plan.replay_from
+    def _do_renumbered(self, action: act.Renumbered) -> None:
+        logger.warning(
+            "run %s: the engine already holds seqs up to %d, at or above this log's "
+            "unverified rows (from %s); moved them by %d to follow it",
+            self._run_id,
+            action.high,
+            action.unverified,
+            action.shift,
+        )
+        self._rows.clear_tail()
+        # Seqs handed out before now live higher: waiters re-read their targets.
+        self._waiters.wake_all()
 
     # -- how a stream ended ----------------------------------------------------------------
 
@@ -732,65 +780,74 @@ class ConnectionLoop:
         text = describe_end(code, details) if code else str(reason or "stream ended")
         # The engine's text may echo the token (SPEC "Secrets").
         text = self._reporter.redact(text)
-        driver = self._driver
-        keepalive = driver.keepalive_ms
-        plan = driver.on_end(code, details, debug)
-        if plan.keepalive_doubled and not self._pings_warned:
-            self._pings_warned = True
-            logger.warning(
-                "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
-                "the rest of the run",
-                self._run_id,
-                keepalive,
-                driver.keepalive_ms,
-            )
-        if plan.end is End.RUN_COMPLETED or plan.end is End.FENCED:
-            self._on_run_completed(plan.completion, plan.failed_reason)
-            return
-        if plan.end is End.CONTRADICTED:
-            self._reporter.failed(plan.failed_reason)  # engine behind, both numbers named
-            return
-        if plan.end is End.ALREADY_OVER:
-            return
-        if plan.too_large is not None:
-            self._on_down_too_large(stream, plan.too_large, text, kept=plan.cause_kept)
-            return
-        # The same end again (an engine down, a token refused) while redialing:
-        # said once at WARNING, then at INFO until a stream comes up.
-        level = logging.WARNING if driver.first_said(text) else logging.INFO
-        logger.log(
-            level, "run %s: stream to %s%s ended: %s", self._run_id, stream.addr, stream.route, text
-        )
-        if plan.refusal is not None:
-            refused = self._refused.on_refusal(stream.addr, stream.top_written, plan.refusal, text)
-            if refused is not None:
-                self._waiters.refuse_approval(refused.request_id, refused.error)
-            self._check_held()
-            return
-        self._reporter.record(f"{stream.addr}{stream.route}: {text}")
+        self._ended = stream
+        try:
+            self.feed(ev.Ended(code, details, debug, text))
+        finally:
+            self._ended = None
 
-    def _on_down_too_large(
-        self, stream: Stream, found: DownTooLarge, text: str, *, kept: bool
-    ) -> None:
+    def _ended_stream(self) -> Stream:
+        stream = self._ended
+        assert stream is not None  # only a stream's end asks for these
+        return stream
+
+    def _do_keepalive_doubled(self, action: act.KeepaliveDoubled) -> None:
+        logger.warning(
+            "run %s: the engine sent GOAWAY too_many_pings; keepalive %d -> %d ms for "
+            "the rest of the run",
+            self._run_id,
+            action.before,
+            action.after,
+        )
+
+    def _do_record_end(self, action: act.RecordEnd) -> None:
+        stream = self._ended_stream()
+        logger.log(
+            logging.WARNING if action.loud else logging.INFO,
+            "run %s: stream to %s%s ended: %s",
+            self._run_id,
+            stream.addr,
+            stream.route,
+            action.text,
+        )
+        self._reporter.record(f"{stream.addr}{stream.route}: {action.text}")
+
+    def _do_set_aside_refused(self, action: act.SetAsideRefused) -> None:
+        stream = self._ended_stream()
+        logger.log(
+            logging.WARNING if action.loud else logging.INFO,
+            "run %s: stream to %s%s ended: %s",
+            self._run_id,
+            stream.addr,
+            stream.route,
+            action.text,
+        )
+        refused = self._refused.on_refusal(
+            stream.addr, stream.top_written, action.refusal, action.text
+        )
+        if refused is not None:
+            self._waiters.refuse_approval(refused.request_id, refused.error)
+
+    def _do_say_down_too_large(self, action: act.SayDownTooLarge) -> None:
         """A down message was over ``max_receive_message_bytes``: name the field; retry.
 
         SPEC "Down messages": the engine likely sends it again after every
         handshake, so each stream ends the same way; said at ERROR once per
         distinct text (then at INFO), kept in ``last_error``, and the
         connection loop backs off as after any end. An end whose status
-        grpc.aio lost to a write (grpc/grpc#36066) keeps this cause
-        (:meth:`~walchannel.core.driver.Driver.on_end`).
+        grpc.aio lost to a write (grpc/grpc#36066) keeps this cause (``kept``).
         """
-        why = down_too_large_text(found, self._config.max_receive_message_bytes)
+        stream = self._ended_stream()
+        why = down_too_large_text(action.found, self._config.max_receive_message_bytes)
         where = f"{stream.addr}{stream.route}"
         first = self._reporter.first_time(why)
-        if kept:
+        if action.kept:
             # gRPC lost this stream's status: the last one it gave stands.
             logger.info(
                 "run %s: stream to %s ended: %s; taken as the same cause as before: %s",
                 self._run_id,
                 where,
-                text,
+                action.text,
                 why,
             )
         else:
@@ -800,30 +857,20 @@ class ConnectionLoop:
                 self._run_id,
                 where,
                 why,
-                text,
+                action.text,
             )
         self._reporter.record(f"{where}: {why}")
 
-    def _on_run_completed(self, completion: Completion | None, failed_reason: str | None) -> None:
-        """The engine answered "run completed", or refused this writer: the loop ends.
-
-        The driver decided in :meth:`~walchannel.core.driver.Driver.on_end`
-        (:attr:`~walchannel.core.driver.EndPlan.completion`): unless the log becomes
-        a tombstone the run has already failed there, and this stores it.
-        """
-        driver = self._driver
-        if completion is Completion.NOTHING and self._log.writable:
+    def _do_mark_completed(self, action: act.MarkCompleted) -> None:
+        if self._log.writable:
             try:
-                self._log.complete_by_engine()  # nothing here to lose: a tombstone says so
+                self._log.complete_by_engine()
             except WalchannelError as exc:
                 logger.warning("run %s: cannot mark the log completed: %s", self._run_id, exc)
-        if completion is not Completion.TOMBSTONE:
-            # Rows this log still holds cannot be delivered (here) any more: the
-            # reason flags the run for an operator (inspect: failed; export saves them).
-            self._reporter.failed(failed_reason)
-            return
+
+    def _do_tombstone(self, action: act.Tombstone) -> None:
+        """Our ``Done`` was applied but its ack was lost: the log becomes a tombstone."""
         if self._log.writable:
-            # Our Done was applied but its ack was lost: the run ended well.
             try:
                 self._log.complete_by_engine()
             except WalchannelError as exc:
@@ -833,31 +880,21 @@ class ConnectionLoop:
                     "run %s: the engine applied this run's Done; the log is now a tombstone",
                     self._run_id,
                 )
-                driver.completed_by_engine()
-                self._waiters.state_changed()
+                self.feed(ev.TombstoneStored())
                 return
-        self._reporter.failed(driver.tombstone_not_stored())  # Done, and maybe more, stays
-
-    def _check_held(self) -> None:
-        """Stop with the held error once every row before a refused ``Done`` is acked."""
-        error = self._driver.held_due()
-        if error is None:
-            return
-        self._reporter.fail(error, reason=FAILED_DONE_REFUSED)
-        if self._stream is not None:
-            self._stream.finish(StreamEnded(raw_message(error)))
+        self.feed(ev.TombstoneNotStored())
 
     # -- down messages ---------------------------------------------------------------------
 
     def _on_down(self, msg: pb.DownMessage, now: float) -> None:
         kind = msg.WhichOneof("body")
         if kind == "ack":
-            self._on_ack(msg.ack.seq, now)
+            self.feed(ev.AckReceived(msg.ack.seq, now))
         elif kind == "stop":
-            self._on_stop(msg.stop.reason)
+            self.feed(ev.StopReceived(msg.stop.reason))
         elif kind == "approval_decision":
             d = msg.approval_decision
-            self._on_decision(d.request_id, d.approved, d.reason)
+            self.feed(ev.DecisionReceived(d.request_id, d.approved, d.reason))
         elif kind == "budget_update":
             details = wire.struct_to_dict(msg.budget_update.details)
             for callback in list(self.budget_callbacks):
@@ -876,90 +913,45 @@ class ConnectionLoop:
         assert stream is not None  # down messages come only from a stream's reader
         stream.said.say(kind, level, message, *args)
 
-    def _on_stop(self, reason: str) -> None:
-        if not self._driver.on_stop():
-            return  # a repeat (the engine re-sends it after every handshake)
+    def _do_stop_callbacks(self, action: act.StopCallbacks) -> None:
+        reason = action.reason
         logger.info("run %s: the engine sent Stop(%r)", self._run_id, self._reporter.redact(reason))
         for callback in list(self.stop_callbacks):
             self._reporter.call_back(callback, reason)
 
-    def _on_decision(self, request_id: str, approved: bool, reason: str) -> None:
-        self._driver.on_decision(request_id, approved, reason)
-        if not self._waiters.decided(ApprovalDecision(request_id, approved, reason)):
+    def _do_resolve_approval(self, action: act.ResolveApproval) -> None:
+        decision = ApprovalDecision(action.request_id, action.approved, action.reason)
+        if not self._waiters.decided(decision):
             self._say(
                 "decisions no call waits on",
                 logging.INFO,
                 "run %s: decision for approval request %r that this channel is not "
                 "waiting on; cached",
                 self._run_id,
-                request_id,
+                action.request_id,
             )
 
     # -- acks ------------------------------------------------------------------------------
 
-    def _on_ack(self, seq: int, now: float) -> None:
-        """Apply a received cumulative ``Ack(seq)`` (SPEC "Acks"); ``now`` in ms (monotonic)."""
-        driver = self._driver
-        kind = driver.on_ack(seq, now)
-        if kind is AckKind.ADVANCE:
-            _killpoints.reached("after_ack_received")
-            self._after_ack(now)
-        elif kind is AckKind.STALE:
-            if self._stream is not None:
-                self._stream.stale_ack(seq, driver.acked)
-        else:  # a protocol error, counted, never applied
-            self._say(
-                f"impossible acks ({kind.name})",
-                logging.ERROR,
-                "run %s: %s",
-                self._run_id,
-                driver.last_error,
-            )
-            if kind is AckKind.NEVER_WRITTEN and self._stream is not None:
-                # Rows never written: a fresh handshake re-syncs.
-                self._stream.finish(
-                    StreamEnded(f"{driver.last_error}; the stream is ended and dialed again")
-                )
-
-    def _after_ack(self, now: float | None = None) -> None:
-        """The received ack moved: drop acked rows from the tail, store when due, wake waiters.
+    def _do_ack_moved(self, action: act.AckMoved) -> None:
+        """The received ack moved: drop acked rows from the tail, wake the waiters it answers.
 
         Waiters (``wait_acked``, ``send_done``) are woken only when the ack
         reaches the lowest seq one of them waits for (:attr:`Waiters.wake_at
         <walchannel.channel.waiters.Waiters.wake_at>`).
         """
-        driver = self._driver
-        acked = driver.acked
+        if action.received:
+            _killpoints.reached("after_ack_received")
+        acked = self._driver.acked
         self._rows.drop_acked(acked)
-        self.store_ack(now=now)
         self._waiters.ack_moved(acked)
-        if driver.held is not None:
-            self._check_held()
 
-    def store_ack(self, *, force: bool = False, now: float | None = None) -> None:
-        """Store the received ack in the log now if it is due, else arm the timer.
-
-        When is the driver's :meth:`~walchannel.core.driver.Driver.ack_to_store`
-        (every 256 acks or 100 ms, at once for ``Done``, ``force`` at close).
-
-        Args:
-            force: store whatever is received and not stored yet.
-            now: the monotonic time in ms (None: read the clock).
-        """
-        driver = self._driver
-        seq = driver.ack_to_store(self._clock.monotonic_ms() if now is None else now, force=force)
-        if seq is None:
-            delay_ms = driver.ack_timer_ms(timer_armed=self._ack_timer is not None)
-            if delay_ms is not None:
-                with contextlib.suppress(RuntimeError):  # no running loop: stored at close
-                    self._ack_timer = asyncio.get_running_loop().call_later(
-                        delay_ms / 1000, self._ack_timer_fired
-                    )
-            return
+    def _do_store_ack(self, action: act.StoreAck) -> None:
+        """Store the ack the driver says is due (``RunLog.ack``); answer ``AckStored``."""
         if not self._log.writable:
             return
         try:
-            self._log.ack(seq)
+            self._log.ack(action.seq)
         except WalRemovedError:
             return  # the log's listener failed the run (log_removed)
         except ReentrantCallError:
@@ -972,11 +964,24 @@ class ConnectionLoop:
             logger.error("%s; the acked rows stay until the next ack is stored", exc)
             self._reporter.note(raw_message(exc))
             return
-        if driver.completed:
-            logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
-            self._waiters.wake_all()
-        self._reclaim.rows_deleted()
+        self.feed(ev.AckStored(action.seq, self._clock.monotonic_ms()))
+
+    def _do_done_acked(self, action: act.DoneAcked) -> None:
+        logger.info("run %s: Done acked; the log is now a tombstone", self._run_id)
+        self._waiters.wake_all()
+
+    def _do_checkpoint(self, action: act.Checkpoint) -> None:
+        self._reclaim.step()
+
+    def _do_arm_checkpoint_timer(self, action: act.ArmCheckpointTimer) -> None:
+        self._reclaim.arm(action.delay_ms)
+
+    def _do_arm_ack_timer(self, action: act.ArmAckTimer) -> None:
+        with contextlib.suppress(RuntimeError):  # no running loop: stored at close
+            self._ack_timer = asyncio.get_running_loop().call_later(
+                action.delay_ms / 1000, self._ack_timer_fired
+            )
 
     def _ack_timer_fired(self) -> None:
         self._ack_timer = None
-        self.store_ack()
+        self.feed(ev.AckTimerFired(self._clock.monotonic_ms()))

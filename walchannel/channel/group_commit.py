@@ -75,6 +75,9 @@ class PendingGroup:
             with nothing committed.
         give_up: called with a :class:`~walchannel.errors.GroupCommitError`
             when the group cannot be committed: the channel fails with it.
+        next_seq_after: the driver's
+            :meth:`~walchannel.core.driver.Driver.next_seq_after`: the seq a
+            row gets after this many pending ones (the seqs handed out).
     """
 
     def __init__(
@@ -85,7 +88,9 @@ class PendingGroup:
         clock: Clock,
         commit: Commit,
         give_up: Callable[[GroupCommitError], None],
+        next_seq_after: Callable[[int], int],
     ) -> None:
+        self._next_seq_after = next_seq_after
         self._settings = settings
         self._run_id = run_id
         self._log = log
@@ -159,7 +164,7 @@ class PendingGroup:
                 self._items + items, marker if marker is not None else self._marker
             )
             return seqs[before:]
-        first = self._log.next_seq + len(self._items)
+        first = self._next_seq_after(len(self._items))  # the driver numbers rows
         if not self.pending:
             self._since_ms = now
         self._adds += 1

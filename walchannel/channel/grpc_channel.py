@@ -64,10 +64,11 @@ from walchannel.channel.row_source import RowSource
 from walchannel.channel.waiters import Waiters
 from walchannel.clock import SYSTEM_CLOCK, Clock
 from walchannel.config import GrpcChannelConfig
+from walchannel.core import actions as act
+from walchannel.core import events as ev
 from walchannel.core.driver import REFUSED_TOKEN_CODES, Call, ChannelState, Driver
 from walchannel.errors import (
     ApprovalTimeoutError,
-    BacklogFullError,
     ChannelClosedError,
     EngineUnavailableError,
     GroupCommitError,
@@ -77,10 +78,8 @@ from walchannel.errors import (
     RunExpiredError,
     RunRefusedError,
     WalchannelError,
-    raw_message,
 )
 from walchannel.log.replication import SOCKET_ENV
-from walchannel.log.state import FAILED_GROUP_LOST
 from walchannel.log.view import LogView
 from walchannel.log.writer import RunLog
 from walchannel.wire import messages
@@ -240,6 +239,7 @@ class GrpcEngineChannel:
             failed_reason=meta.failed_reason,
             path=str(log.path),
             written_bound=log.written_bound,
+            rng=self._rng,
         )
         # A payload with more values can never travel: each takes >= 2 bytes as a Struct.
         self._max_values = config.max_message_bytes // 2
@@ -254,7 +254,13 @@ class GrpcEngineChannel:
         self._guard = Guard()
         if config.group_commit is not None:
             self._group = PendingGroup(
-                config.group_commit, config.run_id, log, self._clock, self._commit_rows, self._lost
+                config.group_commit,
+                config.run_id,
+                log,
+                self._clock,
+                self._commit_rows,
+                self._lost,
+                self._driver.next_seq_after,
             )
         socket = os.environ.get(SOCKET_ENV) if config.durability == "replicated" else None
         replica: ReplicaGate | None = None
@@ -268,7 +274,6 @@ class GrpcEngineChannel:
             self._driver,
             self._rows,
             self._clock,
-            self._rng,
             transport,
             replica,
             self._waiters,
@@ -461,7 +466,8 @@ class GrpcEngineChannel:
         """
         if self._driver.closed:
             return
-        self._driver.on_close()
+        connection = self._connection
+        connection.feed(ev.CloseRequested())
         if self._group is not None:
             self._group.commit_or_give_up()
         logger.warning(
@@ -469,13 +475,13 @@ class GrpcEngineChannel:
             "closed and its log released, the unacked rows stay for a new channel",
             self._run_id,
         )
-        self._connection.abandon()
+        connection.abandon()
         self._waiters.drop()
         try:
-            self._connection.store_ack(force=True)
+            connection.flush_acks()
             self._reporter.record(str(self._loop_gone()))
         finally:
-            self._driver.move(ChannelState.CLOSED)
+            connection.feed(ev.Closed())
             if self._metrics is not None:
                 self._metrics.close()
             self._log.close()
@@ -487,7 +493,7 @@ class GrpcEngineChannel:
         error = self._driver.admit(call, self._clock.wall_s())
         if error is not None:
             if isinstance(error, RunExpiredError):
-                self._connection.expire()
+                self._connection.feed(ev.DeadlinePassed())
             raise error
 
     # -- sending (buffer first) ------------------------------------------------------------
@@ -564,27 +570,17 @@ class GrpcEngineChannel:
 
     def _lost(self, error: GroupCommitError) -> None:
         """The pending group could not be committed (``error`` names its seqs)."""
-        if self._driver.closed:
-            # Closing: nothing runs on; the error stays for stats() and inspect.
-            logger.error("%s", error)
-            self._reporter.record(raw_message(error))
-            return
-        self._reporter.fail(error, reason=FAILED_GROUP_LOST)
+        self._connection.feed(ev.Failed(error, ev.Failure.GROUP_LOST))
 
     def _check_backlog(self, items: list[tuple[str, bytes]]) -> None:
-        limit = self._config.max_unacked_bytes
-        if limit is None:
+        if self._config.max_unacked_bytes is None:
             return
         added = sum(len(blob) for _, blob in items)
-        self._connection.store_ack(force=True)
-        logged = self._log.unacked_bytes
+        self._connection.flush_acks()  # what the engine acked frees room first
         pending = 0 if self._group is None else self._group.bytes
-        if logged + pending + added > limit:
-            waiting = f" + {pending} pending" if pending else ""
-            raise BacklogFullError(
-                f"run {self._run_id}: {logged} unacked bytes{waiting} + {added} "
-                f"would pass max_unacked_bytes {limit}; nothing was logged"
-            )
+        error = self._driver.backlog_error(self._log.unacked_bytes, pending, added)
+        if error is not None:
+            raise error
 
     def _refuse_reentry(self, call: str) -> None:
         """Refuse ``call`` if another call or the channel's own work is inside the channel.
@@ -812,15 +808,13 @@ class GrpcEngineChannel:
             self._admit(Call.DONE)
         except RunExpiredError:
             return False
-        if driver.completed:
-            # This channel already delivered the run's Done (a restarted
-            # harness's log held it): the tombstone is stored.
-            driver.on_done_sent()
-            return True
-        if driver.done_seq is None:
+        step = self._connection.done_step(ev.DoneRequested())
+        if step is act.DONE_DELIVERED:
+            return True  # this channel already delivered the run's Done: the tombstone is stored
+        if step is act.LOG_DONE:
             body = messages.done_body(status, findings, coverage, exit_reason)
             self._log_now([self._rows.prepare("done", body)])
-        driver.on_done_sent()
+            step = self._connection.done_step(ev.DoneLogged())
         _killpoints.reached("in_send_done")
         # No ack wakes it: completion (the tombstone stored) and failures do.
         acked = await self._waiters.wait_for(
@@ -918,9 +912,8 @@ class GrpcEngineChannel:
         _check_timeout_ms("wait_acked", timeout_ms)
         driver = self._driver
         group = self._group
-        newest = driver.high_water
+        newest = driver.next_seq_after(0 if group is None else group.rows) - 1
         if group is not None:
-            newest += group.rows
             group.flush()
         target = newest if seq is None else seq
         return await self._waiters.wait_for(
@@ -939,10 +932,7 @@ class GrpcEngineChannel:
         try:
             held = self._guard.take("replay_unacked()")  # (in the try: released whatever comes)
             self._check_loop()
-            self._rows.clear_readahead()
-            count = self._driver.rewind()
-            self._wakeup.set()
-            return count
+            return self._connection.replay()
         finally:
             self._guard.release(held)
 
@@ -1075,7 +1065,7 @@ class GrpcEngineChannel:
         in its own task; the transport and the replica gate are closed by a
         task of their own. The caller closes the log.
         """
-        self._driver.on_close()
+        self._connection.feed(ev.CloseRequested())
         if self._group is not None:
             self._group.commit_or_give_up()
         self._waiters.over.set()
@@ -1117,9 +1107,8 @@ class GrpcEngineChannel:
 
         Shared by :meth:`_close` and :meth:`_close_now` (idempotent).
         """
-        self._connection.store_ack(force=True)
-        if self._driver.move(ChannelState.CLOSED):
-            self._waiters.state_changed()
+        self._connection.flush_acks()
+        self._connection.feed(ev.Closed())
         self._waiters.fail_approvals(
             lambda rid: ChannelClosedError(f"run {self._run_id}: closed before approval {rid!r}")
         )
@@ -1128,7 +1117,7 @@ class GrpcEngineChannel:
             self._metrics.close()
 
     async def _close(self) -> None:
-        self._driver.on_close()
+        self._connection.feed(ev.CloseRequested())
         _killpoints.reached("in_close")
         if self._group is not None:
             self._group.commit_or_give_up()

@@ -20,10 +20,12 @@ when the rows left by an earlier process were committed; the first
 collection asks the channel's event loop to read them (``call_soon_threadsafe``)
 and the values appear from the next collection on.
 
-The oldest unacked row's age comes from :class:`OldestTracker`: marks of
-``(first seq, commit time)`` kept at a resolution of 0.1 s (coarsened when
-a backlog outgrows :data:`MAX_MARKS`), so it costs a comparison per commit
-and bounded memory, and errs at most two resolutions on the old side.
+The oldest unacked row's age is the driver's answer
+(``Driver.oldest_unacked_at``): each commit is fed to it as
+``RowsCommitted``, and it keeps marks of ``(first seq, commit time)`` at a
+resolution of 0.1 s in the log's own numbering
+(:class:`~walchannel.core.ages.CommitAges`), so it costs a comparison per
+commit and bounded memory, and errs at most two resolutions on the old side.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from walchannel._logging import get_logger
 from walchannel._version import __version__
+from walchannel.core import events as ev
 from walchannel.core.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
 from walchannel.log import files
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
     from walchannel.config import GrpcChannelConfig
     from walchannel.log.writer import RunLog
 
-    Translate = Callable[[int], int]
     Read = Callable[["ChannelMetrics", Driver], float | int | None]
 
 __all__ = [
@@ -71,7 +72,6 @@ __all__ = [
     "UNACKED",
     "UNACKED_SIZE",
     "ChannelMetrics",
-    "OldestTracker",
     "attach",
 ]
 
@@ -137,88 +137,8 @@ SEND_BUCKETS_S: Final = (
 #: took, so the recorded ones are an unbiased sample of the durations.
 SEND_SAMPLE_NS: Final = 5_000_000
 
-#: The age marks' finest resolution (seconds) and how many marks a channel keeps.
-BASE_RESOLUTION_S: Final = 0.1
-MAX_MARKS: Final = 1024
 #: Rows read to date a backlog an earlier process left (one primary-key read each).
 SEED_SAMPLES: Final = 32
-
-
-class OldestTracker:
-    """When the unacked rows were committed, in bounded memory.
-
-    Holds marks ``(seq, t)``: the rows from ``seq`` up to the next mark were
-    committed at ``t`` or later, less than two :attr:`resolution_s` later. A
-    commit adds a mark only when the last is at least ``resolution_s`` old;
-    with :data:`MAX_MARKS` marks the resolution doubles and close marks merge.
-    Seqs are as handed out; ``translate`` maps them through a verification
-    shift (SPEC "Dial"). Times are any one clock (``time.perf_counter``).
-
-    :meth:`committed` and :meth:`seed` run on the channel's thread; :meth:`oldest`
-    may run on a metrics reader's thread: it copies the marks (one C call,
-    atomic under the GIL) and never changes them.
-    """
-
-    def __init__(self, resolution_s: float = BASE_RESOLUTION_S, max_marks: int = MAX_MARKS) -> None:
-        self._marks: deque[tuple[int, float]] = deque()
-        self._base = resolution_s
-        self._max = max(2, max_marks)
-        #: The current resolution (seconds).
-        self.resolution_s = resolution_s
-
-    def __len__(self) -> int:
-        return len(self._marks)
-
-    def committed(self, first_seq: int, now: float, stored: int, translate: Translate) -> None:
-        """Rows from ``first_seq`` were committed at ``now``; ``stored``: the stored ack."""
-        marks = self._marks
-        if marks and now - marks[-1][1] < self.resolution_s:
-            return  # the last mark covers these rows (the common case: one check)
-        if stored + 1 >= translate(first_seq):
-            # Everything committed before is acked and stored: start afresh.
-            if marks:
-                marks.clear()
-                self.resolution_s = self._base
-        else:
-            while len(marks) > 1 and translate(marks[1][0]) <= stored + 1:
-                marks.popleft()
-        if len(marks) >= self._max:
-            self._coarsen()
-        self._marks.append((first_seq, now))
-
-    def _coarsen(self) -> None:
-        marks = self._marks
-        while len(marks) > self._max // 2:
-            self.resolution_s *= 2
-            kept: deque[tuple[int, float]] = deque([marks[0]])
-            for mark in marks:
-                if mark[1] - kept[-1][1] >= self.resolution_s:
-                    kept.append(mark)
-            marks = kept
-        # A new deque, not changed in place: a reader may be copying the old one.
-        self._marks = marks
-
-    def seed(self, points: Iterable[tuple[int, float]]) -> None:
-        """Put ``(seq, t)`` points below every mark (the rows of an earlier process)."""
-        marks = self._marks
-        first = marks[0][0] if marks else None
-        kept: list[tuple[int, float]] = []
-        for seq, t in points:
-            if first is not None and seq >= first:
-                break
-            if kept and t < kept[-1][1]:
-                t = kept[-1][1]  # a clock stepped back: keep the marks in time order
-            kept.append((seq, t))
-        self._marks = deque([*kept, *marks])
-
-    def oldest(self, first_unacked: int, translate: Translate) -> float | None:
-        """When row ``first_unacked`` was committed (at the latest); None if not known."""
-        best: float | None = None
-        for seq, t in tuple(self._marks):
-            if translate(seq) > first_unacked:
-                break
-            best = t
-        return best
 
 
 class ChannelMetrics:
@@ -240,7 +160,6 @@ class ChannelMetrics:
         self._driver_ref = weakref.ref(driver)
         self._log_ref = weakref.ref(log)
         self._histogram = instruments.histogram
-        self.ages = OldestTracker()
         base = {
             **_SYSTEM,
             RUN_ID_ATTR: driver.run_id,
@@ -255,8 +174,9 @@ class ChannelMetrics:
         }
         self.path = log.path
         self.acked_seen = 0
-        # Rows up to here were logged before this channel: dated by seed().
-        self._seed_upto = driver.high_water if driver.unacked else 0
+        # Rows were logged before this channel: dated by _seed() (their seqs
+        # are below every commit fed since, whatever a verification moved).
+        self._to_seed = driver.unacked > 0
         self._sampled_ns = -SEND_SAMPLE_NS  # the first call is always recorded
         self.clock_ns = time.perf_counter_ns
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -273,16 +193,11 @@ class ChannelMetrics:
 
     def on_commit(self, first_seq: int) -> None:
         """Rows from ``first_seq`` were committed just now (every ``send_*``, ``send_done``)."""
-        now = time.perf_counter()
-        ages = self.ages
-        marks = ages._marks
-        if marks and now - marks[-1][1] < ages.resolution_s:
-            return  # as in OldestTracker.committed, without the call: it is per send
         driver = self._driver_ref()
         if driver is None:
             return
         try:
-            ages.committed(first_seq, now, driver.stored, driver.translate)
+            driver.handle(ev.RowsCommitted(first_seq, time.perf_counter()))  # asks for nothing
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
         if self._loop is None:
@@ -316,29 +231,28 @@ class ChannelMetrics:
             return
         try:
             log.unacked_bytes  # noqa: B018 - sums once; the log keeps it current
-            if self._seed_upto:
+            if self._to_seed:
                 self._seed(driver, log)
         except WalchannelError as exc:
             logger.debug("run %s: metrics cannot read the log: %s", log.run_id, exc)
 
     def _seed(self, driver: Driver, log: RunLog) -> None:
-        upto, self._seed_upto = self._seed_upto, 0
-        after = driver.stored
-        if after >= driver.translate(upto):
+        self._to_seed = False
+        after, upto = driver.stored, driver.high_water
+        if after >= upto:
             return
-        step = max(1, (driver.translate(upto) - after) // SEED_SAMPLES)
+        step = max(1, (upto - after) // SEED_SAMPLES)
         wall, perf = time.time(), time.perf_counter()
         points: list[tuple[int, float]] = []
         while len(points) <= SEED_SAMPLES:
             row = next(iter(log.unacked(after_seq=after, limit=1)), None)
-            if row is None or row.seq > driver.translate(upto):
+            if row is None or row.seq > upto:
                 break
             if row.appended_at is not None:  # None: a damaged cell, no age to seed
-                points.append(
-                    (driver.untranslate(row.seq), perf - max(0.0, wall - row.appended_at))
-                )
+                points.append((row.seq, perf - max(0.0, wall - row.appended_at)))
             after = row.seq + step - 1
-        self.ages.seed(points)
+        # Rows this channel committed are dated already: the seed stops below them.
+        driver.handle(ev.BacklogDated(tuple(points)))  # asks for nothing
 
     # -- on a reader's thread ------------------------------------------------------
 
@@ -363,9 +277,9 @@ class ChannelMetrics:
     def oldest_age(self, driver: Driver) -> float | None:
         if driver.unacked <= 0:
             return 0.0
-        if self._seed_upto:
+        if self._to_seed:
             self.ask_prime()
-        at = self.ages.oldest(driver.acked + 1, driver.translate)
+        at = driver.oldest_unacked_at()
         return None if at is None else max(0.0, time.perf_counter() - at)
 
     def acked(self, driver: Driver) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from walchannel._logging import get_logger
+from walchannel.core import events as ev
 from walchannel.core.engine_refusals import pick_refused_row, refusal_sets_aside, unproven_refusal
 from walchannel.errors import RowRefusedError, WalchannelError
 from walchannel.log.format import ROW_LOST_TYPE
@@ -47,11 +48,11 @@ class RefusedRows:
     Args:
         config: the run's config (run id, ``max_message_bytes``).
         log: the run's open log (the row is read from it and set aside in it).
-        driver: the run's driver (``acked``; :meth:`~walchannel.core.driver.Driver.hold`
-            and :meth:`~walchannel.core.driver.Driver.on_set_aside`, the second
-            call after the log's I/O).
+        driver: the run's driver (read: ``acked``).
         rows: the writer's row source (its tail forgets a row set aside).
         reporter: where the refusal is kept as ``last_error`` and in the log's meta.
+        feed: the executor's entry (``ConnectionLoop.feed``): the outcome is
+            fed as ``RefusedRowSetAside`` or ``DoneRefused``.
         handshake_size: the size of this channel's handshake message (bytes),
             which an unproven refusal is compared with.
     """
@@ -63,9 +64,11 @@ class RefusedRows:
         driver: Driver,
         rows: RowSource,
         reporter: Reporter,
+        feed: Callable[[ev.Event], None],
         *,
         handshake_size: Callable[[], int],
     ) -> None:
+        self._feed = feed
         self._run_id = config.run_id
         self._max_message_bytes = config.max_message_bytes
         self._log = log
@@ -89,8 +92,8 @@ class RefusedRows:
         Returns:
             The approval request whose row was set aside and that no later
             row asks again, with the error its waiter gets; else None. A
-            refused ``Done`` is held in the driver
-            (:meth:`~walchannel.core.driver.Driver.held_due` says when to stop).
+            refused ``Done`` is fed as ``DoneRefused`` (the driver stops the
+            channel once the rows before it are acked).
         """
         driver = self._driver
         self._warn_engine_limit(addr, refusal.limit)
@@ -140,12 +143,9 @@ class RefusedRows:
         if not refusal_sets_aside(kind):
             # The rows before it may not be applied yet (the engine drops what
             # it had read ahead): deliver them, then stop (Driver.held_due).
-            driver.hold(
-                seq,
-                refused(
-                    f"{what}; the channel stops, the row stays in {self._log.path}"
-                    " (raise the engine's limit, then resume or flush)"
-                ),
+            error = refused(
+                f"{what}; the channel stops, the row stays in {self._log.path}"
+                " (raise the engine's limit, then resume or flush)"
             )
             logger.error(
                 "run %s: %s; it is not written again, and the channel stops once the rows "
@@ -154,6 +154,7 @@ class RefusedRows:
                 what,
             )
             self._reporter.record(f"{what}; the channel stops once the rows before it are acked")
+            self._feed(ev.DoneRefused(seq, error))
             return None
         reason = (
             f"refused by the engine at {addr} for its size: {size} bytes, over its limit "
@@ -167,7 +168,7 @@ class RefusedRows:
             return None
         # The tail and readahead may hold the original: read the substitute from disk.
         self._rows.forget()
-        driver.on_set_aside()
+        self._feed(ev.RefusedRowSetAside())
         logger.error(
             "run %s: %s; set aside into the quarantine of %s and replaced by a %s event at "
             "seq %d so later rows flow (recover it: walchannel export --quarantined)",

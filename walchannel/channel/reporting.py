@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from walchannel._logging import get_logger
 from walchannel.config import redact_secret
+from walchannel.core import events as ev
 from walchannel.errors import WalchannelError, raw_message
 
 if TYPE_CHECKING:
@@ -32,12 +33,12 @@ logger = get_logger(__name__)
 
 
 class Reporter:
-    """Keeps and stores the channel's errors, and fails the run through the driver.
+    """Keeps and stores the channel's errors; says and stores the run's failure.
 
     Args:
         config: the run's config (run id; the token every text is redacted of).
         log: the run's log (its meta stores the last error and the failed mark).
-        driver: the run's driver (``last_error``; :meth:`~walchannel.core.driver.Driver.fail`).
+        driver: the run's driver (``last_error``, ``failure``; fed ``ErrorSeen``).
         clock: the wall clock the errors' times are read from (seconds).
         state_changed: called after the run failed, so every waiter wakes.
     """
@@ -71,7 +72,7 @@ class Reporter:
 
     def note(self, message: str) -> None:
         """Keep ``message`` as ``last_error`` (``stats()``), not in the log."""
-        self._driver.note_error(self.redact(message))
+        self._driver.handle(ev.ErrorSeen(self.redact(message)))  # kept; it asks for nothing
 
     def record(self, message: str, *, failed: str | None = None) -> None:
         """Keep ``message`` as ``last_error`` and store it in the log's meta (``inspect``).
@@ -118,12 +119,12 @@ class Reporter:
             name = getattr(callback, "__qualname__", repr(callback))
             self.foreign(f"callback {name}", exc, then="ignored")
 
-    def fail(self, error: WalchannelError, *, reason: str | None = None) -> None:
-        """Fail the run with ``error`` (the driver moves to ``FAILED``), then :meth:`failed`."""
-        self.failed(self._driver.fail(error, reason=reason))
-
     def failed(self, reason: str | None) -> None:
-        """The driver failed the run (:attr:`Driver.failure`): say so, store it, wake the waits."""
+        """The driver failed the run (:attr:`Driver.failure`): say so, store it, wake the waits.
+
+        The performer of ``StoreFailure``: ``reason`` is the ``failed_reason``
+        the driver chose (``FAILED_*``; None: no mark).
+        """
         error = self._driver.failure
         assert error is not None
         logger.error("%s", error)

@@ -25,6 +25,7 @@ from walchannel import _killpoints
 from walchannel._logging import get_logger
 from walchannel.channel.repeats import OncePerKind
 from walchannel.channel.row_source import RowMissingError
+from walchannel.core.events import Writing, Written
 from walchannel.core.watchdog import Verdict
 from walchannel.errors import ChannelClosedError, WalchannelError, WalCorruptError
 from walchannel.transport.base import StreamEnded
@@ -65,6 +66,8 @@ class Stream:
             called for every message but the handshake's answer.
         on_fatal: the channel's handler of an error that re-dialing cannot
             mend (the log file is corrupt): it fails the run.
+        on_violation: the channel's handler of a down message no correct
+            engine sends (what, in words): a protocol error; the stream ends.
         heartbeat: builds the serialized heartbeat ``UpMessage`` (seq 0).
         acks_handshake: the first ack answers the handshake (``engine_acks_handshake``).
         replica: with ``durability="replicated"``, the Litestream gate.
@@ -95,6 +98,7 @@ class Stream:
         wakeup: asyncio.Event,
         on_down: Callable[[pb.DownMessage, float], None],
         on_fatal: Callable[[WalchannelError], None],
+        on_violation: Callable[[str], None],
         heartbeat: Callable[[], bytes],
         acks_handshake: bool,
         replica: ReplicaGate | None,
@@ -108,6 +112,7 @@ class Stream:
         self._wakeup = wakeup
         self._on_down = on_down
         self._on_fatal = on_fatal
+        self._on_violation = on_violation
         self._heartbeat = heartbeat
         self._acks_handshake = acks_handshake
         self._replica = replica
@@ -250,25 +255,22 @@ class Stream:
         Ended, not skipped: it may have been a ``Stop`` or a decision, which
         the engine sends again after the next handshake (SPEC "Down messages").
         """
-        said = self._driver.protocol_error(
+        self._on_violation(
             f"the engine at {self.addr} sent {exc}; the stream is ended and dialed again"
         )
-        logger.error("run %s: %s", self._run_id, said)
-        self.finish(StreamEnded(said))
 
     async def _write_loop(self) -> None:
         call = self.call
         driver = self._driver
         next_to_write = driver.next_to_write
-        on_written = driver.on_written
-        on_writing = driver.on_writing
+        handle = driver.handle  # the writer's rows are events (they ask for nothing)
         note_writing = self._note_writing
         row_bytes = self._rows.row_bytes
         now_ms = self._clock.monotonic_ms
         replica = self._replica
         wakeup = self._wakeup
         unacked = self._unacked
-        next_beat_ms = now_ms() + driver.keepalive_ms
+        next_beat_ms = driver.next_beat_ms(now_ms())
         self.next_beat_ms = next_beat_ms
         loop = self._loop
         # One timer per heartbeat period wakes the writer for the beat, not one
@@ -307,10 +309,10 @@ class Stream:
                     if seq > self.top_written:
                         note_writing(seq)  # kept beside the log before it goes out
                         self.top_written = seq
-                        on_writing(seq)  # the engine may ack it from now on
+                        handle(Writing(seq))  # the engine may ack it from now on
                     await call.write(data)
                     self.write_since_ms = None
-                    on_written(seq)
+                    handle(Written(seq))
                     _killpoints.reached("after_write")
                     if now < next_beat_ms:
                         continue  # the common case: no heartbeat due, no clock read
@@ -322,7 +324,7 @@ class Stream:
                     self.write_bytes = len(beat)
                     await call.write(beat)
                     self.write_since_ms = None
-                    next_beat_ms = now_ms() + driver.keepalive_ms
+                    next_beat_ms = driver.next_beat_ms(now_ms())
                     self.next_beat_ms = next_beat_ms
                     # A beat timer still armed fires early: one idle look, then re-armed.
         except asyncio.CancelledError:

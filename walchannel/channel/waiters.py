@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from walchannel._logging import get_logger
 from walchannel.channel.interface import ApprovalDecision
+from walchannel.core import events as ev
 from walchannel.core.driver import ChannelState
 
 if TYPE_CHECKING:
@@ -64,11 +65,14 @@ class Waiters:
         self.wake_at = math.inf
         """The lowest received ack that may answer a waiter (``inf``: none waits)."""
         self._approvals: dict[str, asyncio.Future[ApprovalDecision]] = {}
+        self._dropped = False
 
     # -- waking ----------------------------------------------------------------------------
 
     def state_changed(self) -> None:
         """Follow the driver's state: up or not; final wakes every waiter and answers approvals."""
+        if self._dropped:
+            return  # their event loop is gone: nothing of it may be touched
         driver = self._driver
         if driver.state is ChannelState.STREAMING:
             self._up.set()
@@ -90,6 +94,8 @@ class Waiters:
 
     def wake_all(self) -> None:
         """Every waiter looks again (a shift moved targets; ``Done`` acked; closed)."""
+        if self._dropped:
+            return
         self._acked_changed.set()
 
     # -- waiting ---------------------------------------------------------------------------
@@ -124,7 +130,7 @@ class Waiters:
         idle = driver.state is ChannelState.IDLE
         if idle and not condition() and driver.last_error != NO_HANDSHAKE:
             logger.warning("run %s: %s", self._run_id, NO_HANDSHAKE)
-            driver.note_error(NO_HANDSHAKE)
+            driver.handle(ev.ErrorSeen(NO_HANDSHAKE))  # kept as last_error; asks for nothing
         while not condition():
             # FAILED or EXPIRED: the connection loop is over, no ack can come.
             if driver.closed or driver.final:
@@ -185,5 +191,6 @@ class Waiters:
                 future.exception()
 
     def drop(self) -> None:
-        """Forget every approval without answering (their event loop is gone)."""
+        """Forget every approval without answering; wake nothing from now (their loop is gone)."""
         self._approvals.clear()
+        self._dropped = True

@@ -20,7 +20,6 @@ RAW = argparse.RawDescriptionHelpFormatter
 Handler = Callable[[argparse.Namespace], int]
 
 
-
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -53,5 +52,3 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
-
-

@@ -139,5 +139,3 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         err("conformance", f"check {errors[0].check.id}: {errors[0].detail}; the checks stopped")
         return 2
     return 1 if any(r.verdict == "FAIL" for r in results) else 0
-
-

@@ -247,5 +247,3 @@ def _cmd_restore(args: argparse.Namespace) -> int:
         f"{restored.unacked_count} unacked; progress {json.dumps(meta.progress)}"
     )
     return 0
-
-

@@ -1,38 +1,46 @@
 """The driver: one run's protocol as one object that does no I/O.
 
 h11's ``Connection`` is the model: a test, the simulator (``tools/sim.py``)
-and the channel's asyncio tasks drive this one object alike. Inputs are
-plain values (an engine's answer ``Ack(h)``, an ack, a stream's end status,
-times in milliseconds of any monotonic origin, wall-clock seconds); outputs
-are decisions (an enum, a seq, a delay). Nothing here awaits, reads a clock,
-touches SQLite, sockets or gRPC.
+and the channel's executor drive this one object alike, through one entry
+point, :meth:`Driver.handle`: an event in (:mod:`walchannel.core.events`:
+an engine's answer ``Ack(h)``, an ack, a stream's end status, a timer, a
+harness's call; times in milliseconds of any monotonic origin, wall-clock
+seconds), the actions to perform out (:mod:`walchannel.core.actions`).
+Nothing here awaits, reads a clock, touches SQLite, sockets or gRPC.
 
 :class:`Driver` holds what a run's channel knows beyond its log: the state
 (:class:`ChannelState` and its legal moves), the cursor (the received ack,
 the write position, provisional seqs after a verification shift), ack
-coalescing, the reconnect policy (backoff attempt and its reset), the
-checkpoint policy, ``send_done`` and the failure that ended the run, a
-``Done`` held back after the engine refused it, ``Stop`` and approval
-decisions (and their repeats), and the counters of ``stats()``. The log's
-own facts — the next seq, the stored ack, ``unverified_from``, the unacked
-``Done`` and completion — have one owner, the log's
-:class:`~walchannel.log.state.LogState`; the driver reads them through
-:class:`StateSource` and never keeps a copy.
+coalescing, the reconnect policy (backoff attempt and its reset, and
+whether to rediscover), heartbeat and checkpoint timing, ``send_done`` and
+the failure that ended the run (and its ``failed_reason``), a ``Done`` held
+back after the engine refused it, ``Stop`` and approval decisions (and
+their repeats), when the unacked rows were committed, and the counters of
+``stats()``. The log's own facts — the next seq, the stored ack,
+``unverified_from``, the unacked ``Done`` and completion — have one owner,
+the log's :class:`~walchannel.log.state.LogState`; the driver reads them
+through :class:`StateSource` and never keeps a copy.
 
-:class:`walchannel.channel.GrpcEngineChannel` carries out what the driver
-decides (the log's transactions, writes on the stream, timers, waking
-waiters). On the per-message path (a write, an ack) the driver is called
-directly and allocates nothing. SPEC "The channel"; docs/design.md has the
-table of inputs and decisions.
+The channel's executor (:meth:`ConnectionLoop.feed
+<walchannel.channel.connection.ConnectionLoop.feed>`) performs the actions
+and feeds each result back as the next event. The writer's per-row calls
+are events too (``Writing``, ``Written``), answered with no action; a row
+written or an ack allocates its event and nothing else. SPEC "The
+channel"; docs/design.md, "The driver: events and actions", has the tables.
 """
 
 from __future__ import annotations
 
 import enum
+import random as _random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
-from walchannel.core.checkpoints import CheckpointPolicy
+from walchannel.core import actions as act
+from walchannel.core import events as ev
+from walchannel.core.actions import Action
+from walchannel.core.ages import CommitAges
+from walchannel.core.checkpoints import CHECKPOINT_IDLE_MS, CheckpointPolicy
 from walchannel.core.end_status import (
     DownTooLarge,
     Meaning,
@@ -46,16 +54,23 @@ from walchannel.core.end_status import (
 from walchannel.core.engine_refusals import fenced_error
 from walchannel.core.watchdog import Verdict, loop_stalled, stream_verdict, watchdog_period_ms
 from walchannel.errors import (
+    BacklogFullError,
     ChannelClosedError,
     EngineBehindError,
     RunCompletedError,
     RunExpiredError,
     WalchannelError,
     WriterFencedError,
+    raw_message,
 )
 from walchannel.log.state import (
     COMPLETED_BY_ANOTHER,
+    FAILED_CORRUPT,
+    FAILED_DONE_REFUSED,
     FAILED_ENGINE_BEHIND,
+    FAILED_GROUP_LOST,
+    FAILED_INTERNAL,
+    FAILED_LOG_REMOVED,
     FAILED_UNDELIVERABLE,
     LogState,
     Writer,
@@ -65,7 +80,7 @@ from walchannel.log.state import (
 )
 
 if TYPE_CHECKING:
-    import random
+    from collections.abc import Callable, Sequence
 
     from walchannel.config import GrpcChannelConfig
 
@@ -95,6 +110,8 @@ ACK_STORE_AFTER_MS: Final = 100.0
 STABLE_STREAM_MS: Final = 30_000.0
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
 MAX_KEEPALIVE_MS: Final = 300_000
+#: How often the hard_deadline timer looks at the wall clock at the longest (seconds).
+DEADLINE_LOOK_S: Final = 60.0
 #: The stream ends that refuse a run's token (an unknown run, a wrong token).
 REFUSED_TOKEN_CODES: Final = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED"})
 
@@ -129,6 +146,11 @@ _FINAL: Final = frozenset({_S.EXPIRED, _S.FAILED, _S.CLOSED})
 _NO_BOUND: Final = 2**64
 _EXPIRED: Final = _S.EXPIRED  # module globals: the admission check runs on every send
 _FAILED: Final = _S.FAILED
+# What an event that asks for nothing returns: shared, so it allocates nothing.
+_NOTHING: Final[tuple[Action, ...]] = ()
+_ANSWER_REFUSED: Final = "handshake answer refused"
+_JUST_MOVED: Final[tuple[Action, ...]] = (act.ACK_MOVED,)
+_CHECKPOINT: Final[tuple[Action, ...]] = (act.CHECKPOINT,)
 
 
 class StateError(RuntimeError):
@@ -151,7 +173,7 @@ class Answer(enum.Enum):
 
     NO_ANSWER = "no_answer"  # engine_acks_handshake=False: replay from the cursor
     RESUME = "resume"  # an ordinary ack of h: replay from h + 1
-    VERIFY = "verify"  # first answer since open: RunLog.verify(h), then on_verified
+    VERIFY = "verify"  # first answer since open: the action Verify, answered by Verified
     BEHIND = "behind"  # h below the stored cursor: FAILED, EngineBehindError
     # A log that never had an answered handshake (nor a restore or takeover)
     # meets an engine holding rows of the run: another writer's. FAILED, WriterFencedError.
@@ -215,7 +237,7 @@ class StateSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AnswerPlan:
-    """What the caller does after :meth:`Driver.on_answer` applied a handshake answer.
+    """What a handshake answer meant, once applied; ``Answered``'s actions are made from it.
 
     Attributes:
         answer: what it meant.
@@ -228,7 +250,7 @@ class AnswerPlan:
         failed_reason: with ``BEHIND`` and ``FOREIGN`` (the run failed,
             :attr:`Driver.failure`), the ``failed_reason`` to store.
         acked_moved: with ``RESUME``, the answer moved the received ack:
-            the caller takes the ack path (store when due, wake waiters).
+            the ack's actions follow (store when due, wake waiters).
     """
 
     answer: Answer
@@ -240,7 +262,7 @@ class AnswerPlan:
 
 
 class EndPlan(NamedTuple):
-    """The decision for a stream's end.
+    """What a stream's end meant, once applied; ``Ended``'s actions are made from it.
 
     Attributes:
         end: what it means.
@@ -252,11 +274,10 @@ class EndPlan(NamedTuple):
         cause_kept: with :attr:`End.DOWN_TOO_LARGE`, gRPC lost this end's
             status (grpc/grpc#36066): ``too_large`` is the last end's cause.
         completion: with ``RUN_COMPLETED`` and ``FENCED``, what the engine's
-            word does to the log (:meth:`Driver.on_run_completed`). Unless
-            ``TOMBSTONE`` (the caller makes the log a tombstone, then calls
-            :meth:`Driver.completed_by_engine`, or
-            :meth:`Driver.tombstone_not_stored`), the run has failed in the
-            same call: the caller stores :attr:`failed_reason`.
+            word does to the log. Unless ``TOMBSTONE`` (the action
+            ``Tombstone``, answered by ``TombstoneStored`` or
+            ``TombstoneNotStored``), the run has failed already: the action
+            ``StoreFailure`` stores :attr:`failed_reason`.
         failed_reason: that failure's ``failed_reason`` (None: none to store).
     """
 
@@ -288,11 +309,16 @@ class Driver:
         failed_reason: the log's stored ``failed_reason``: a fenced log not
             marked to take over starts ``FAILED`` with ``WriterFencedError``.
         path: the log file, for the errors that name it.
+        written_bound: ``RunLog.written_bound`` (the highest seq the log can
+            have written before this channel), or None when not known.
+        rng: the backoff's jitter (``Backoff.delay_ms``); None: a fresh
+            ``random.Random``. The channel passes its own (SystemRandom, or
+            the simulator's seeded one).
 
     Its fields (``state``, ``acked``, the counters, …) are read-only
-    properties: only the driver's own inputs change them, and ``state``
-    only through the transition table (SPEC "The channel", the state
-    diagram), as h11's ``Connection`` changes state only through its machine.
+    properties: only :meth:`handle` changes them, and ``state`` only through
+    the transition table (SPEC "The channel", the state diagram), as h11's
+    ``Connection`` changes state only through its machine.
     """
 
     def __init__(
@@ -306,8 +332,51 @@ class Driver:
         failed_reason: str | None = None,
         path: str = "",
         written_bound: int | None = None,
+        rng: _random.Random | None = None,
     ) -> None:
         self._log = log
+        # The backoff's jitter: a seeded source in the simulator and the tests.
+        self._rng = rng if rng is not None else _random.Random()
+        self._rediscovers = config.http_addr is not None
+        self._max_unacked_bytes = config.max_unacked_bytes
+        self._ack_timer_armed = False
+        self._pings_warned = False
+        self._handlers: dict[type, Callable[[Any], Sequence[Action]]] = {
+            ev.LoopStarted: self._on_loop_started,
+            ev.StreamOver: self._on_stream_over,
+            ev.BackoffOver: self._on_backoff_over,
+            ev.Rediscovered: self._on_rediscovered,
+            ev.Answered: self._on_answered,
+            ev.Verified: self._on_verified,
+            ev.VerificationFailed: self._on_verification_failed,
+            ev.RowsCommitted: self._on_rows_committed,
+            ev.BacklogDated: self._on_backlog_dated,
+            ev.AckReceived: self._on_ack_received,
+            ev.Writing: self._on_writing,
+            ev.Written: self._on_written,
+            ev.AckTimerFired: self._on_ack_timer_fired,
+            ev.AcksFlushed: self._on_acks_flushed,
+            ev.AckStored: self._on_ack_stored,
+            ev.CheckpointTimerFired: self._on_checkpoint_timer_fired,
+            ev.Checkpointed: self._on_checkpointed,
+            ev.Ended: self._on_ended,
+            ev.TombstoneStored: self._on_tombstone_stored,
+            ev.TombstoneNotStored: self._on_tombstone_not_stored,
+            ev.ProtocolViolation: self._on_protocol_violation,
+            ev.RefusedRowSetAside: self._on_refused_row_set_aside,
+            ev.DoneRefused: self._on_done_refused,
+            ev.StopReceived: self._on_stop_received,
+            ev.DecisionReceived: self._on_decision_received,
+            ev.CloseRequested: self._on_close_requested,
+            ev.Closed: self._on_closed,
+            ev.DoneRequested: self._on_done_requested,
+            ev.DoneLogged: self._on_done_logged,
+            ev.Rewind: self._on_rewind,
+            ev.DeadlineLook: self._on_deadline_look,
+            ev.DeadlinePassed: self._on_deadline_passed,
+            ev.Failed: self._on_failed,
+            ev.ErrorSeen: self._on_error_seen,
+        }
         self._run_id = config.run_id
         self._writer = writer
         self._ever_up = False  # a stream of this channel came up: the log had an answer
@@ -369,10 +438,11 @@ class Driver:
         self._stopped = False
         self._decided: dict[str, tuple[bool, str]] = {}
         self._checkpoints = CheckpointPolicy(now_ms)
+        self._ages = CommitAges()
         if refused_at_open(failed_reason, writer is not None and writer.take_over):
             # Refused before, and not marked to take over: no dial, no send.
-            self._failure = self.fenced(f"it was refused before: {failed_reason}")
-            self.move(ChannelState.FAILED)
+            self._failure = self._fenced(f"it was refused before: {failed_reason}")
+            self._move(ChannelState.FAILED)
         elif writer is not None and writer.take_over and not self._acks_handshake:
             # A takeover numbers this log's rows after the engine's h. Without
             # the answer they would start at the log's own seqs, which the
@@ -387,7 +457,7 @@ class Driver:
                 path=self._path,
                 writer_id=writer.id,
             )
-            self.move(ChannelState.FAILED)
+            self._move(ChannelState.FAILED)
 
     # -- its own fields: read-only outside the driver ----------------------------------------
 
@@ -514,13 +584,8 @@ class Driver:
         return self._stopped
 
     @property
-    def checkpoints(self) -> CheckpointPolicy:
-        """When to give the log's disk back."""
-        return self._checkpoints
-
-    @property
     def fenced_failure(self) -> str | None:
-        """The ``failed_reason`` of the last :meth:`fenced` error."""
+        """The ``failed_reason`` of the last :meth:`_fenced` error."""
         return self._fenced_failure
 
     # -- the log's facts (read, never kept) ------------------------------------------------
@@ -563,7 +628,7 @@ class Driver:
         """True in ``EXPIRED``, ``FAILED`` and ``CLOSED``: the connection loop is over."""
         return self._state in _FINAL
 
-    def move(self, new: ChannelState) -> bool:
+    def _move(self, new: ChannelState) -> bool:
         """Move to ``new``; return True when the state changed (staying put is allowed).
 
         Raises:
@@ -577,7 +642,7 @@ class Driver:
         self._state = new
         return True
 
-    def deadline_in_s(self, now_wall_s: float) -> float | None:
+    def _deadline_in_s(self, now_wall_s: float) -> float | None:
         """Seconds until ``hard_deadline`` (0 when past; None without one)."""
         return None if self._deadline_s is None else max(0.0, self._deadline_s - now_wall_s)
 
@@ -590,9 +655,10 @@ class Driver:
         failure that ended the run (final: a deadline passing later never
         replaces it, SPEC "States"), then past ``hard_deadline``, or
         already ``EXPIRED`` whatever the wall clock says now (a
-        :class:`~walchannel.errors.RunExpiredError`: the caller first moves
-        the channel to ``EXPIRED``, see :meth:`expire`; ``send_done`` returns
-        False instead of raising), then a failure kept after the expiry.
+        :class:`~walchannel.errors.RunExpiredError`: the channel feeds
+        ``DeadlinePassed`` before it raises, which moves it to ``EXPIRED``;
+        ``send_done`` returns False instead of raising), then a failure kept
+        after the expiry. A query: it changes nothing.
 
         Args:
             call: what is asked.
@@ -631,13 +697,13 @@ class Driver:
             return ChannelClosedError(f"run {self._run_id}: the channel is closed")
         return None
 
-    def expire(self) -> bool:
+    def _expire(self) -> bool:
         """``hard_deadline`` passed: move to ``EXPIRED``; False when already over."""
         if self.final:
             return False
-        return self.move(ChannelState.EXPIRED)
+        return self._move(ChannelState.EXPIRED)
 
-    def fail(self, error: WalchannelError, *, reason: str | None = None) -> str | None:
+    def _fail(self, error: WalchannelError, *, reason: str | None = None) -> str | None:
         """The run fails with ``error`` (sends raise it); return the ``failed_reason`` to store.
 
         Moves to ``FAILED`` unless already over. The reason names why for
@@ -647,24 +713,12 @@ class Driver:
         """
         self._failure = error
         if not self.final:
-            self.move(ChannelState.FAILED)
+            self._move(ChannelState.FAILED)
         if reason is None and isinstance(error, EngineBehindError):
             return FAILED_ENGINE_BEHIND
         return reason
 
-    def on_close(self) -> None:
-        """``close()`` began (or the loop is gone): no send is admitted from now on."""
-        self._closed = True
-
-    def on_done_sent(self) -> None:
-        """``send_done`` logged the run's ``Done`` (or found it delivered): later sends close."""
-        self._done_sent = True
-
-    def note_error(self, text: str) -> None:
-        """Keep ``text`` (no token: the caller redacts it) as ``last_error`` (``stats()``)."""
-        self._last_error = text
-
-    def protocol_error(self, message: str) -> str:
+    def _protocol_error(self, message: str) -> str:
         """The engine broke the protocol: count it; return the ``last_error`` text (SPEC "Acks")."""
         self._protocol_errors += 1
         self._last_error = f"protocol error: {message}"
@@ -672,23 +726,23 @@ class Driver:
 
     # -- the handshake answer --------------------------------------------------------------
 
-    def on_answer(self, engine_high: int | None, now_ms: float) -> AnswerPlan:
-        """Apply the engine's handshake answer ``Ack(h)``; return the I/O it needs. SPEC "Dial".
+    def _answer(self, engine_high: int | None, now_ms: float) -> AnswerPlan:
+        """Apply the engine's handshake answer ``Ack(h)``; return what it meant. SPEC "Dial".
 
         One call applies every change of the driver's own state the answer
-        makes; the plan names only what the caller must do outside it (the
-        log, the stream, the waiters). By :attr:`AnswerPlan.answer`:
+        makes; :meth:`_on_answered` makes the plan into actions (the log, the
+        stream, the waiters). By :attr:`AnswerPlan.answer`:
 
         - ``RESUME``: ``h`` is applied as a received ack
           (:attr:`AnswerPlan.acked_moved`: then the ack path, as after
-          :meth:`on_ack`).
+          :meth:`_ack`).
         - ``FORGOT``: ``h`` is below acks received but not stored: the cursor
           steps back to ``max(h, stored)`` and those rows are written again.
-        - ``VERIFY``: the caller runs ``RunLog.verify(h)``, then
-          :meth:`on_verified` with its shift: the one second call, as the
-          log's rows move in between.
+        - ``VERIFY``: the action ``Verify`` runs ``RunLog.verify(h)``, and
+          its ``Verified`` applies the shift (:meth:`_verified`): the log's
+          rows move in between.
         - ``BEHIND``, ``FOREIGN``: the run has failed (:attr:`failure`);
-          the caller stores :attr:`AnswerPlan.failed_reason` and ends.
+          ``StoreFailure`` stores :attr:`AnswerPlan.failed_reason`.
         - ``AHEAD``, ``IMPOSSIBLE``: a protocol error, counted and kept as
           :attr:`last_error`, never applied (:attr:`AnswerPlan.problem`),
           and the stream ends: ``h`` above anything this log wrote
@@ -709,22 +763,22 @@ class Driver:
             engine_high, unverified_from=self.unverified_from, high_water=self.high_water
         )
         if problem is not None:
-            said = self.protocol_error(f"{problem}; not applied")
+            said = self._protocol_error(f"{problem}; not applied")
             return AnswerPlan(Answer.IMPOSSIBLE, None, problem=said)
         if engine_high < self.stored:
-            reason = self.fail(self._behind(engine_high))
+            reason = self._fail(self._behind(engine_high))
             return AnswerPlan(Answer.BEHIND, None, failed_reason=reason)
         unverified = self.unverified_from
         writer = self._writer
         if unverified is not None and engine_high > 0 and writer and not writer.may_meet_rows:
-            error = self.fenced(
+            error = self._fenced(
                 f"this log never had an answered handshake, and the engine already holds "
                 f"seqs up to {engine_high} of the run: they are another writer's (a lost or "
                 "misplaced log: a WALCHANNEL_DIR typo, a relative wal_dir, a volume gone; or "
                 "a second harness); joining them would apply findings twice",
                 engine_high=engine_high,
             )
-            reason = self.fail(error, reason=self._fenced_failure)
+            reason = self._fail(error, reason=self._fenced_failure)
             return AnswerPlan(Answer.FOREIGN, None, failed_reason=reason)
         clear = self._failed_mark
         self._failed_mark = False
@@ -734,7 +788,7 @@ class Driver:
         if written is not None and engine_high > written:
             # No engine can hold a seq this log never wrote (SPEC "Acks"): not
             # applied, and no bound for acks either (never the answer itself).
-            said = self.protocol_error(
+            said = self._protocol_error(
                 f"handshake answer Ack({engine_high}) is above seq {written}, the highest "
                 "this log can have written; not applied"
             )
@@ -753,7 +807,7 @@ class Driver:
             return AnswerPlan(
                 Answer.FORGOT, engine_high + 1, clear, problem=f"below acks it gave ({forgot_from})"
             )
-        moved = self.on_ack(engine_high, now_ms) is AckKind.ADVANCE
+        moved = self._ack(engine_high, now_ms) is AckKind.ADVANCE
         return AnswerPlan(Answer.RESUME, engine_high + 1, clear, acked_moved=moved)
 
     def _contradicted(self, expected: int) -> EngineBehindError:
@@ -771,7 +825,7 @@ class Driver:
             "deleted, which cannot be re-sent"
         )
 
-    def fenced(self, why: str, *, engine_high: int | None = None) -> WriterFencedError:
+    def _fenced(self, why: str, *, engine_high: int | None = None) -> WriterFencedError:
         """The :class:`~walchannel.errors.WriterFencedError` for ``why``, its reason kept.
 
         The message says where the rows are and what to do (review them,
@@ -789,7 +843,7 @@ class Driver:
             self._run_id, self._path, writer, why, engine_high=engine_high, answered=answered
         )
 
-    def on_verified(self, engine_high: int, shift: int) -> None:
+    def _verified(self, engine_high: int, shift: int) -> None:
         """The log applied the verification rule for ``h`` with ``shift``; follow it.
 
         The log moved its rows (``LogState.verify``); the driver only keeps
@@ -798,6 +852,7 @@ class Driver:
         if shift and self._verifying is not None:
             first, end = self._verifying
             self._provisional = (first, end, shift)
+            self._ages.shift(first, end, shift)  # the marks follow the log's rows
         self._verifying = None
         if engine_high > self._acked:
             self._acked = engine_high
@@ -832,17 +887,9 @@ class Driver:
             return True
         return self._acked >= seq
 
-    def untranslate(self, seq: int) -> int:
-        """Map a row's seq back to the seq handed out for it (:meth:`translate` undone)."""
-        if self._provisional is not None:
-            first, end, shift = self._provisional
-            if first + shift <= seq < end + shift:
-                return seq - shift
-        return seq
-
     # -- acks ------------------------------------------------------------------------------
 
-    def on_ack(self, seq: int, now_ms: float) -> AckKind:
+    def _ack(self, seq: int, now_ms: float) -> AckKind:
         """Apply a received cumulative ``Ack(seq)``: ``acked = max(acked, seq)``. SPEC "Acks".
 
         A writer standing at or below ``seq`` (rewound by ``replay_unacked``
@@ -851,7 +898,7 @@ class Driver:
         covering a row written on this stream resets the backoff attempt.
 
         Returns:
-            ``ADVANCE`` when it moved the cursor (then :meth:`ack_to_store`),
+            ``ADVANCE`` when it moved the cursor (then :meth:`_ack_to_store`),
             ``STALE`` when it did not; for a protocol error, counted and
             kept as :attr:`last_error`, never applied: ``NEVER_WRITTEN``
             beyond :attr:`ack_bound` (rows never written: the stream ends;
@@ -878,7 +925,7 @@ class Driver:
         """``Ack(seq)`` covers rows never written or never logged: count it, apply nothing."""
         high_water = self._log.state.next_seq - 1
         if seq <= self._ack_bound and self._acks_handshake:
-            self.protocol_error(f"Ack({seq}) is above the high-water {high_water}; not applied")
+            self._protocol_error(f"Ack({seq}) is above the high-water {high_water}; not applied")
             return AckKind.ABOVE_HIGH_WATER
         if self._acks_handshake:
             bound = (
@@ -890,10 +937,10 @@ class Driver:
             bound = (
                 f"beyond seq {high_water}, the log's high-water (the engine answers no handshakes)"
             )
-        self.protocol_error(f"Ack({seq}) covers rows never written: {bound}; not applied")
+        self._protocol_error(f"Ack({seq}) covers rows never written: {bound}; not applied")
         return AckKind.NEVER_WRITTEN
 
-    def ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
+    def _ack_to_store(self, now_ms: float, *, force: bool = False) -> int | None:
         """Return the ack to store in the log now, or None to keep coalescing.
 
         Acks are stored every :data:`ACK_STORE_EVERY` acks or
@@ -920,10 +967,10 @@ class Driver:
             return acked
         return None
 
-    def ack_timer_ms(self, *, timer_armed: bool) -> float | None:
+    def _ack_timer_ms(self, *, timer_armed: bool) -> float | None:
         """In how many ms a coalesced ack must be stored at the latest; None: no timer to arm.
 
-        Asked when :meth:`ack_to_store` said "not yet": the ack is stored
+        Asked when :meth:`_ack_to_store` said "not yet": the ack is stored
         :data:`ACK_STORE_AFTER_MS` after the first unstored one, by a timer armed once.
         """
         if self._pending_since_ms is None or timer_armed:
@@ -936,7 +983,7 @@ class Driver:
 
     # -- streams and the writer ------------------------------------------------------------
 
-    def on_stream_up(self, replay_from: int, now_ms: float) -> None:
+    def _stream_up(self, replay_from: int, now_ms: float) -> None:
         """The handshake was answered (or written, without answers): the stream is up.
 
         The writer starts at ``replay_from`` (never below the received ack);
@@ -949,9 +996,9 @@ class Driver:
         self._ends_down = self._refused_down = 0
         self._first_written = None
         self._repeated_end = None
-        self.move(ChannelState.STREAMING)
+        self._move(ChannelState.STREAMING)
 
-    def on_dial(self) -> None:
+    def _count_dial(self) -> None:
         """A dial begins: every one after the channel's first is a reconnect (``stats()``).
 
         Whether or not its stream comes up: a dial refused, or a stream cut
@@ -972,7 +1019,7 @@ class Driver:
         pos = self._write_pos
         return pos if pos and pos <= end else None
 
-    def on_writing(self, seq: int) -> None:
+    def _writing(self, seq: int) -> None:
         """Row ``seq``'s write starts on the live stream: from now on the engine may ack it.
 
         An honest engine may ack a row before its write returns here.
@@ -1008,7 +1055,7 @@ class Driver:
         """Tell whether writing ``seq`` now writes it again (it went out before)."""
         return seq <= self._max_written
 
-    def on_written(self, seq: int) -> None:
+    def _written(self, seq: int) -> None:
         """Row ``seq`` was written to the stream.
 
         The writer moves past ``seq``, and never back under the received
@@ -1026,7 +1073,7 @@ class Driver:
         else:
             self._max_written = seq
 
-    def rewind(self) -> int:
+    def _rewind(self) -> int:
         """Rewind the writer to the received ack; return how many rows it will re-send."""
         if self._write_pos:
             self._write_pos = self._acked + 1
@@ -1034,7 +1081,7 @@ class Driver:
 
     # -- ends of stream and reconnecting ---------------------------------------------------
 
-    def on_end(self, code: str | None, details: str, debug: str = "") -> EndPlan:
+    def _end(self, code: str | None, details: str, debug: str = "") -> EndPlan:
         """Decide what a stream's end means, from its gRPC status. SPEC "Reconnect".
 
         Every status reconnects (INTERNAL and UNKNOWN too: proxies report
@@ -1074,7 +1121,7 @@ class Driver:
         if meaning is Meaning.EXPECTED_SEQ and read.match is not None:
             expected = int(read.match.group(1))
             if expected - 1 < self.stored:
-                reason = self.fail(self._contradicted(expected))
+                reason = self._fail(self._contradicted(expected))
                 return EndPlan(End.CONTRADICTED, doubled, None, failed_reason=reason)
         too_large = parse_receive_limit(code, details)
         kept = too_large is None and meaning is Meaning.STATUS_LOST
@@ -1090,23 +1137,23 @@ class Driver:
 
     def _ended_by_engine(self, end: End, doubled: bool) -> EndPlan:
         """The engine ended the run for this writer: the log's fate; failed unless a tombstone."""
-        completion = self.on_run_completed()
+        completion = self._run_completed()
         if completion is Completion.TOMBSTONE:
             return EndPlan(end, doubled, None, completion=completion)
-        error, reason = self.refused(completion)
-        reason = self.fail(error, reason=reason)
+        error, reason = self._refused(completion)
+        reason = self._fail(error, reason=reason)
         return EndPlan(end, doubled, None, completion=completion, failed_reason=reason)
 
-    def tombstone_not_stored(self) -> str | None:
+    def _tombstone_not_stored(self) -> str | None:
         """The log could not be made a tombstone: its rows are undeliverable; the run fails.
 
-        The second call after :attr:`EndPlan.completion` ``TOMBSTONE`` when the
-        log's write failed (or it is read-only). Returns the ``failed_reason``.
+        ``TombstoneNotStored``, after the action ``Tombstone`` found the log's
+        write failed (or it read-only). Returns the ``failed_reason``.
         """
-        error, reason = self.refused(Completion.UNDELIVERABLE)
-        return self.fail(error, reason=reason)
+        error, reason = self._refused(Completion.UNDELIVERABLE)
+        return self._fail(error, reason=reason)
 
-    def first_said(self, text: str) -> bool:
+    def _first_said(self, text: str) -> bool:
         """Tell whether ``text`` (a stream's end) differs from the last one since a stream was up.
 
         The same end again (an engine down, a token refused) while redialing
@@ -1116,12 +1163,12 @@ class Driver:
         self._repeated_end = text
         return first
 
-    def on_run_completed(self) -> Completion:
+    def _run_completed(self) -> Completion:
         """Decide what the engine ending the run for this writer does to the log. docs/design.md.
 
         For FAILED_PRECONDITION "run completed" (and the engine's refusals of
         this writer, :attr:`End.FENCED`). Either way the loop ends
-        (``FAILED``; :meth:`refused` gives the error): a log holding an
+        (``FAILED``; :meth:`_refused` gives the error): a log holding an
         unacked ``Done`` becomes a tombstone on the engine's word (it applied
         the ``Done``, and every row before it; the ack was lost) — only when
         the engine names no writer or this one: a run another writer
@@ -1137,7 +1184,7 @@ class Driver:
             return Completion.TOMBSTONE
         return Completion.UNDELIVERABLE if state.unacked_count > 0 else Completion.NOTHING
 
-    def refused(self, completion: Completion) -> tuple[WalchannelError, str | None]:
+    def _refused(self, completion: Completion) -> tuple[WalchannelError, str | None]:
         """The error a run ended by the engine fails with, and the ``failed_reason`` to store.
 
         ``FENCED``: :class:`~walchannel.errors.WriterFencedError` naming what
@@ -1155,11 +1202,11 @@ class Driver:
                 )
             else:
                 said = f"the engine refused it: {said}"
-            return self.fenced(said), self._fenced_failure
+            return self._fenced(said), self._fenced_failure
         error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
         return error, FAILED_UNDELIVERABLE if completion is Completion.UNDELIVERABLE else None
 
-    def completed_by_engine(self) -> RunCompletedError:
+    def _completed_by_engine(self) -> RunCompletedError:
         """The log became a tombstone on the engine's word: the loop ends, ``send_done`` is True.
 
         Returns the error later calls raise (the run is completed).
@@ -1167,14 +1214,14 @@ class Driver:
         error = RunCompletedError(f"run {self._run_id}: the engine says the run is completed")
         self._failure = error
         if not self.final:
-            self.move(ChannelState.FAILED)
+            self._move(ChannelState.FAILED)
         return error
 
-    def next_delay_ms(self, now_ms: float, rng: random.Random) -> float:
+    def _next_delay_ms(self, now_ms: float) -> float:
         """The stream (or dial) ended: return the backoff before the next dial (ms).
 
         ``Backoff.delay_ms(attempt, rng)``; the attempt counter resets only
-        after an ack covering a seq written on the stream (:meth:`on_ack`) or
+        after an ack covering a seq written on the stream (:meth:`_ack`) or
         once it was up :data:`STABLE_STREAM_MS`, so an engine that answers
         the handshake and drops at once does not make a tight loop. SPEC
         "Reconnect".
@@ -1182,11 +1229,28 @@ class Driver:
         if self._up_since_ms is not None and now_ms - self._up_since_ms >= STABLE_STREAM_MS:
             self._attempt = 0
             self._down_too_large = None
-        delay = self._backoff.delay_ms(self._attempt, rng)
+        delay = self._backoff.delay_ms(self._attempt, self._rng)
         self._attempt += 1
         self._up_since_ms = None
         self._first_written = None
         return delay
+
+    def next_beat_ms(self, now_ms: float) -> float:
+        """When the next heartbeat is due after one written (or the writer's start) at ``now_ms``.
+
+        One keepalive later (doubled after GOAWAY ``too_many_pings``): the
+        engine's acks of heartbeats are what the watchdog hears (SPEC "Reconnect").
+        """
+        return now_ms + self._keepalive_ms
+
+    def next_seq_after(self, pending: int) -> int:
+        """The seq a new row gets when ``pending`` rows handed out before it commit first.
+
+        Under ``group_commit`` a send's seqs are handed out before the commit:
+        the log takes no other rows while a group is pending, so the seqs
+        handed out are the seqs the rows get (SPEC "Group commit").
+        """
+        return self._log.state.next_seq + pending
 
     def watchdog_period_ms(self) -> float:
         """How often the watchdog looks at a live stream (ms)."""
@@ -1221,22 +1285,22 @@ class Driver:
 
     # -- a row the engine refused for its size ---------------------------------------------
 
-    def on_set_aside(self) -> None:
+    def _set_aside(self) -> None:
         """A refused row was set aside: the engine is healthy, dial again soon."""
         self._attempt = 0
 
-    def hold(self, seq: int, error: WalchannelError) -> None:
+    def _hold(self, seq: int, error: WalchannelError) -> None:
         """The engine refused the ``Done`` at ``seq``: write nothing from it on.
 
         The channel stops with ``error`` once every row before it is acked
-        (:meth:`held_due`): the engine drops what it read ahead, so those rows
+        (:meth:`_held_due`): the engine drops what it read ahead, so those rows
         are delivered first (docs/design.md, ``Done`` is never set aside).
         """
         self._hold_at = seq
         self._held = error
         self._attempt = 0
 
-    def held_due(self) -> WalchannelError | None:
+    def _held_due(self) -> WalchannelError | None:
         """The held error, once every row before the refused ``Done`` is acked (taken once)."""
         if self._held is None or self._hold_at is None or self._acked < self._hold_at - 1:
             return None
@@ -1245,7 +1309,7 @@ class Driver:
 
     # -- down messages ---------------------------------------------------------------------
 
-    def on_stop(self) -> bool:
+    def _stop(self) -> bool:
         """A ``Stop`` arrived: True the first time (fire the callbacks), then False.
 
         SPEC "Down messages": the engine re-sends it after every handshake.
@@ -1254,10 +1318,378 @@ class Driver:
         self._stopped = True
         return first
 
-    def on_decision(self, request_id: str, approved: bool, reason: str) -> None:
+    def _decide(self, request_id: str, approved: bool, reason: str) -> None:
         """An approval decision arrived (new or repeated): keep it; the latest wins."""
         self._decided[request_id] = (approved, reason)
 
     def decision(self, request_id: str) -> tuple[bool, str] | None:
         """``(approved, reason)`` decided for ``request_id``, or None when none came yet."""
         return self._decided.get(request_id)
+
+    # -- the one entry point ---------------------------------------------------------------
+
+    def handle(self, event: ev.Event) -> Sequence[Action]:
+        """Take ``event``; return the actions to perform, in order. docs/design.md.
+
+        Every change of the driver's state comes through here, and
+        ``state`` only through the transition table. An action whose I/O
+        has a result is answered with the next event (``Verify`` with
+        ``Verified``, ``Tombstone`` with ``TombstoneStored``, ``StoreAck``
+        with ``AckStored``): no plan is left for the caller to finish.
+
+        Raises:
+            StateError: a walchannel bug broke the transition table.
+            KeyError: ``event`` is not one of :mod:`walchannel.core.events`.
+        """
+        return self._handlers[type(event)](event)
+
+    # -- the connection loop's turns -------------------------------------------------------
+
+    def _dial_unless_over(self) -> Sequence[Action]:
+        if self._closed or self._state in _FINAL:
+            return _NOTHING
+        out: list[Action] = [act.STATE_CHANGED] if self._move(ChannelState.CONNECTING) else []
+        self._count_dial()
+        out.append(act.Dial(self._keepalive_ms))
+        return out
+
+    def _on_loop_started(self, event: ev.LoopStarted) -> Sequence[Action]:
+        return self._dial_unless_over()
+
+    def _on_stream_over(self, event: ev.StreamOver) -> Sequence[Action]:
+        if self._closed or self._state in _FINAL:
+            return _NOTHING  # the loop ends
+        out: list[Action] = [act.STATE_CHANGED] if self._move(ChannelState.BACKOFF) else []
+        delay = self._next_delay_ms(event.now_ms)
+        out.append(act.Backoff(delay, self._attempt))
+        return out
+
+    def _on_backoff_over(self, event: ev.BackoffOver) -> Sequence[Action]:
+        if self._closed or self._state in _FINAL:
+            return _NOTHING
+        # With a discovery URL every re-dial asks it first (SPEC "Reconnect").
+        return (act.REDISCOVER,) if self._rediscovers else self._dial_unless_over()
+
+    def _on_rediscovered(self, event: ev.Rediscovered) -> Sequence[Action]:
+        return self._dial_unless_over()  # the run may have ended while discovery answered
+
+    # -- the handshake answer --------------------------------------------------------------
+
+    def _on_answered(self, event: ev.Answered) -> Sequence[Action]:
+        high = event.high
+        plan = self._answer(high, event.now_ms)
+        answer = plan.answer
+        out: list[Action] = [act.CLEAR_FAILED_MARK] if plan.clear_failed_mark else []
+        if answer is Answer.IMPOSSIBLE or answer is Answer.AHEAD:
+            # Nothing applied, nothing written: an engine that holds seqs this
+            # log never wrote would drop rows sent under them as duplicates.
+            # The stream ends, and a fresh handshake re-syncs.
+            out.append(act.NoteProtocolError(plan.problem))
+            out.append(act.EndStream(f"{plan.problem}; the stream is ended and dialed again"))
+            return out
+        if answer is Answer.BEHIND or answer is Answer.FOREIGN:
+            out.append(act.StoreFailure(plan.failed_reason))
+            out.append(act.EndStream(_ANSWER_REFUSED))
+            return out
+        if answer is Answer.VERIFY:
+            assert high is not None
+            out.append(act.Verify(high))
+            return out
+        if answer is Answer.FORGOT:
+            assert high is not None
+            out.append(
+                act.Warn(
+                    f"the engine answered Ack({high}) {plan.problem}; re-sending from "
+                    f"{plan.replay_from}"
+                )
+            )
+        elif plan.acked_moved:
+            out.extend(self._after_ack(event.now_ms, act.ACK_MOVED))
+        assert plan.replay_from is not None
+        return self._up_from(plan.replay_from, event.now_ms, out)
+
+    def _up_from(self, replay_from: int, now_ms: float, out: list[Action]) -> list[Action]:
+        """The answer was taken: the stream is up from ``replay_from``, unless the run ended."""
+        if self._state in _FINAL:
+            # The answer acked the rows before a refused Done: stopped.
+            out.append(act.EndStream("the channel stopped"))
+            return out
+        self._stream_up(replay_from, now_ms)
+        out.append(act.StartStream(replay_from))
+        return out
+
+    def _on_verified(self, event: ev.Verified) -> Sequence[Action]:
+        verifying = self._verifying
+        out: list[Action] = []
+        if event.shift:
+            unverified = None if verifying is None else verifying[0]
+            out.append(act.Renumbered(event.high, unverified, event.shift))
+        self._verified(event.high, event.shift)
+        out.extend(self._rows_deleted(event.now_ms))  # the verifying ack deleted rows too
+        out.extend(self._after_ack(event.now_ms, act.ACK_MOVED_BY_ANSWER))
+        return self._up_from(event.high + 1, event.now_ms, out)
+
+    def _on_verification_failed(self, event: ev.VerificationFailed) -> Sequence[Action]:
+        self._verifying = None
+        return (act.RecordError(event.text, loud=False), act.EndStream(_ANSWER_REFUSED))
+
+    # -- the writer's rows (per row: the handlers allocate nothing) --------------------------
+
+    def _on_writing(self, event: ev.Writing) -> Sequence[Action]:
+        self._writing(event.seq)
+        return _NOTHING
+
+    def _on_written(self, event: ev.Written) -> Sequence[Action]:
+        self._written(event.seq)
+        return _NOTHING
+
+    # -- acks ------------------------------------------------------------------------------
+
+    def _on_ack_received(self, event: ev.AckReceived) -> Sequence[Action]:
+        seq = event.seq
+        kind = self._ack(seq, event.now_ms)
+        if kind is AckKind.ADVANCE:
+            return self._after_ack(event.now_ms, act.ACK_MOVED)
+        if kind is AckKind.STALE:
+            return (act.StaleAck(seq, self._acked),)
+        said = self._last_error or ""
+        noted = act.NoteProtocolError(said, f"impossible acks ({kind.name})")
+        if kind is AckKind.NEVER_WRITTEN:
+            # Rows never written: a fresh handshake re-syncs.
+            return (noted, act.EndStream(f"{said}; the stream is ended and dialed again"))
+        return (noted,)
+
+    def _after_ack(self, now_ms: float, moved: act.AckMoved) -> Sequence[Action]:
+        """The received ack moved: what follows (store it or arm the timer; a held ``Done``)."""
+        store = self._ack_to_store(now_ms)
+        if store is None:
+            if self._held is None and (self._pending_since_ms is None or self._ack_timer_armed):
+                return _JUST_MOVED if moved is act.ACK_MOVED else (moved,)  # allocates nothing
+            out: list[Action] = [moved]
+            self._arm_ack_timer(out)
+        else:
+            out = [moved, act.StoreAck(store)]
+        if self._held is not None:
+            out.extend(self._stop_if_held_due())
+        return out
+
+    def _arm_ack_timer(self, out: list[Action]) -> None:
+        delay = self._ack_timer_ms(timer_armed=self._ack_timer_armed)
+        if delay is not None:
+            self._ack_timer_armed = True
+            out.append(act.ArmAckTimer(delay))
+
+    def _on_ack_timer_fired(self, event: ev.AckTimerFired) -> Sequence[Action]:
+        self._ack_timer_armed = False
+        store = self._ack_to_store(event.now_ms)
+        if store is not None:
+            return (act.StoreAck(store),)
+        out: list[Action] = []
+        self._arm_ack_timer(out)
+        return out
+
+    def _on_acks_flushed(self, event: ev.AcksFlushed) -> Sequence[Action]:
+        store = self._ack_to_store(event.now_ms, force=True)
+        return _NOTHING if store is None else (act.StoreAck(store),)
+
+    def _on_ack_stored(self, event: ev.AckStored) -> Sequence[Action]:
+        reclaim = self._rows_deleted(event.now_ms)
+        return (act.DONE_ACKED, *reclaim) if self._log.state.completed else reclaim
+
+    # -- when rows were committed (the oldest unacked row's age) ----------------------------
+
+    def _on_rows_committed(self, event: ev.RowsCommitted) -> Sequence[Action]:
+        self._ages.committed(event.first_seq, event.now_s, self._log.state.last_acked)
+        return _NOTHING
+
+    def _on_backlog_dated(self, event: ev.BacklogDated) -> Sequence[Action]:
+        self._ages.seed(event.points)
+        return _NOTHING
+
+    def oldest_unacked_at(self) -> float | None:
+        """When the oldest row no ack covers was committed (the clock of ``RowsCommitted``).
+
+        None when not known (no commit of it was fed, nor dated). Safe from
+        another thread: it reads a copy of the marks.
+        """
+        return self._ages.oldest(self._acked + 1)
+
+    # -- giving disk back ------------------------------------------------------------------
+
+    def _rows_deleted(self, now_ms: float) -> Sequence[Action]:
+        """A stored ack deleted rows: checkpoint now, or arm the idle timer."""
+        if self._checkpoints.on_rows_deleted(now_ms, unacked=self.unacked):
+            self._checkpoints.on_checkpoint(now_ms)
+            return _CHECKPOINT
+        return self._arm_checkpoint(CHECKPOINT_IDLE_MS)
+
+    def _arm_checkpoint(self, delay_ms: float) -> Sequence[Action]:
+        # A closed channel arms nothing: RunLog.close checkpoints itself.
+        return _NOTHING if self._closed else (act.ArmCheckpointTimer(delay_ms),)
+
+    def _on_checkpoint_timer_fired(self, event: ev.CheckpointTimerFired) -> Sequence[Action]:
+        if self._closed:
+            return _NOTHING
+        delay = self._checkpoints.on_timer(event.now_ms)
+        if delay is None:
+            return _NOTHING
+        if delay > 0:
+            return self._arm_checkpoint(delay)  # acks still coming
+        self._checkpoints.on_checkpoint(event.now_ms)
+        return _CHECKPOINT
+
+    def _on_checkpointed(self, event: ev.Checkpointed) -> Sequence[Action]:
+        delay = self._checkpoints.on_result(complete=event.complete, shrank=event.shrank)
+        return _NOTHING if delay is None else self._arm_checkpoint(delay)
+
+    def _stop_if_held_due(self) -> Sequence[Action]:
+        """Stop with the held error once every row before a refused ``Done`` is acked."""
+        error = self._held_due()
+        if error is None:
+            return _NOTHING
+        reason = self._fail(error, reason=FAILED_DONE_REFUSED)
+        return (act.StoreFailure(reason), act.EndStream(raw_message(error)))
+
+    # -- a stream's end --------------------------------------------------------------------
+
+    def _on_ended(self, event: ev.Ended) -> Sequence[Action]:
+        keepalive = self._keepalive_ms
+        plan = self._end(event.code, event.details, event.debug)
+        out: list[Action] = []
+        if plan.keepalive_doubled and not self._pings_warned:
+            self._pings_warned = True
+            out.append(act.KeepaliveDoubled(keepalive, self._keepalive_ms))
+        end = plan.end
+        if end is End.RUN_COMPLETED or end is End.FENCED:
+            completion = plan.completion
+            if completion is Completion.TOMBSTONE:
+                out.append(act.TOMBSTONE)  # answered: TombstoneStored or TombstoneNotStored
+                return out
+            if completion is Completion.NOTHING:
+                out.append(act.MARK_COMPLETED)  # nothing here to lose: a tombstone says so
+            # Rows this log still holds cannot be delivered (here) any more: the
+            # reason flags the run for an operator (inspect: failed; export saves them).
+            out.append(act.StoreFailure(plan.failed_reason))
+            return out
+        if end is End.CONTRADICTED:
+            out.append(act.StoreFailure(plan.failed_reason))  # engine behind, both numbers named
+            return out
+        if end is End.ALREADY_OVER:
+            return out
+        if plan.too_large is not None:
+            out.append(act.SayDownTooLarge(plan.too_large, event.text, plan.cause_kept))
+            return out
+        # The same end again (an engine down, a token refused) while redialing:
+        # said once at WARNING, then at INFO until a stream comes up.
+        loud = self._first_said(event.text)
+        if plan.refusal is not None:
+            out.append(act.SetAsideRefused(plan.refusal, event.text, loud))
+        else:
+            out.append(act.RecordEnd(event.text, loud))
+        return out
+
+    def _on_tombstone_stored(self, event: ev.TombstoneStored) -> Sequence[Action]:
+        self._completed_by_engine()
+        return (act.STATE_CHANGED,)
+
+    def _on_tombstone_not_stored(self, event: ev.TombstoneNotStored) -> Sequence[Action]:
+        return (act.StoreFailure(self._tombstone_not_stored()),)  # Done, and maybe more, stays
+
+    def _on_protocol_violation(self, event: ev.ProtocolViolation) -> Sequence[Action]:
+        said = self._protocol_error(event.message)
+        return (act.NoteProtocolError(said), act.EndStream(said))
+
+    def _on_refused_row_set_aside(self, event: ev.RefusedRowSetAside) -> Sequence[Action]:
+        self._set_aside()
+        return _NOTHING
+
+    def _on_done_refused(self, event: ev.DoneRefused) -> Sequence[Action]:
+        self._hold(event.seq, event.error)
+        return self._stop_if_held_due()
+
+    # -- down messages ---------------------------------------------------------------------
+
+    def _on_stop_received(self, event: ev.StopReceived) -> Sequence[Action]:
+        return (act.StopCallbacks(event.reason),) if self._stop() else _NOTHING
+
+    def _on_decision_received(self, event: ev.DecisionReceived) -> Sequence[Action]:
+        self._decide(event.request_id, event.approved, event.reason)
+        return (act.ResolveApproval(event.request_id, event.approved, event.reason),)
+
+    # -- the harness's calls ---------------------------------------------------------------
+
+    def _on_close_requested(self, event: ev.CloseRequested) -> Sequence[Action]:
+        self._closed = True
+        return _NOTHING
+
+    def _on_closed(self, event: ev.Closed) -> Sequence[Action]:
+        return (act.STATE_CHANGED,) if self._move(ChannelState.CLOSED) else _NOTHING
+
+    def _on_done_requested(self, event: ev.DoneRequested) -> Sequence[Action]:
+        if self.completed:
+            # This channel already delivered the run's Done (a restarted
+            # harness's log held it): the tombstone is stored.
+            self._done_sent = True
+            return (act.DONE_DELIVERED,)
+        if self._log.state.done_seq is None:
+            return (act.LOG_DONE,)  # answered: DoneLogged
+        self._done_sent = True
+        return (act.WAIT_DONE,)
+
+    def _on_done_logged(self, event: ev.DoneLogged) -> Sequence[Action]:
+        self._done_sent = True
+        return (act.WAIT_DONE,)
+
+    def _on_rewind(self, event: ev.Rewind) -> Sequence[Action]:
+        return (act.Replay(self._rewind()),)
+
+    def _on_deadline_look(self, event: ev.DeadlineLook) -> Sequence[Action]:
+        delay = self._deadline_in_s(event.now_wall_s)
+        if delay is None or self._closed:
+            return _NOTHING
+        if delay <= 0:
+            return self._on_deadline_passed(ev.DeadlinePassed())
+        # The token's expiry is a wall-clock time: looking at most every
+        # DEADLINE_LOOK_S follows a step of the clock (NTP, a resumed VM).
+        return (act.ArmDeadline(min(delay, DEADLINE_LOOK_S)),)
+
+    def _on_deadline_passed(self, event: ev.DeadlinePassed) -> Sequence[Action]:
+        return (act.DEADLINE_HIT,) if self._expire() else _NOTHING
+
+    def _on_failed(self, event: ev.Failed) -> Sequence[Action]:
+        cause = event.cause
+        if cause is ev.Failure.GROUP_LOST and self._closed:
+            # Closing: nothing runs on; the error stays for stats() and inspect.
+            return (act.RecordError(raw_message(event.error), loud=True),)
+        if cause is ev.Failure.LOG_REMOVED and self._state in _FINAL:
+            return _NOTHING
+        reason = {
+            ev.Failure.LOG_REMOVED: FAILED_LOG_REMOVED,
+            ev.Failure.CORRUPT: FAILED_CORRUPT,
+            ev.Failure.GROUP_LOST: FAILED_GROUP_LOST,
+            ev.Failure.INTERNAL: f"{FAILED_INTERNAL}: {event.what}",
+        }[cause]
+        return (act.StoreFailure(self._fail(event.error, reason=reason)),)
+
+    def _on_error_seen(self, event: ev.ErrorSeen) -> Sequence[Action]:
+        self._last_error = event.text
+        return _NOTHING
+
+    # -- queries of the calls --------------------------------------------------------------
+
+    def backlog_error(self, logged: int, pending: int, added: int) -> BacklogFullError | None:
+        """The error a send that adds ``added`` bytes gets under ``max_unacked_bytes``, or None.
+
+        Args:
+            logged: unacked bytes in the log (after the received ack is stored).
+            pending: bytes handed out under ``group_commit``, not yet committed.
+            added: the send's rows' bytes.
+        """
+        limit = self._max_unacked_bytes
+        if limit is None or logged + pending + added <= limit:
+            return None
+        waiting = f" + {pending} pending" if pending else ""
+        return BacklogFullError(
+            f"run {self._run_id}: {logged} unacked bytes{waiting} + {added} "
+            f"would pass max_unacked_bytes {limit}; nothing was logged"
+        )
