@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 from walchannel._logging import get_logger
 from walchannel._version import __version__
 from walchannel.core import events as ev
+from walchannel.core.ages import BASE_RESOLUTION_S
 from walchannel.core.driver import ChannelState, Driver
 from walchannel.errors import WalchannelError
 from walchannel.log import files
@@ -178,6 +179,7 @@ class ChannelMetrics:
         # are below every commit fed since, whatever a verification moved).
         self._to_seed = driver.unacked > 0
         self._sampled_ns = -SEND_SAMPLE_NS  # the first call is always recorded
+        self._fed_s = -BASE_RESOLUTION_S  # the first commit is always fed
         self.clock_ns = time.perf_counter_ns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prime_asked = False
@@ -192,12 +194,23 @@ class ChannelMetrics:
     # -- on the channel's thread -----------------------------------------------
 
     def on_commit(self, first_seq: int) -> None:
-        """Rows from ``first_seq`` were committed just now (every ``send_*``, ``send_done``)."""
+        """Rows from ``first_seq`` were committed just now (every ``send_*``, ``send_done``).
+
+        Fed to the driver at most once per :data:`~walchannel.core.ages.BASE_RESOLUTION_S`:
+        a commit sooner than that after the last one fed is dated by that
+        one's mark or the one before it, less than two resolutions older
+        (the bound :class:`~walchannel.core.ages.CommitAges` keeps), and a
+        send then costs a clock read and a comparison, no event.
+        """
+        now = time.perf_counter()
+        if now - self._fed_s < BASE_RESOLUTION_S:
+            return
         driver = self._driver_ref()
         if driver is None:
             return
+        self._fed_s = now
         try:
-            driver.handle(ev.RowsCommitted(first_seq, time.perf_counter()))  # asks for nothing
+            driver.handle(ev.RowsCommitted(first_seq, now))  # asks for nothing
         except Exception:  # the row is committed: metrics must never fail its send
             _hook_failed(self)
         if self._loop is None:
