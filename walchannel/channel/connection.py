@@ -800,28 +800,25 @@ class ConnectionLoop:
             action.after,
         )
 
-    def _do_record_end(self, action: act.RecordEnd) -> None:
+    def _say_end(self, text: str, *, loud: bool) -> Stream:
+        """Say how the stream ended (WARNING the first time, then INFO); return the stream."""
         stream = self._ended_stream()
         logger.log(
-            logging.WARNING if action.loud else logging.INFO,
+            logging.WARNING if loud else logging.INFO,
             "run %s: stream to %s%s ended: %s",
             self._run_id,
             stream.addr,
             stream.route,
-            action.text,
+            text,
         )
+        return stream
+
+    def _do_record_end(self, action: act.RecordEnd) -> None:
+        stream = self._say_end(action.text, loud=action.loud)
         self._reporter.record(f"{stream.addr}{stream.route}: {action.text}")
 
     def _do_set_aside_refused(self, action: act.SetAsideRefused) -> None:
-        stream = self._ended_stream()
-        logger.log(
-            logging.WARNING if action.loud else logging.INFO,
-            "run %s: stream to %s%s ended: %s",
-            self._run_id,
-            stream.addr,
-            stream.route,
-            action.text,
-        )
+        stream = self._say_end(action.text, loud=action.loud)
         refused = self._refused.on_refusal(
             stream.addr, stream.top_written, action.refusal, action.text
         )
