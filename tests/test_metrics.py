@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -28,7 +26,6 @@ from conftest import PYTHON, ROOT, child_env, eventually, new_run, offline_confi
 from walchannel import ChannelState, GrpcEngineChannel
 from walchannel.channel import metrics as wm
 from walchannel.channel.seams import log_of
-from walchannel.core.ages import CommitAges
 from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -253,41 +250,6 @@ async def test_oldest_age_of_a_backlog_left_on_disk(tmp_path: Path) -> None:
 
 
 # -- the oldest-unacked tracker, against a plain model ------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.integers(min_value=1, max_value=4),  # rows in the commit
-            st.floats(min_value=0.0, max_value=3.0),  # seconds since the previous commit
-            st.integers(min_value=0, max_value=6),  # rows acked (received) after it
-            st.booleans(),  # the ack is stored too
-        ),
-        max_size=200,
-    ),
-    st.integers(min_value=2, max_value=16),
-)
-def test_commit_ages_err_old_by_under_two_resolutions(ops: list[Any], max_marks: int) -> None:
-    tracker = CommitAges(resolution_s=0.5, max_marks=max_marks)
-    committed: dict[int, float] = {}
-    now, high, acked, stored = 1000.0, 0, 0, 0
-    for rows, gap, ack, store in ops:
-        now += gap
-        tracker.committed(high + 1, now, stored)
-        for seq in range(high + 1, high + rows + 1):
-            committed[seq] = now
-        high += rows
-        acked = min(high, acked + ack)
-        if store:
-            stored = acked
-        if acked < high:
-            first = acked + 1
-            at = tracker.oldest(first)
-            assert at is not None
-            # Never younger than the row; older by less than two resolutions.
-            assert committed[first] - 2 * tracker.resolution_s < at <= committed[first]
-        assert len(tracker) <= max_marks
 
 
 # -- the send duration: a sample by start time ------------------------------------------
@@ -594,15 +556,3 @@ async def test_the_operations_table_is_what_the_channel_creates(tmp_path: Path) 
     instruments = await created(tmp_path)
     got = {name: (kind, unit, keys) for name, (kind, unit, keys, _) in instruments.items()}
     assert operations_table() == got
-
-
-def test_commit_ages_follow_a_verification_that_moves_the_rows() -> None:
-    # Issue 60: the marks are in the log's numbering; a shift moves them with the rows.
-    ages = CommitAges(resolution_s=0.1)
-    ages.committed(1, 10.0, 0)  # rows 1.. (verified)
-    ages.committed(4, 20.0, 0)  # rows 4.. handed out before the answer: unverified
-    ages.committed(6, 30.0, 0)
-    ages.shift(4, 8, 100)  # the engine already held seqs up to 103
-    assert ages.oldest(3) == 10.0
-    assert ages.oldest(104) == 20.0 and ages.oldest(105) == 20.0
-    assert ages.oldest(106) == 30.0
