@@ -1057,10 +1057,15 @@ def test_only_send_done_of_a_completed_run_passes_a_deadline_or_a_failure() -> N
     d = driver(hard_deadline=_DEADLINE)
     log_of(d).state = log_of(d).state._replace(completed=True)
     after = _DEADLINE.timestamp() + 1.0
+    # A tombstone this channel did not deliver a Done into passes nothing.
+    assert isinstance(d.admit(Call.DONE, after), RunExpiredError)
+    d.handle(ev.AckStored(10, 0.0))  # the stored ack covered this log's Done
     assert d.admit(Call.DONE, after) is None
     assert isinstance(d.admit(Call.SEND, after), RunExpiredError)
     assert isinstance(d.admit(Call.HANDSHAKE, after), RunExpiredError)
-    error = d._completed_by_engine()
+    d.handle(ev.TombstoneStored())
+    error = d.failure
+    assert isinstance(error, RunCompletedError)
     assert d.admit(Call.DONE, 0.0) is None
     assert d.admit(Call.SEND, 0.0) is error
 
@@ -2108,3 +2113,35 @@ def test_the_disk_reclaim_is_asked_for_by_the_driver_and_hears_each_steps_result
     d.handle(ev.CloseRequested())
     assert not d.handle(ev.CheckpointTimerFired(99_000.0))  # closed: RunLog.close checkpoints
     assert not d.handle(ev.Checkpointed(complete=False, shrank=False))
+
+
+def test_send_done_after_another_writer_completed_the_run_raises_instead_of_saying_delivered() -> (
+    None
+):
+    # Simulator seed 531948: "run completed by" another writer, nothing of this
+    # log left: the log becomes a tombstone over nothing, and send_done must not
+    # say this run's Done (never logged) was delivered.
+    me = Writer("w-me", 0, False, True)
+    d = with_writer(me, high=10, stored=10)
+    actions = list(
+        d.handle(ev.Ended("FAILED_PRECONDITION", "run completed by writer w-3", "", "x"))
+    )
+    assert actions == [act.MARK_COMPLETED, act.StoreFailure(None)]
+    log = log_of(d)
+    log.state = log.state.complete_by_engine()
+    error = d.admit(Call.DONE, 0.0)
+    assert isinstance(error, RunCompletedError) and error is d.failure
+    # This log's own Done, acked and stored: send_done says delivered, whatever the state.
+    ours = driver(high=5)
+    ours_log = log_of(ours)
+    ours_log.state = ours_log.state.append(["done"])
+    ours.handle(ev.LoopStarted())
+    ours.handle(ev.Answered(0, 0.0))
+    for seq in range(1, 7):
+        ours.handle(ev.Writing(seq))
+        ours.handle(ev.Written(seq))
+    assert act.StoreAck(6) in ours.handle(ev.AckReceived(6, 0.0))
+    ours_log.state = ours_log.state.ack(6).state
+    ours.handle(ev.AckStored(6, 0.0))
+    assert ours.admit(Call.DONE, 0.0) is None
+    assert list(ours.handle(ev.DoneRequested())) == [act.DONE_DELIVERED]

@@ -263,6 +263,17 @@ def test_the_seeds_the_issues_55_to_58_run_found_hold(capsys: pytest.CaptureFixt
     assert sim.main([*argv, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
 
 
+def test_the_seed_the_issue_60_run_found_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    # 531948: another writer took the run over and completed it; this harness's
+    # channel then heard "run completed by" that writer with nothing of its own
+    # left, its log became a tombstone over nothing, and a send_done after it
+    # returned True, as if its own Done (never logged) were delivered. Of the
+    # product (and on the tree before issue 60 too): send_done raises the
+    # run's RunCompletedError now.
+    argv = ["--seed-list", "531948", "--durability", "both", "--group-commit", "share"]
+    assert sim.main([*argv, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
+
+
 def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> None:
     # tools/sim_corpus.txt: few seeds that reach every reachable line; the
     # allowlist of tools/sim_coverage.py names why each other line is not.

@@ -394,6 +394,10 @@ class Driver:
         self._state = ChannelState.IDLE
         self._closed = False
         self._done_sent = False
+        # This channel's Done was delivered: its ack stored, or the engine's
+        # "run completed" made its log a tombstone. Not so for a tombstone
+        # over nothing (another writer completed the run): send_done raises.
+        self._done_delivered = False
         self._failure: WalchannelError | None = None
         self._failed_mark = failed_mark
         # The cursor.
@@ -670,8 +674,8 @@ class Driver:
             if call is Call.DONE:
                 return ChannelClosedError(f"run {self._run_id}: send_done() was already called")
             return ChannelClosedError(f"run {self._run_id}: send_done() was called; no new rows")
-        if call is Call.DONE and self.completed:
-            return None  # the run's Done is acked and stored: nothing can fail it now
+        if call is Call.DONE and self.completed and self._done_delivered:
+            return None  # this run's Done is acked and stored: nothing can fail it now
         if self._state is _FAILED:
             return self._failure
         # EXPIRED is final: a wall clock stepped back before the deadline does not reopen it.
@@ -1494,7 +1498,10 @@ class Driver:
 
     def _on_ack_stored(self, event: ev.AckStored) -> Sequence[Action]:
         reclaim = self._rows_deleted(event.now_ms)
-        return (act.DONE_ACKED, *reclaim) if self._log.state.completed else reclaim
+        if not self._log.state.completed:
+            return reclaim
+        self._done_delivered = True  # the stored ack covered this log's Done
+        return (act.DONE_ACKED, *reclaim)
 
     # -- when rows were committed (the oldest unacked row's age) ----------------------------
 
@@ -1589,6 +1596,7 @@ class Driver:
         return out
 
     def _on_tombstone_stored(self, event: ev.TombstoneStored) -> Sequence[Action]:
+        self._done_delivered = True  # the engine applied this log's Done; its ack was lost
         self._completed_by_engine()
         return (act.STATE_CHANGED,)
 
