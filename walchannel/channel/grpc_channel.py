@@ -814,7 +814,7 @@ class GrpcEngineChannel:
         if step is act.LOG_DONE:
             body = messages.done_body(status, findings, coverage, exit_reason)
             self._log_now([self._rows.prepare("done", body)])
-            step = self._connection.done_step(ev.DoneLogged())
+            self._connection.done_step(ev.DoneLogged())  # answered WaitDone: wait below
         _killpoints.reached("in_send_done")
         # No ack wakes it: completion (the tombstone stored) and failures do.
         acked = await self._waiters.wait_for(
