@@ -354,7 +354,7 @@ def channel_config(
     )
 
 
-def _e2e_sample(n: int, timer: Timer, engine_cpu: float) -> dict[str, float]:
+def e2e_sample(n: int, timer: Timer, engine_cpu: float) -> dict[str, float]:
     return {
         "rate": n / timer.wall,
         "cpu_us": timer.cpu / n * 1e6,
@@ -400,7 +400,7 @@ async def wal_e2e(
     finally:
         await ch.close()
         shutil.rmtree(folder)
-    return _e2e_sample(n, timer, engine_cpu)
+    return e2e_sample(n, timer, engine_cpu)
 
 
 async def bare_e2e(ctx: Context, engine: AnyEngine, n: int) -> dict[str, float]:
@@ -421,7 +421,7 @@ async def bare_e2e(ctx: Context, engine: AnyEngine, n: int) -> dict[str, float]:
         engine_cpu = engine.cpu_seconds() - engine_cpu
     finally:
         await stream.close()
-    return _e2e_sample(n, timer, engine_cpu)
+    return e2e_sample(n, timer, engine_cpu)
 
 
 async def _e2e_rows(ctx: Context, durability: Durability, n: int) -> list[Result]:

@@ -27,6 +27,7 @@ from tools.bench.cases import CASES, Context
 from tools.bench.child import case_backlog, case_memory
 from tools.bench.common import Result, Sizes, finding_pool, format_table
 from tools.bench.engine import Engines
+from tools.bench.limit import case_limit
 from tools.bench.metrics import case_metrics
 
 __all__ = ["ALL_CASES", "EXTRA_CASES", "machine", "main", "pin_cpus"]
@@ -35,6 +36,7 @@ ALL_CASES: dict[str, Callable[[Context], list[Result]]] = {
     "append": CASES["append"],
     "e2e": CASES["e2e"],
     "fast": CASES["fast"],
+    "limit": case_limit,
     "replay": CASES["replay"],
     "open": CASES["open"],
     "latency": CASES["latency"],

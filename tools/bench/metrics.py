@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
-from tools.bench.cases import _ACK_WAIT_S, Context, _e2e_sample, channel_config
+from tools.bench.cases import _ACK_WAIT_S, Context, channel_config, e2e_sample
 from tools.bench.common import (
     RUN_TOKEN,
     Result,
@@ -142,7 +142,7 @@ async def e2e(ctx: Context, engine: EngineProcess, arm: str, n: int) -> dict[str
         if provider is not None:
             provider.shutdown()
         shutil.rmtree(folder)
-    return _e2e_sample(n, timer, engine_cpu)
+    return e2e_sample(n, timer, engine_cpu)
 
 
 def _send_rows(ctx: Context, n: int) -> list[Result]:
