@@ -60,3 +60,48 @@ def test_commit_ages_follow_a_verification_that_moves_the_rows() -> None:
     assert ages.oldest(3) == 10.0
     assert ages.oldest(104) == 20.0 and ages.oldest(105) == 20.0
     assert ages.oldest(106) == 30.0
+
+
+def test_commit_ages_seed_puts_an_earlier_process_rows_below_the_marks() -> None:
+    # BacklogDated: the rows a restart found unacked, dated from the log.
+    ages = CommitAges(resolution_s=0.1)
+    ages.committed(10, 50.0, 0)  # this process's first commit
+    ages.seed([(1, 5.0), (4, 3.0), (7, 8.0), (10, 9.0), (12, 1.0)])
+    # Below the first mark only; a point dated before the one below it (the
+    # clock stepped back) takes the earlier point's date: the marks stay in order.
+    assert ages.oldest(1) == 5.0
+    assert ages.oldest(4) == 5.0 and ages.oldest(6) == 5.0
+    assert ages.oldest(7) == 8.0 and ages.oldest(9) == 8.0
+    assert ages.oldest(10) == 50.0 and ages.oldest(12) == 50.0
+    assert len(ages) == 4
+
+
+def test_commit_ages_seed_an_empty_tracker_and_know_nothing_below_it() -> None:
+    ages = CommitAges(resolution_s=0.1)
+    assert ages.oldest(1) is None
+    ages.seed([(3, 2.0), (5, 4.0)])
+    assert ages.oldest(2) is None  # no mark at or below it
+    assert ages.oldest(3) == 2.0 and ages.oldest(9) == 4.0
+    ages.committed(9, 10.0, 0)
+    assert ages.oldest(8) == 4.0 and ages.oldest(9) == 10.0
+
+
+def test_commit_ages_shift_moves_only_the_marks_inside_the_range() -> None:
+    ages = CommitAges(resolution_s=0.1)
+    for seq, t in ((1, 1.0), (3, 2.0), (5, 3.0), (7, 4.0)):
+        ages.committed(seq, t, 0)
+    # The unverified rows [3, 8) (a verification moves them all, up to the
+    # end of the log) go up by 10; the verified rows below them stay.
+    ages.shift(3, 8, 10)
+    assert ages.oldest(2) == 1.0 and ages.oldest(12) == 1.0
+    assert ages.oldest(13) == 2.0 and ages.oldest(15) == 3.0 and ages.oldest(17) == 4.0
+
+
+def test_commit_ages_start_afresh_when_everything_before_is_stored() -> None:
+    ages = CommitAges(resolution_s=0.1, max_marks=2)
+    for i in range(6):
+        ages.committed(i + 1, float(i), 0)  # coarsens: two marks at most
+    assert ages.resolution_s > 0.1 and len(ages) <= 2
+    ages.committed(7, 100.0, 6)  # rows 1..6 acked and stored
+    assert ages.resolution_s == 0.1 and len(ages) == 1
+    assert ages.oldest(7) == 100.0 and ages.oldest(6) is None
