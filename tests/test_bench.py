@@ -119,6 +119,18 @@ def test_backlog_case_runs_when_named(tmp_path: Path) -> None:
 
 def test_attribute_prints_every_variant() -> None:
     proc = run_tool("tools.bench.attribute", "--n", "200", "--reps", "1")
-    for variant in ("as shipped", "no payload check", "no commit", "no check, no commit"):
+    variants = (
+        "as shipped",
+        "no payload check",
+        "no commit",
+        "no check, no commit",
+        "no stat after commit",
+        "no unpack of the tail",
+        "none of these four",
+        "lean writer",
+    )
+    for variant in variants:
         line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(variant))
         assert "walchannel" in line and "difference" in line, proc.stdout
+    floor = next(x for x in proc.stdout.splitlines() if x.strip().startswith("bare + raw commit"))
+    assert "one loop" in floor and "difference" in floor, proc.stdout
