@@ -67,11 +67,16 @@ def _without_commit() -> Iterator[None]:
             return None
         return original(self, label, what, work, single=single, then=then)
 
+    # Rows not committed cannot be read back: the writer must find every one
+    # in the tail, however far behind it falls.
+    tail_bytes = row_source.TAIL_BYTES
     RunLog._commit = commit  # type: ignore[method-assign]
+    row_source.TAIL_BYTES = 1 << 40
     try:
         yield
     finally:
         RunLog._commit = original  # type: ignore[method-assign]
+        row_source.TAIL_BYTES = tail_bytes
 
 
 @contextmanager

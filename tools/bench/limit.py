@@ -12,9 +12,15 @@ the ceiling):
   msgpack-packed, its CRC32, one autocommit ``INSERT`` on a connection
   with RunLog's pragmas (WAL, ``synchronous=NORMAL``), no stream;
 - the limit, per round: the two added per message (wall time and CPU);
-- the durable path: ``send_finding`` one at a time (against the limit),
-  ``send_findings`` in batches of 64 and ``send_finding`` under group
-  commit (against the bare stream, whose commits are shared by many rows).
+- ``both``: the bare stream with that raw commit before each write, in one
+  loop: the limit measured rather than added up;
+- ``shape``: the send path's shape on the bare stream, without and with
+  the raw commit: the call encodes (and commits) and returns, a writer
+  task woken by an event writes (:func:`bare_handed_off`);
+- the durable path: ``send_finding`` one at a time (against the limit and
+  against its shape with the commit), ``send_findings`` in batches of 64
+  and ``send_finding`` under group commit (against the bare stream, whose
+  commits are shared by many rows).
 
 Each row's ratio is the median of the rounds' own ratios; its detail gives
 the client CPU µs per message (less noisy than throughput on a shared
@@ -29,6 +35,7 @@ import functools
 import shutil
 import time
 import zlib
+from collections import deque
 
 import msgpack
 
@@ -96,6 +103,68 @@ async def bare_with_commits(ctx: Context, engine: AnyEngine, n: int) -> dict[str
     return e2e_sample(n, timer, engine_cpu)
 
 
+async def bare_handed_off(
+    ctx: Context, engine: AnyEngine, n: int, commit: bool
+) -> dict[str, float]:
+    """The send path's shape on the bare stream: the call encodes (and commits) and returns,
+    a writer task writes.
+
+    As ``send_finding`` does: the call returns once its row is committed
+    (``commit``: the raw commit of :func:`raw_commits`), before its write; a
+    writer task, woken by an event, writes what the calls handed it. Nothing
+    is kept for a replay, no driver, no checks: what the shape alone costs.
+    """
+    folder = ctx.fresh_dir("limit-shape-")
+    conn = raw_connect(folder / "raw.db", "NORMAL")
+    run_id = engine.new_run("bare-shape")
+    stream = BareStream(engine.grpc_addr, run_id)
+    pool, size = ctx.pool, len(ctx.pool)
+    packb, crc32, wall, execute = msgpack.packb, zlib.crc32, time.time, conn.execute
+    handed: deque[bytes] = deque()
+    wakeup = asyncio.Event()
+    done = False
+
+    async def writer() -> None:
+        while True:
+            while handed:
+                await stream.write(handed.popleft())
+            if done:
+                return
+            wakeup.clear()
+            await wakeup.wait()
+
+    timer = Timer()
+    task: asyncio.Task[None] | None = None
+    try:
+        await stream.open()
+        task = asyncio.create_task(writer())
+        last = 0
+        engine_cpu = engine.cpu_seconds()
+        timer.start()
+        for i in range(n):
+            fields = pool[i % size]
+            if commit:
+                blob = packb({"fields": fields})
+                execute(_INSERT, (i + 1, "finding", blob, crc32(blob), wall()))
+            last = stream.next_seq
+            handed.append(stream.encode(fields))
+            wakeup.set()
+            await asyncio.sleep(0)
+        done = True
+        wakeup.set()
+        await task
+        await asyncio.wait_for(stream.wait_acked(last), 600)
+        timer.stop()
+        engine_cpu = engine.cpu_seconds() - engine_cpu
+    finally:
+        if task is not None:
+            task.cancel()
+        await stream.close()
+        conn.close()
+        shutil.rmtree(folder)
+    return e2e_sample(n, timer, engine_cpu)
+
+
 def _limit(bare: dict[str, float], commit: dict[str, float]) -> dict[str, float]:
     """One round's limit: the bare stream's message and the raw commit, one after the other."""
     return {
@@ -119,6 +188,8 @@ async def _limit_rows(ctx: Context, n: int) -> list[Result]:
                 "bare": functools.partial(bare_e2e, ctx, engine, n),
                 "commit": functools.partial(raw_commits, ctx, n),
                 "both": functools.partial(bare_with_commits, ctx, engine, n),
+                "shape": functools.partial(bare_handed_off, ctx, engine, n, False),
+                "shape+commit": functools.partial(bare_handed_off, ctx, engine, n, True),
                 "wal": functools.partial(wal_e2e, ctx, engine, n, 1, "process"),
                 "wal64": functools.partial(wal_e2e, ctx, engine, n, 64, "process"),
                 "group": functools.partial(wal_e2e, ctx, engine, n, 1, "process", GroupCommit()),
@@ -168,8 +239,34 @@ async def _limit_rows(ctx: Context, n: int) -> list[Result]:
                 paired=median([x["rate"] / y["rate"] for x, y in zip(both, limits, strict=True)]),
             )
         )
+        for arm, label in (
+            ("shape", "the send path's shape, bare (no commit)"),
+            ("shape+commit", "the send path's shape, bare + raw commit"),
+        ):
+            rounds = _rounds(samples, arm)
+            out.append(
+                Result(
+                    name=f"limit: {label}, ack/{ack_every}",
+                    n=n,
+                    unit="msgs/s",
+                    wal=median(samples[arm]["rate"]),
+                    base=median(samples["bare"]["rate"]),
+                    base_label="bare grpc.aio",
+                    detail=(
+                        f"cpu/msg {median(samples[arm]['cpu_us']):.0f} vs "
+                        f"{median(samples['bare']['cpu_us']):.0f} µs; context switches/msg "
+                        f"{median(samples[arm]['switches']):.1f}"
+                    ),
+                    samples={arm: samples[arm]},
+                    paired=median(
+                        [r["rate"] / b["rate"] for r, b in zip(rounds, bare, strict=True)]
+                    ),
+                )
+            )
+        shape = _rounds(samples, "shape+commit")
         arms: tuple[tuple[str, str, list[dict[str, float]], str, float], ...] = (
             ("wal", "send_finding", limits, "the limit", 0.95),
+            ("wal", "send_finding against its shape", shape, "shape + commit", 0.95),
             ("wal64", "send_findings(64)", bare, "bare grpc.aio", 0.95),
             ("group", "[group] send_finding", bare, "bare grpc.aio", 0.95),
         )
