@@ -13,7 +13,7 @@ writer cut to its least (``lean writer``: the row, its two driver events
 and the write; what trimming the writer could save at most). Prints
 the client CPU per message of each variant and its difference to the bare
 stream, and the floor: the bare stream with a raw SQLite commit before each
-write, in one loop (:func:`tools.bench.limit.bare_with_commits`). A variant
+write, in one loop (:func:`tools.bench.limit.bare_arm`). A variant
 is a measurement, never a product setting: without the commit nothing is
 durable, and without the unpacking a harness that changes its dict after a
 send would see the change written.
@@ -35,7 +35,7 @@ from tools.bench.cases import Context, bare_e2e, wal_e2e
 from tools.bench.cli import pin_cpus
 from tools.bench.common import Sizes, finding_pool
 from tools.bench.engine import Engines
-from tools.bench.limit import bare_with_commits
+from tools.bench.limit import bare_arm
 from walchannel.channel import row_source
 from walchannel.channel.row_source import RowSource
 from walchannel.channel.stream import Stream
@@ -185,7 +185,9 @@ async def _run(ctx: Context, engine: Any, n: int, reps: int) -> None:
     bare: dict[str, list[float]] = {name: [] for name in VARIANTS}
     floor: dict[str, list[float]] = {"bare": [], "both": []}
     for _ in range(reps):  # the variants interleaved, so a load change hits them all
-        floor["both"].append((await bare_with_commits(ctx, engine, n))["cpu_us"])
+        floor["both"].append(
+            (await bare_arm(ctx, engine, n, commit=True, hand_off=False))["cpu_us"]
+        )
         floor["bare"].append((await bare_e2e(ctx, engine, n))["cpu_us"])
         for name, variant in VARIANTS.items():
             with variant():

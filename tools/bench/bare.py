@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ from tools.bench.common import RUN_TOKEN
 from walchannel._proto import engine_channel_pb2 as pb
 from walchannel.wire import protobuf as wire
 
-__all__ = ["BareStream"]
+__all__ = ["BareStream", "HandOff"]
 
 METHOD = "/EngineChannel/Open"
 
@@ -129,3 +130,48 @@ class BareStream:
             await self._channel.close(grace=None)
         self._call = None
         self._channel = None
+
+
+class HandOff:
+    """A writer task for a :class:`BareStream`: a call hands it bytes and returns at once.
+
+    The shape of the durable send path without its log: the caller's call
+    returns before its write, and a writer task, woken by an event, writes
+    what the calls handed it, in order.
+    """
+
+    def __init__(self, stream: BareStream) -> None:
+        self._stream = stream
+        self._handed: deque[bytes] = deque()
+        self._wakeup = asyncio.Event()
+        self._finished = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._write())
+
+    def hand(self, data: bytes) -> None:
+        """Queue ``data`` for the writer and wake it."""
+        self._handed.append(data)
+        self._wakeup.set()
+
+    async def drain(self) -> None:
+        """Wait until the writer wrote everything handed to it, then end it."""
+        self._finished = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _write(self) -> None:
+        handed, wakeup = self._handed, self._wakeup
+        while True:
+            while handed:
+                await self._stream.write(handed.popleft())
+            if self._finished:
+                return
+            wakeup.clear()
+            await wakeup.wait()

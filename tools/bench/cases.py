@@ -15,7 +15,6 @@ import sqlite3
 import tempfile
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import msgpack
 import persistqueue
 import persistqueue.serializers.msgpack
 
-from tools.bench.bare import BareStream
+from tools.bench.bare import BareStream, HandOff
 from tools.bench.common import (
     RUN_TOKEN,
     Result,
@@ -648,39 +647,26 @@ async def _latency(ctx: Context) -> list[Result]:
         folder = ctx.fresh_dir("latency-raw-")
         conn = raw_connect(folder / "raw.sqlite3", "NORMAL")
         stream = BareStream(engine.grpc_addr, engine.new_run("latency-raw"))
-        queue: deque[bytes] = deque()
-        ready = asyncio.Event()
-        finished = False
-
-        async def writer() -> None:
-            while True:
-                while queue:
-                    await stream.write(queue.popleft())
-                if finished:
-                    return
-                ready.clear()
-                await ready.wait()
+        writer = HandOff(stream)
 
         clock = time.perf_counter_ns
         packb, crc32, now = msgpack.packb, zlib.crc32, time.time
         times: list[int] = []
         try:
             await stream.open()
-            task = asyncio.create_task(writer())
+            writer.start()
             for i in range(n):
                 t0 = clock()
                 body = {"fields": pool[i % size]}
                 blob = packb(body, use_bin_type=True)
                 conn.execute(_INSERT, (i + 1, "finding", blob, crc32(blob), now()))
-                queue.append(stream.encode(body["fields"]))
-                ready.set()
+                writer.hand(stream.encode(body["fields"]))
                 times.append(clock() - t0)
                 await asyncio.sleep(0)
-            finished = True
-            ready.set()
-            await task
+            await writer.drain()
             await asyncio.wait_for(stream.wait_acked(stream.next_seq - 1), _ACK_WAIT_S)
         finally:
+            writer.cancel()
             await stream.close()
             conn.close()
             shutil.rmtree(folder)

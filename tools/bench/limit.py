@@ -16,7 +16,7 @@ the ceiling):
   loop: the limit measured rather than added up;
 - ``shape``: the send path's shape on the bare stream, without and with
   the raw commit: the call encodes (and commits) and returns, a writer
-  task woken by an event writes (:func:`bare_handed_off`);
+  task woken by an event writes (:func:`bare_arm`);
 - the durable path: ``send_finding`` one at a time (against the limit and
   against its shape with the commit), ``send_findings`` in batches of 64
   and ``send_finding`` under group commit (against the bare stream, whose
@@ -35,16 +35,15 @@ import functools
 import shutil
 import time
 import zlib
-from collections import deque
 
 import msgpack
 
-from tools.bench.bare import BareStream
+from tools.bench.bare import BareStream, HandOff
 from tools.bench.cases import AnyEngine, Context, bare_e2e, e2e_sample, raw_connect, wal_e2e
 from tools.bench.common import Result, Target, Timer, interleave_async, median
 from walchannel.config import GroupCommit
 
-__all__ = ["case_limit"]
+__all__ = ["bare_arm", "case_limit", "raw_commits"]
 
 _INSERT = "INSERT INTO rows VALUES (?, ?, ?, ?, ?)"
 
@@ -68,76 +67,30 @@ async def raw_commits(ctx: Context, n: int) -> dict[str, float]:
     return e2e_sample(n, timer, 0.0)
 
 
-async def bare_with_commits(ctx: Context, engine: AnyEngine, n: int) -> dict[str, float]:
-    """The bare stream with :func:`raw_commits`' commit before each write, in one loop.
-
-    The least a durable send can do, measured rather than added up: the
-    commit runs between the stream's own work, as the durable path's does,
-    so it pays the same cold caches (docs/performance.md, "The physical
-    limit").
-    """
-    folder = ctx.fresh_dir("limit-both-")
-    conn = raw_connect(folder / "raw.db", "NORMAL")
-    run_id = engine.new_run("bare-commit")
-    stream = BareStream(engine.grpc_addr, run_id)
-    pool, size = ctx.pool, len(ctx.pool)
-    packb, crc32, wall, execute = msgpack.packb, zlib.crc32, time.time, conn.execute
-    timer = Timer()
-    try:
-        await stream.open()
-        last = 0
-        engine_cpu = engine.cpu_seconds()
-        timer.start()
-        for i in range(n):
-            fields = pool[i % size]
-            blob = packb({"fields": fields})
-            execute(_INSERT, (i + 1, "finding", blob, crc32(blob), wall()))
-            last = await stream.send(fields)
-        await asyncio.wait_for(stream.wait_acked(last), 600)
-        timer.stop()
-        engine_cpu = engine.cpu_seconds() - engine_cpu
-    finally:
-        await stream.close()
-        conn.close()
-        shutil.rmtree(folder)
-    return e2e_sample(n, timer, engine_cpu)
-
-
-async def bare_handed_off(
-    ctx: Context, engine: AnyEngine, n: int, commit: bool
+async def bare_arm(
+    ctx: Context, engine: AnyEngine, n: int, *, commit: bool, hand_off: bool
 ) -> dict[str, float]:
-    """The send path's shape on the bare stream: the call encodes (and commits) and returns,
-    a writer task writes.
+    """The bare stream, with the raw commit of :func:`raw_commits` before each message
+    (``commit``), the message handed to a writer task (``hand_off``) or written in the loop.
 
-    As ``send_finding`` does: the call returns once its row is committed
-    (``commit``: the raw commit of :func:`raw_commits`), before its write; a
-    writer task, woken by an event, writes what the calls handed it. Nothing
-    is kept for a replay, no driver, no checks: what the shape alone costs.
+    ``commit`` without ``hand_off``: the limit measured rather than added
+    up, the commit running between the stream's own work as the durable
+    path's does, so it pays the same cold caches. ``hand_off``: the send
+    path's shape (:class:`~tools.bench.bare.HandOff`): the call encodes (and
+    commits) and returns before its write; nothing is kept for a replay, no
+    driver, no checks (docs/performance.md, "The physical limit").
     """
-    folder = ctx.fresh_dir("limit-shape-")
+    folder = ctx.fresh_dir("limit-bare-")
     conn = raw_connect(folder / "raw.db", "NORMAL")
-    run_id = engine.new_run("bare-shape")
-    stream = BareStream(engine.grpc_addr, run_id)
+    stream = BareStream(engine.grpc_addr, engine.new_run("bare-arm"))
+    writer = HandOff(stream) if hand_off else None
     pool, size = ctx.pool, len(ctx.pool)
     packb, crc32, wall, execute = msgpack.packb, zlib.crc32, time.time, conn.execute
-    handed: deque[bytes] = deque()
-    wakeup = asyncio.Event()
-    done = False
-
-    async def writer() -> None:
-        while True:
-            while handed:
-                await stream.write(handed.popleft())
-            if done:
-                return
-            wakeup.clear()
-            await wakeup.wait()
-
     timer = Timer()
-    task: asyncio.Task[None] | None = None
     try:
         await stream.open()
-        task = asyncio.create_task(writer())
+        if writer is not None:
+            writer.start()
         last = 0
         engine_cpu = engine.cpu_seconds()
         timer.start()
@@ -146,19 +99,20 @@ async def bare_handed_off(
             if commit:
                 blob = packb({"fields": fields})
                 execute(_INSERT, (i + 1, "finding", blob, crc32(blob), wall()))
-            last = stream.next_seq
-            handed.append(stream.encode(fields))
-            wakeup.set()
-            await asyncio.sleep(0)
-        done = True
-        wakeup.set()
-        await task
+            if writer is None:
+                last = await stream.send(fields)
+            else:
+                last = stream.next_seq
+                writer.hand(stream.encode(fields))
+                await asyncio.sleep(0)
+        if writer is not None:
+            await writer.drain()
         await asyncio.wait_for(stream.wait_acked(last), 600)
         timer.stop()
         engine_cpu = engine.cpu_seconds() - engine_cpu
     finally:
-        if task is not None:
-            task.cancel()
+        if writer is not None:
+            writer.cancel()
         await stream.close()
         conn.close()
         shutil.rmtree(folder)
@@ -187,9 +141,11 @@ async def _limit_rows(ctx: Context, n: int) -> list[Result]:
             {
                 "bare": functools.partial(bare_e2e, ctx, engine, n),
                 "commit": functools.partial(raw_commits, ctx, n),
-                "both": functools.partial(bare_with_commits, ctx, engine, n),
-                "shape": functools.partial(bare_handed_off, ctx, engine, n, False),
-                "shape+commit": functools.partial(bare_handed_off, ctx, engine, n, True),
+                "both": functools.partial(bare_arm, ctx, engine, n, commit=True, hand_off=False),
+                "shape": functools.partial(bare_arm, ctx, engine, n, commit=False, hand_off=True),
+                "shape+commit": functools.partial(
+                    bare_arm, ctx, engine, n, commit=True, hand_off=True
+                ),
                 "wal": functools.partial(wal_e2e, ctx, engine, n, 1, "process"),
                 "wal64": functools.partial(wal_e2e, ctx, engine, n, 64, "process"),
                 "group": functools.partial(wal_e2e, ctx, engine, n, 1, "process", GroupCommit()),
@@ -198,105 +154,95 @@ async def _limit_rows(ctx: Context, n: int) -> list[Result]:
         )
         bare = _rounds(samples, "bare")
         limits = [_limit(b, c) for b, c in zip(bare, _rounds(samples, "commit"), strict=True)]
-        limit_arm = {key: [round_[key] for round_ in limits] for key in ("rate", "cpu_us")}
         commit = samples["commit"]
         out.append(
-            Result(
-                name=f"limit: bare + raw commit, ack/{ack_every}",
-                n=n,
-                unit="msgs/s",
-                wal=median(limit_arm["rate"]),
-                base=median(samples["bare"]["rate"]),
-                base_label="bare grpc.aio",
-                detail=(
-                    f"cpu/msg {median(limit_arm['cpu_us']):.0f} µs = bare "
-                    f"{median(samples['bare']['cpu_us']):.0f} + commit "
-                    f"{median(commit['cpu_us']):.1f} (raw commits alone "
-                    f"{median(commit['rate']):,.0f} rows/s)"
-                ),
-                samples={"limit": limit_arm, "bare": samples["bare"], "commit": commit},
-                paired=median(
-                    [lim["rate"] / b["rate"] for lim, b in zip(limits, bare, strict=True)]
-                ),
+            _row(
+                f"limit: bare + raw commit, ack/{ack_every}",
+                n,
+                limits,
+                bare,
+                "bare grpc.aio",
+                f"= bare {median(samples['bare']['cpu_us']):.0f} + commit "
+                f"{median(commit['cpu_us']):.1f} (raw commits alone "
+                f"{median(commit['rate']):,.0f} rows/s)",
             )
         )
-        both = _rounds(samples, "both")
-        both_to_bare = median([x["rate"] / b["rate"] for x, b in zip(both, bare, strict=True)])
         out.append(
-            Result(
-                name=f"limit: bare + raw commit in one loop, ack/{ack_every}",
-                n=n,
-                unit="msgs/s",
-                wal=median(samples["both"]["rate"]),
-                base=median(limit_arm["rate"]),
-                base_label="the limit",
-                detail=(
-                    f"cpu/msg {median(samples['both']['cpu_us']):.0f} vs "
-                    f"{median(limit_arm['cpu_us']):.0f} µs; "
-                    f"{both_to_bare:.2f}x bare"
-                ),
-                samples={"both": samples["both"]},
-                paired=median([x["rate"] / y["rate"] for x, y in zip(both, limits, strict=True)]),
+            _row(
+                f"limit: bare + raw commit in one loop, ack/{ack_every}",
+                n,
+                _rounds(samples, "both"),
+                limits,
+                "the limit",
             )
         )
         for arm, label in (
             ("shape", "the send path's shape, bare (no commit)"),
             ("shape+commit", "the send path's shape, bare + raw commit"),
         ):
-            rounds = _rounds(samples, arm)
             out.append(
-                Result(
-                    name=f"limit: {label}, ack/{ack_every}",
-                    n=n,
-                    unit="msgs/s",
-                    wal=median(samples[arm]["rate"]),
-                    base=median(samples["bare"]["rate"]),
-                    base_label="bare grpc.aio",
-                    detail=(
-                        f"cpu/msg {median(samples[arm]['cpu_us']):.0f} vs "
-                        f"{median(samples['bare']['cpu_us']):.0f} µs; context switches/msg "
-                        f"{median(samples[arm]['switches']):.1f}"
-                    ),
-                    samples={arm: samples[arm]},
-                    paired=median(
-                        [r["rate"] / b["rate"] for r, b in zip(rounds, bare, strict=True)]
-                    ),
+                _row(
+                    f"limit: {label}, ack/{ack_every}",
+                    n,
+                    _rounds(samples, arm),
+                    bare,
+                    "bare grpc.aio",
                 )
             )
         shape = _rounds(samples, "shape+commit")
-        arms: tuple[tuple[str, str, list[dict[str, float]], str, float], ...] = (
-            ("wal", "send_finding", limits, "the limit", 0.95),
-            ("wal", "send_finding against its shape", shape, "shape + commit", 0.95),
-            ("wal64", "send_findings(64)", bare, "bare grpc.aio", 0.95),
-            ("group", "[group] send_finding", bare, "bare grpc.aio", 0.95),
+        arms: tuple[tuple[str, str, list[dict[str, float]], str], ...] = (
+            ("wal", "send_finding", limits, "the limit"),
+            ("wal", "send_finding against its shape", shape, "shape + commit"),
+            ("wal64", "send_findings(64)", bare, "bare grpc.aio"),
+            ("group", "[group] send_finding", bare, "bare grpc.aio"),
         )
-        for arm, label, against, against_label, bound in arms:
+        for arm, label, against, against_label in arms:
             rounds = _rounds(samples, arm)
-            ratios = [r["rate"] / a["rate"] for r, a in zip(rounds, against, strict=True)]
+            row = _row(f"limit: {label}, ack/{ack_every}", n, rounds, against, against_label)
+            if ack_every == 1:
+                row.target = Target("ratio", ">=", 0.95, ">=0.95x")
             to_bare = [r["rate"] / b["rate"] for r, b in zip(rounds, bare, strict=True)]
-            extra = [r["cpu_us"] - a["cpu_us"] for r, a in zip(rounds, against, strict=True)]
-            cpu_against = median([a["cpu_us"] for a in against])
-            row = Result(
-                name=f"limit: {label}, ack/{ack_every}",
-                n=n,
-                unit="msgs/s",
-                wal=median(samples[arm]["rate"]),
-                base=median([a["rate"] for a in against]),
-                base_label=against_label,
-                target=Target("ratio", ">=", bound, f">={bound:.2f}x") if ack_every == 1 else None,
-                detail=(
-                    f"cpu/msg {median(samples[arm]['cpu_us']):.0f} vs {cpu_against:.0f} µs "
-                    f"({median(extra):+.0f}; per round {min(extra):+.0f} to {max(extra):+.0f})"
-                    f"; {median(to_bare):.2f}x bare; context switches/msg "
-                    f"{median(samples[arm]['switches']):.1f} vs "
-                    f"{median(samples['bare']['switches']):.1f}"
-                ),
-                # "wal": the walchannel arm of the row, as python -m tools.bench.ab reads it.
-                samples={"wal": samples[arm], "against": {"rate": [a["rate"] for a in against]}},
-                paired=median(ratios),
-            )
+            row.detail += f"; {median(to_bare):.2f}x bare"
             out.append(row)
     return out
+
+
+def _row(
+    name: str,
+    n: int,
+    rounds: list[dict[str, float]],
+    against: list[dict[str, float]],
+    against_label: str,
+    why: str = "",
+) -> Result:
+    """One row: ``rounds`` against ``against``, round by round (msgs/s, client CPU per message).
+
+    Its ratio is the median of the rounds' ratios; its samples' ``"wal"`` arm
+    is the row's own (as ``python -m tools.bench.ab`` reads it).
+    """
+    cpu = [r["cpu_us"] for r in rounds]
+    extra = [r["cpu_us"] - a["cpu_us"] for r, a in zip(rounds, against, strict=True)]
+    detail = (
+        f"cpu/msg {median(cpu):.0f} µs {why}"
+        if why
+        else (
+            f"cpu/msg {median(cpu):.0f} vs {median([a['cpu_us'] for a in against]):.0f} µs "
+            f"({median(extra):+.0f}; per round {min(extra):+.0f} to {max(extra):+.0f})"
+        )
+    )
+    if "switches" in rounds[0]:
+        detail += f"; context switches/msg {median([r['switches'] for r in rounds]):.1f}"
+    return Result(
+        name=name,
+        n=n,
+        unit="msgs/s",
+        wal=median([r["rate"] for r in rounds]),
+        base=median([a["rate"] for a in against]),
+        base_label=against_label,
+        detail=detail,
+        samples={"wal": {"rate": [r["rate"] for r in rounds], "cpu_us": cpu}},
+        paired=median([r["rate"] / a["rate"] for r, a in zip(rounds, against, strict=True)]),
+    )
 
 
 def case_limit(ctx: Context) -> list[Result]:
