@@ -27,9 +27,10 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from tools.bench.cases import Context, bare_e2e, wal_e2e
 from tools.bench.cli import pin_cpus
@@ -44,14 +45,8 @@ from walchannel.log.writer import RunLog
 from walchannel.wire import messages
 
 
-@contextmanager
-def _without_check() -> Iterator[None]:
-    original = messages.plain_payload
-    messages.plain_payload = lambda value, path, **_: value  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        messages.plain_payload = original
+def _without_check() -> AbstractContextManager[Any]:
+    return patch.object(messages, "plain_payload", lambda value, path, **_: value)
 
 
 @contextmanager
@@ -69,14 +64,8 @@ def _without_commit() -> Iterator[None]:
 
     # Rows not committed cannot be read back: the writer must find every one
     # in the tail, however far behind it falls.
-    tail_bytes = row_source.TAIL_BYTES
-    RunLog._commit = commit  # type: ignore[method-assign]
-    row_source.TAIL_BYTES = 1 << 40
-    try:
+    with patch.object(RunLog, "_commit", commit), patch.object(row_source, "TAIL_BYTES", 1 << 40):
         yield
-    finally:
-        RunLog._commit = original  # type: ignore[method-assign]
-        row_source.TAIL_BYTES = tail_bytes
 
 
 @contextmanager
@@ -85,22 +74,16 @@ def _both() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def _without_files_check() -> Iterator[None]:
+def _without_files_check() -> AbstractContextManager[Any]:
     # The stat after every commit (SPEC "The log": its files removed while open).
-    original = RunLog._files_moved
-    RunLog._files_moved = lambda self: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        RunLog._files_moved = original  # type: ignore[method-assign]
+    return patch.object(RunLog, "_files_moved", lambda self: None)
 
 
 @contextmanager
 def _without_unpack() -> Iterator[None]:
     # The writer takes the body the send checked instead of unpacking the
     # committed bytes (unsafe: the harness may change its dict after the send).
-    prepare, real = RowSource.prepare, row_source.msgpack
+    prepare = RowSource.prepare
     bodies: dict[int, Any] = {}
 
     def remember(self: RowSource, kind: str, body: dict[str, Any]) -> tuple[str, bytes]:
@@ -113,13 +96,8 @@ def _without_unpack() -> Iterator[None]:
         def unpackb(blob: bytes, **_: Any) -> Any:
             return bodies.pop(id(blob))
 
-    RowSource.prepare = remember  # type: ignore[method-assign]
-    row_source.msgpack = _Unpack  # type: ignore[assignment]
-    try:
+    with patch.object(RowSource, "prepare", remember), patch.object(row_source, "msgpack", _Unpack):
         yield
-    finally:
-        RowSource.prepare = prepare  # type: ignore[method-assign]
-        row_source.msgpack = real
 
 
 async def _lean_write_loop(self: Stream) -> None:
@@ -144,14 +122,8 @@ async def _lean_write_loop(self: Stream) -> None:
         handle(Written(seq))
 
 
-@contextmanager
-def _lean_writer() -> Iterator[None]:
-    original = Stream._write_loop
-    Stream._write_loop = _lean_write_loop  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Stream._write_loop = original  # type: ignore[method-assign]
+def _lean_writer() -> AbstractContextManager[Any]:
+    return patch.object(Stream, "_write_loop", _lean_write_loop)
 
 
 @contextmanager
@@ -160,13 +132,8 @@ def _all_of_them() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def _as_shipped() -> Iterator[None]:
-    yield
-
-
 VARIANTS: dict[str, Callable[[], Any]] = {
-    "as shipped": _as_shipped,
+    "as shipped": nullcontext,
     "no payload check": _without_check,
     "no commit": _without_commit,
     "no check, no commit": _both,
