@@ -39,13 +39,20 @@ import zlib
 import msgpack
 
 from tools.bench.bare import BareStream, HandOff
-from tools.bench.cases import AnyEngine, Context, bare_e2e, e2e_sample, raw_connect, wal_e2e
+from tools.bench.cases import (
+    _ACK_WAIT_S,
+    _INSERT,
+    AnyEngine,
+    Context,
+    bare_e2e,
+    e2e_sample,
+    raw_connect,
+    wal_e2e,
+)
 from tools.bench.common import Result, Target, Timer, interleave_async, median
 from walchannel.config import GroupCommit
 
 __all__ = ["bare_arm", "case_limit", "raw_commits"]
-
-_INSERT = "INSERT INTO rows VALUES (?, ?, ?, ?, ?)"
 
 
 async def raw_commits(ctx: Context, n: int) -> dict[str, float]:
@@ -107,7 +114,7 @@ async def bare_arm(
                 await asyncio.sleep(0)
         if writer is not None:
             await writer.drain()
-        await asyncio.wait_for(stream.wait_acked(last), 600)
+        await asyncio.wait_for(stream.wait_acked(last), _ACK_WAIT_S)
         timer.stop()
         engine_cpu = engine.cpu_seconds() - engine_cpu
     finally:
