@@ -314,6 +314,11 @@ def _content_of(kind: str, body: dict[str, Any]) -> int:
     return int(body["payload"]["c"])
 
 
+# Decoded once per distinct bytes, for one schedule: World.run empties both
+# caches before each. Kept across a sweep they held tens of thousands of
+# tuples that every schedule's full collection walked again (a worker slowed
+# by half over 5,000 schedules), and they shared a decoded dict between
+# schedules.
 _BLOBS: dict[bytes, int] = {}
 
 
@@ -321,8 +326,6 @@ def _blob_content(kind: str, blob: bytes) -> int:
     """The content of a stored row (its msgpack body), decoded once per distinct body."""
     found = _BLOBS.get(blob)
     if found is None:
-        if len(_BLOBS) > 200_000:
-            _BLOBS.clear()
         found = _BLOBS[blob] = _content_of(kind, msgpack.unpackb(blob, raw=False))
     return found
 
@@ -383,8 +386,6 @@ def _decode(data: bytes) -> Up:
         t = msg.transaction
         point = (json_format.MessageToDict(t.marker), tuple(t.row_digests))
     found = Up("data", msg.seq, content, len(data), extra, kind, point)
-    if len(_WIRE) > 200_000:
-        _WIRE.clear()
     _WIRE[data] = found
     return found
 
@@ -496,6 +497,7 @@ _FRESH: bytes | None = None
 
 #: The world running in this process now: the log's writer ids come from it.
 _CURRENT: World | None = None
+_FROZEN = False  # World.run froze the modules' objects in this process
 
 
 def _writer_id() -> str:
@@ -1646,15 +1648,19 @@ class World:
         selector.select = select
 
     def run(self) -> World:
-        global _CURRENT
+        global _CURRENT, _FROZEN
         # The last schedule's leftovers (channels, coroutines closed when collected)
         # finalize now, outside any world: a schedule plays the same whatever ran
         # before it (a corpus of a few seeds, or a sweep).
+        _WIRE.clear()
+        _BLOBS.clear()
         gc.collect()
-        if not gc.get_freeze_count():
+        if not _FROZEN:
             # The modules' objects (grpc, protobuf, walchannel) live for the whole
-            # sweep: frozen once, so each schedule's collection skips them.
+            # sweep: frozen once, so each schedule's collection skips them. A flag,
+            # not gc.get_freeze_count(): that walks the frozen list (3 ms a call).
             gc.freeze()
+            _FROZEN = True
         loop = self.loop
         _CURRENT = self
         limits = (_product_log._BATCH, _product_rows.READAHEAD_ROWS, _product_rows.TAIL_BYTES)
