@@ -451,13 +451,15 @@ async def test_an_interrupt_at_every_point_of_a_marked_transaction_keeps_point_a
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("first", ["finding", "event"])
+@pytest.mark.parametrize("first", ["finding", "event", "second"])
 async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_its_place(
     tmp_path: Path, first: str
 ) -> None:
     # The transaction's first row carries the marker; the engine refuses it for its
     # size, the channel sets it aside and sends a walchannel.row_lost event in its
-    # place: that event carries the marker on, so the engine's point moves.
+    # place: that event carries the marker on, so the engine's point moves. The
+    # event names the row's digest, so the engine counts it as that row, the
+    # carrier or ("second") a later one.
     async with running(max_receive_message_bytes=2_000) as engine:
         run_id, token = new_run(engine)
         async with GrpcEngineChannel(_config(engine, tmp_path / "wal", run_id, token)) as ch:
@@ -465,35 +467,74 @@ async def test_a_carrier_the_engine_refuses_for_its_size_leaves_the_marker_in_it
             big = {"blob": "x" * 3_000}
             if first == "finding":
                 ch.send_findings([big, {"n": 1}], progress={"next": 1})
+            elif first == "second":
+                ch.send_findings([{"n": 1}, big], progress={"next": 1})
             else:
                 ch.send_findings([{"n": 1}], events=[("big", "info", big)], progress={"next": 1})
             assert await ch.wait_acked(timeout_ms=10_000)
             assert ch.stats().quarantined == 1
         kinds = [(m["kind"], m["body"].get("type")) for m in engine.bodies(run_id)]
-        assert kinds[0] == ("event", "walchannel.row_lost")
+        assert kinds[1 if first == "second" else 0] == ("event", "walchannel.row_lost")
         state = engine.store.run_state(run_id)
         assert state is not None and state.resume_marker == {"next": 1}
         assert state.resume_seq == 0 and len(state.resume_digests) == 2
         assert state.resume_rows == 2
 
 
-def test_the_engine_counts_a_transactions_rows_by_its_writer_only() -> None:
+def _lost(digest: str | None) -> dict[str, object]:
+    payload: dict[str, object] = {"seq": 2.0, "reason": "refused by the engine for its size"}
+    if digest is not None:
+        payload["digest"] = digest
+    return {"type": "walchannel.row_lost", "severity": "error", "payload": payload, "ts": "t"}
+
+
+@pytest.mark.parametrize(
+    ("second", "third", "rows"),
+    [
+        # The transaction's rows, in order, by its writer: all three count (the
+        # client logged ints, the engine decodes the Struct's doubles).
+        (("a", "finding", {"fields": {"n": 1.0}}), ("a", "finding", {"fields": {"n": 2.0}}), 3),
+        # A row of another writer (a taken-over log's own) ends the count.
+        (("b", "finding", {"fields": {"n": 1.0}}), ("a", "finding", {"fields": {"n": 2.0}}), 1),
+        # Its own writer's row that is not the next (seed 776480: the log lost the
+        # transaction's commit and was renumbered to follow the engine) ends it too:
+        # the transaction's next row after it is none of its rows any more.
+        (("a", "finding", {"fields": {"n": 9.0}}), ("a", "finding", {"fields": {"n": 2.0}}), 1),
+        (
+            ("a", "event", {"type": "x", "severity": "info", "payload": {"c": 7.0}, "ts": "t"}),
+            ("a", "finding", {"fields": {"n": 1.0}}),
+            1,
+        ),
+        # The row_lost event that took the next row's seq counts as it when it names
+        # that row's digest; without it, or naming another, it ends the count.
+        (("a", "event", _lost("next")), ("a", "finding", {"fields": {"n": 2.0}}), 3),
+        (("a", "event", _lost(None)), ("a", "finding", {"fields": {"n": 2.0}}), 1),
+        (("a", "event", _lost("other")), ("a", "finding", {"fields": {"n": 2.0}}), 1),
+    ],
+)
+def test_the_engine_counts_only_its_transactions_next_rows_by_writer_and_content(
+    second: tuple[str, str, dict[str, Any]], third: tuple[str, str, dict[str, Any]], rows: int
+) -> None:
     # The local engine's duty, on its real store: after a carrier of 3 rows, a row
-    # of another writer (a taken-over log's own) is none of them; the carrier's
-    # writer's rows count, up to the transaction's number.
+    # counts when the carrier's writer wrote it and it is the transaction's next
+    # by content; the first that is not ends the count for good.
     from walchannel.testing.store import EngineStore, Writer
 
-    a, b = Writer("aaaa", 0), Writer("bbbb", 0)
-    point = {"marker": {"next": 1}, "digests": [1, 2, 3]}
-    # (seq 2's writer, seq 3's writer, the rows counted once seq 4 of A came too)
-    for second, third, rows in ((b, a, 3), (a, a, 3), (b, b, 2)):
-        store = EngineStore()
-        store.register_run("r", "tok")
-        store.accept("r", 1, "finding", {"fields": {"n": 0}, "progress": point}, writer=a)
-        store.accept("r", 2, "finding", {"fields": {"n": 1}}, writer=second)
-        store.accept("r", 3, "finding", {"fields": {"n": 2}}, writer=third)
-        store.accept("r", 4, "finding", {"fields": {"n": 3}}, writer=a)  # past its 3
-        state = store.run_state("r")
-        assert state is not None and state.resume_seq == 0
-        assert state.resume_rows == rows, (second, third)
-        store.close()
+    writers = {"a": Writer("aaaa", 0), "b": Writer("bbbb", 0)}
+    bodies = [{"n": 0}, {"n": 1}, {"n": 2}]
+    digests = [row_digest("finding", {"fields": b}) for b in bodies]
+    point = {"marker": {"next": 1}, "digests": digests}
+    store = EngineStore()
+    store.register_run("r", "tok")
+    store.accept("r", 1, "finding", {"fields": {"n": 0.0}, "progress": point}, writer=writers["a"])
+    for seq, (who, kind, body) in ((2, second), (3, third)):
+        if kind == "event" and body["type"] == "walchannel.row_lost":
+            named = body["payload"].get("digest")
+            if named is not None:
+                body["payload"]["digest"] = f"{digests[1]:016x}" if named == "next" else "0" * 16
+        store.accept("r", seq, kind, body, writer=writers[who])
+    store.accept("r", 4, "finding", {"fields": {"n": 3.0}}, writer=writers["a"])  # past its 3
+    state = store.run_state("r")
+    assert state is not None and state.resume_seq == 0 and state.resume_digests == tuple(digests)
+    assert state.resume_rows == rows
+    store.close()

@@ -122,6 +122,7 @@ from walchannel.log.format import ROW_LOST_TYPE
 from walchannel.log.writer import RunLog
 from walchannel.runner import Seams
 from walchannel.transport.base import StreamEnded
+from walchannel.wire.protobuf import body_of, continues_transaction
 
 pb = load_engine_messages()
 
@@ -340,6 +341,7 @@ class Up(NamedTuple):
     body: Any  # the row_lost payload, the approval's request id, Done's (status, findings)
     rk: str = ""  # the row's kind: event | finding | approval_request | done
     point: Any = None  # the (marker, digests) a transaction's first row carries
+    data: bytes = b""  # a data message's bytes (the engine reads its content for the point)
 
 
 _WIRE: dict[bytes, Up] = {}
@@ -385,9 +387,14 @@ def _decode(data: bytes) -> Up:
     if msg.HasField("transaction"):
         t = msg.transaction
         point = (json_format.MessageToDict(t.marker), tuple(t.row_digests))
-    found = Up("data", msg.seq, content, len(data), extra, kind, point)
+    found = Up("data", msg.seq, content, len(data), extra, kind, point, data)
     _WIRE[data] = found
     return found
+
+
+def _continues(data: bytes, digest: int) -> bool:
+    """The engine's rule: is this applied message its open transaction's next row?"""
+    return continues_transaction(*body_of(pb.UpMessage.FromString(data)), digest)
 
 
 def _set_limits(page_rows: int, readahead_rows: int, tail_bytes: int) -> None:
@@ -1478,6 +1485,7 @@ class World:
             self.older_until = self.older_from + 500.0 + rp.random() * 20_000.0
         self.marker_at: dict[int, Any] = {}  # seq -> the marker of an applied progress row
         self.applied_writer: list[str] = []  # the writer id of each applied row
+        self.applied_data: list[bytes] = []  # and its message (the point's rows, by content)
         # (More often under the runner: a new log must not scan before its first answer.)
         if self.rng_events.random() < (P_LATE_RUN_RUNNER if self.runner else P_LATE_RUN):
             # The run is registered after its harness starts: the first engine refuses
@@ -3216,6 +3224,7 @@ class World:
         else:
             applied.append(content)
             self.applied_writer.append(s.writer[0] if s.writer else "")
+            self.applied_data.append(msg.data)
             if seq > self.peak:
                 self.peak = seq
             held = self.ever_at.get(seq)
@@ -3259,6 +3268,7 @@ class World:
         for q in [q for q in self.marker_at if q > h]:
             del self.marker_at[q]
         del self.applied_writer[h:]
+        del self.applied_data[h:]
 
     def answer_ack(self, seq: int) -> pb.DownMessage:
         """A handshake's answer ``Ack(seq)``: with the run's resume point if the engine keeps it.
@@ -3275,10 +3285,20 @@ class World:
                 marker, digests, point.seq, writer = self.marker_at[max(at)]
                 point.marker.update(marker)
                 point.row_digests.extend(digests)
-                # Its transaction's rows: its writer's after it (a takeover's are not).
+                # Its transaction's rows: those after it that its writer wrote and
+                # that are the transaction's next by content, up to the first that
+                # is not (a takeover's row, or a renumbered log's own).
                 top = min(seq, len(self.applied))
-                mine = sum(1 for w in self.applied_writer[point.seq : top] if w == writer)
-                point.rows = min(len(digests), mine)
+                rows = 0
+                for q in range(point.seq, top):
+                    if (
+                        rows == len(digests)
+                        or self.applied_writer[q] != writer
+                        or not _continues(self.applied_data[q], digests[rows])
+                    ):
+                        break
+                    rows += 1
+                point.rows = rows
                 if point.rows < len(digests) and self.taken_over:
                     self.stats["partial_points"] += 1  # an item applied in part, taken over
         return down
@@ -4836,6 +4856,10 @@ class World:
                     and i not in self.affected
                     and i not in self.lost_contents
                     and not self.fenced_stop
+                    # Still in the log of a harness told "run completed" (another
+                    # writer's Done, or a restored copy's): the named error, as
+                    # for any row held so (seed 728438).
+                    and not (self.refused_stop and i in held)
                 ):
                     self.violation(f"{_name(i)} was refused, yet it is not in the quarantine")
             elif n == 0:

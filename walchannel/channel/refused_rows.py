@@ -21,6 +21,7 @@ from walchannel.core import events as ev
 from walchannel.core.engine_refusals import pick_refused_row, refusal_sets_aside, unproven_refusal
 from walchannel.errors import RowRefusedError, WalchannelError
 from walchannel.log.format import ROW_LOST_TYPE
+from walchannel.wire.protobuf import row_digest
 
 if TYPE_CHECKING:
     from walchannel.channel.reporting import Reporter
@@ -160,8 +161,14 @@ class RefusedRows:
             f"refused by the engine at {addr} for its size: {size} bytes, over its limit "
             f"of {refusal.limit} bytes"
         )
+        # The row's digest goes with the event that takes its seq: an engine that
+        # keeps the resume point counts that event as the transaction's row it
+        # stands for, and nothing else as it (SPEC "The engine keeps the resume point").
+        digest = f"{row_digest(kind, row.body):016x}"
         try:
-            self._log.set_aside(seq, reason, kind=kind, size=size, limit=refusal.limit)
+            self._log.set_aside(
+                seq, reason, kind=kind, size=size, limit=refusal.limit, digest=digest
+            )
         except (WalchannelError, ValueError) as exc:
             logger.error("run %s: %s, but it cannot be set aside: %s", self._run_id, what, exc)
             self._reporter.record(f"{what}; cannot set it aside: {exc}")

@@ -42,6 +42,7 @@ import msgpack
 
 from walchannel.errors import PayloadError, WalCorruptError
 from walchannel.log.state import KINDS as _KINDS
+from walchannel.wire.protobuf import ROW_LOST_TYPE as _ROW_LOST_TYPE
 
 __all__ = [
     "APPLICATION_ID",
@@ -81,8 +82,9 @@ __all__ = [
 APPLICATION_ID: Final = 0x57414C43
 #: The schema this code writes and the newest it reads.
 SCHEMA_VERSION: Final = 1
-#: Event type that stands in, at the same seq, for a row that failed its checks.
-ROW_LOST_TYPE: Final = "walchannel.row_lost"
+#: Event type that stands in, at the same seq, for a row that failed its checks
+#: (defined with the wire's shapes, re-exported here).
+ROW_LOST_TYPE: Final = _ROW_LOST_TYPE
 
 #: The row kinds: the ``UpMessage`` oneof names that go through the log
 #: (decided in :mod:`walchannel.log.state`, re-exported here).

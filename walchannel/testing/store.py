@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from walchannel._logging import get_logger
+from walchannel.wire.protobuf import continues_transaction
 
 __all__ = [
     "AcceptResult",
@@ -644,15 +645,44 @@ class EngineStore:
                     ),
                 )
             else:
-                # One more row of the point's transaction, if its writer wrote it
-                # and the transaction has rows left (a takeover's rows are not its).
-                conn.execute(
-                    "UPDATE runs SET resume_rows = resume_rows + 1 WHERE run_id = ?"
-                    " AND resume_writer = ? AND resume_rows < json_array_length(resume_digests)",
-                    (run_id, writer.id if writer is not None else ""),
-                )
+                self._count_transaction_row(conn, run_id, kind, body, writer)
             decision = self._decision(conn, run_id, request_id)
             return AcceptResult("applied", seq, decision)
+
+    @staticmethod
+    def _count_transaction_row(
+        conn: sqlite3.Connection,
+        run_id: str,
+        kind: str,
+        body: dict[str, Any],
+        writer: Writer | None,
+    ) -> None:
+        """Count an applied row into the resume point's transaction, or end its count.
+
+        The row counts when the point's writer wrote it and it is the
+        transaction's next row by content
+        (:func:`~walchannel.wire.protobuf.continues_transaction`). Any other
+        row while rows are owed ends the count for good (``resume_writer``
+        cleared): a takeover's row, or a renumbered log's own after the log
+        lost the transaction's commit, is none of them, and the rows after it
+        are not either. SPEC "The engine keeps the resume point".
+        """
+        point = conn.execute(
+            "SELECT resume_digests, resume_rows, resume_writer FROM runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        if point is None or point[0] is None or point[2] is None:
+            return
+        digests, rows = json.loads(point[0]), int(point[1] or 0)
+        if rows >= len(digests):
+            return
+        mine = point[2] == (writer.id if writer is not None else "")
+        if mine and continues_transaction(kind, body, int(digests[rows])):
+            conn.execute(
+                "UPDATE runs SET resume_rows = resume_rows + 1 WHERE run_id = ?", (run_id,)
+            )
+        else:
+            conn.execute("UPDATE runs SET resume_writer = NULL WHERE run_id = ?", (run_id,))
 
     @staticmethod
     def _decision(conn: sqlite3.Connection, run_id: str, request_id: object) -> Decision | None:

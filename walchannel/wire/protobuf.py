@@ -38,6 +38,8 @@ __all__ = [
     "ResumePoint",
     "resume_point",
     "row_digest",
+    "continues_transaction",
+    "ROW_LOST_TYPE",
     "CONTROL_KINDS",
     "DATA_KINDS",
     "DecodedDown",
@@ -50,6 +52,9 @@ __all__ = [
     "up_message",
 ]
 
+#: The type of the event that takes a quarantined row's seq (SPEC "The log");
+#: an engine that keeps the resume point reads it (:func:`continues_transaction`).
+ROW_LOST_TYPE: Final = "walchannel.row_lost"
 #: Kinds that get a seq and go through the log.
 DATA_KINDS: Final = ("event", "finding", "approval_request", "done", "progress")
 #: Kinds written directly at seq 0, never logged.
@@ -239,8 +244,10 @@ class ResumePoint:
         digests: :func:`row_digest` of each row of the marker's transaction,
             in order.
         rows: how many of them the engine applied (the first ``rows``): the
-            rows its writer wrote after the marker, up to their number; rows
-            of another writer (a takeover) are none of them.
+            rows its writer wrote after the marker that are the transaction's
+            next, in order, up to their number (:func:`continues_transaction`);
+            the first that is not (another writer's, a renumbered log's own)
+            ends the count.
     """
 
     marker: dict[str, Any] | None
@@ -285,19 +292,56 @@ def resume_point(ack: pb.Ack) -> ResumePoint | None:
 def row_digest(kind: str, body: Mapping[str, Any]) -> int:
     """Return a 64-bit digest of a row's content, the same for the same content logged again.
 
-    The sha256 of the body as canonical JSON (sorted keys); an event's
-    ``ts``, when it was logged and not what it says, is left out. SPEC "The
-    engine keeps the resume point".
+    The sha256 of the body as canonical JSON (sorted keys, a whole number as
+    an integer: ``1`` and the Struct's ``1.0`` are one content); an event's
+    ``ts``, when it was logged and not what it says, is left out, and so is
+    the marker a transaction's first row carries. The client computes it from
+    the bodies it logs, an engine from the bodies it decodes (:func:`body_of`).
+    SPEC "The engine keeps the resume point".
 
     Args:
         kind: the row's kind (``event``, ``finding``, ...).
-        body: its checked body mapping (the shapes above).
+        body: its body mapping (the shapes above).
+
+    Returns:
+        The digest, an int in ``[0, 2**64)``.
     """
     # Not the stamp, nor the marker a first row carries: what the row says.
     left_out = ("ts", "progress") if kind == "event" else ("progress",)
-    content = {k: v for k, v in body.items() if k not in left_out}
+    content = {k: _canonical(v) for k, v in body.items() if k not in left_out}
     text = json.dumps([kind, content], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def _canonical(value: Any) -> Any:
+    # A Struct holds doubles: what the client logged as 1 an engine decodes as 1.0.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def continues_transaction(kind: str, body: Mapping[str, Any], digest: int) -> bool:
+    """Tell whether an applied row is the next row of the engine's open transaction.
+
+    The engine's side of the resume point (SPEC "The engine keeps the resume
+    point"): the row is the one whose digest is ``digest``, or the
+    ``walchannel.row_lost`` event the client sent in its place (the row set
+    aside for its size: the event's payload names the row's ``digest`` in 16
+    hex digits). Any other row ends the transaction's count.
+
+    Args:
+        kind: the applied row's kind.
+        body: its body, as :func:`body_of` returns it.
+        digest: the next of the transaction's digests.
+    """
+    if kind == "event" and body.get("type") == ROW_LOST_TYPE:
+        payload = body.get("payload")
+        return isinstance(payload, Mapping) and payload.get("digest") == f"{digest:016x}"
+    return row_digest(kind, body) == digest
 
 
 def _integers(value: Any, path: str) -> Any:
