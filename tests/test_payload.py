@@ -22,7 +22,7 @@ from walchannel.wire.payload import (
     check_payload,
     plain_payload,
 )
-from walchannel.wire.protobuf import body_of, up_message
+from walchannel.wire.protobuf import body_of, continues_transaction, row_digest, up_message
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -133,6 +133,30 @@ def test_every_json_like_payload_travels(payload: dict[str, Any]) -> None:
     kind, body = body_of(pb.UpMessage.FromString(msg.SerializeToString()))
     assert kind == "finding"
     assert body["fields"] == _as_struct_numbers(payload)
+
+
+@given(
+    st.dictionaries(st.text(), json_values, max_size=6),
+    st.sampled_from(["finding", "event", "approval_request"]),
+)
+def test_the_engine_computes_the_digest_the_client_computed(
+    payload: dict[str, Any], kind: str
+) -> None:
+    # The resume point's count (SPEC "The engine keeps the resume point"): an engine
+    # compares the digest of the body it decodes, numbers as doubles, with the one
+    # the client computed from the body it logged, ints as ints.
+    check_payload(payload, kind)
+    if kind == "finding":
+        logged: dict[str, Any] = {"fields": payload}
+    elif kind == "event":
+        logged = {"type": "t", "severity": "info", "payload": payload, "ts": "2026-01-01T00:00:00Z"}
+    else:
+        logged = {"request_id": "r1", "action": "scan", "details": payload}
+    msg = up_message("r", "c", 7, kind, logged)
+    decoded = body_of(pb.UpMessage.FromString(msg.SerializeToString()))
+    assert decoded[0] == kind
+    assert row_digest(*decoded) == row_digest(kind, logged)
+    assert continues_transaction(*decoded, row_digest(kind, logged))
 
 
 def _as_struct_numbers(value: Any) -> Any:
