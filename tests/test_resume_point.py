@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import shutil
@@ -510,6 +511,9 @@ def _lost(digest: str | None) -> dict[str, object]:
         (("a", "event", _lost("next")), ("a", "finding", {"fields": {"n": 2.0}}), 3),
         (("a", "event", _lost(None)), ("a", "finding", {"fields": {"n": 2.0}}), 1),
         (("a", "event", _lost("other")), ("a", "finding", {"fields": {"n": 2.0}}), 1),
+        # A harness's own event of that type, when it is the transaction's next row
+        # (by its own digest), counts like any row.
+        (("a", "event", _lost("own")), ("a", "finding", {"fields": {"n": 2.0}}), 3),
     ],
 )
 def test_the_engine_counts_only_its_transactions_next_rows_by_writer_and_content(
@@ -520,9 +524,15 @@ def test_the_engine_counts_only_its_transactions_next_rows_by_writer_and_content
     # by content; the first that is not ends the count for good.
     from walchannel.testing.store import EngineStore, Writer
 
+    second, third = copy.deepcopy((second, third))  # (the parameters are shared)
     writers = {"a": Writer("aaaa", 0), "b": Writer("bbbb", 0)}
     bodies = [{"n": 0}, {"n": 1}, {"n": 2}]
     digests = [row_digest("finding", {"fields": b}) for b in bodies]
+    if second[2].get("payload", {}).get("digest") == "own":
+        # The harness logged this event as the transaction's second row.
+        del second[2]["payload"]["digest"]
+        digests[1] = row_digest("event", {**second[2], "payload": {"seq": 2, "reason": "mine"}})
+        second[2]["payload"]["reason"] = "mine"
     point = {"marker": {"next": 1}, "digests": digests}
     store = EngineStore()
     store.register_run("r", "tok")

@@ -3237,9 +3237,9 @@ class World:
             # begin after a progress row, or at the row that carries it.
             writer = self.applied_writer[-1]
             if content == PROGRESS:
-                self.marker_at[seq] = (*msg.body, seq, writer)
+                self.marker_at[seq] = (*msg.body, seq, writer, 0)
             elif msg.point is not None:
-                self.marker_at[seq] = (*msg.point, seq - 1, writer)
+                self.marker_at[seq] = (*msg.point, seq - 1, writer, 1)  # the carrier: 1 row
             if content == ROW_LOST:
                 self.check_row_lost(msg.body)
             if content == DONE:
@@ -3282,15 +3282,15 @@ class World:
             point.SetInParent()
             at = [q for q in self.marker_at if q <= min(seq, len(self.applied))]
             if at:
-                marker, digests, point.seq, writer = self.marker_at[max(at)]
+                marker, digests, point.seq, writer, first = self.marker_at[max(at)]
                 point.marker.update(marker)
                 point.row_digests.extend(digests)
                 # Its transaction's rows: those after it that its writer wrote and
                 # that are the transaction's next by content, up to the first that
                 # is not (a takeover's row, or a renumbered log's own).
                 top = min(seq, len(self.applied))
-                rows = 0
-                for q in range(point.seq, top):
+                rows = first
+                for q in range(point.seq + first, top):
                     if (
                         rows == len(digests)
                         or self.applied_writer[q] != writer

@@ -340,16 +340,22 @@ def continues_transaction(kind: str, body: Mapping[str, Any], digest: int) -> bo
     point"): the row is the one whose digest is ``digest``, or the
     ``walchannel.row_lost`` event the client sent in its place (the row set
     aside for its size: the event's payload names the row's ``digest`` in 16
-    hex digits). Any other row ends the transaction's count.
+    lowercase hex digits). A harness's own event of that type is a row like
+    any other: its own digest counts too. Any other row ends the
+    transaction's count.
 
     Args:
         kind: the applied row's kind.
         body: its body, as :func:`body_of` returns it.
         digest: the next of the transaction's digests.
+
+    Returns:
+        True when the row counts as the transaction's next.
     """
     if kind == "event" and body.get("type") == ROW_LOST_TYPE:
         payload = body.get("payload")
-        return isinstance(payload, Mapping) and payload.get("digest") == f"{digest:016x}"
+        if isinstance(payload, Mapping) and payload.get("digest") == f"{digest:016x}":
+            return True
     return row_digest(kind, body) == digest
 
 
