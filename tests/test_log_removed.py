@@ -81,9 +81,43 @@ async def test_a_send_after_the_files_are_removed_raises_naming_the_path(
             ch.send_findings([{"n": 40}], progress={"next": 41})
         stats = ch.stats()
         assert stats.last_error is not None and str(path) in stats.last_error
-        assert ch.log.high_water == 31  # the 31st committed (into the unlinked file) ...
-    assert returned == list(range(1, 31))  # ... and was never returned
+        # The 31st committed into the unlinked file only: the log's memory does not
+        # take it, so it is neither returned nor written to the engine.
+        assert ch.log.high_water == 30
+    assert returned == list(range(1, 31))
     assert token not in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("group", [False, True])
+async def test_the_rows_of_the_commit_that_met_the_removal_never_reach_the_engine(
+    local_engine: LocalEngine, tmp_path: Path, group: bool
+) -> None:
+    # Simulator seed 911652: under group commit, the group the log gave up as never
+    # committed (GroupCommitError) still went out, read from the unlinked file.
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(
+        local_engine,
+        tmp_path / "wal",
+        run_id,
+        token,
+        group_commit=GroupCommit(max_rows=64) if group else None,
+    )
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("h", "scan", "1")
+        assert [ch.send_finding({"n": n}) for n in range(1, 4)] == [1, 2, 3]
+        assert await ch.wait_acked(timeout_ms=10_000)
+        remove_the_files(ch.log.path)
+        if group:
+            assert ch.send_finding({"n": 4}) == 4  # handed out; its group meets the removal
+            assert await ch.wait_acked(timeout_ms=0) is False
+        else:
+            with pytest.raises(WalRemovedError):
+                ch.send_finding({"n": 4})
+        assert ch.state is ChannelState.FAILED
+        assert ch.log.high_water == 3
+    # The channel is closed: its writer is over, and wrote nothing past seq 3.
+    assert local_engine.accepted(run_id) == [1, 2, 3]
 
 
 @pytest.mark.asyncio
@@ -175,6 +209,7 @@ def test_a_commit_into_removed_files_fails_the_run_also_when_an_exception_leaves
     with pytest.raises(expected):
         log.append("finding", {"fields": {"n": 2}})
     assert len(failed) == 1  # the owner is told, whichever exception left the commit
+    assert log.high_water == 1  # and the log's memory does not take the commit: none writes it
     with pytest.raises(WalRemovedError, match="the log file is gone"):
         log.append("finding", {"fields": {"n": 3}})
     log.close()

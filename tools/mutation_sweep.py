@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SEEDS = int(os.environ.get("MUTATION_SEEDS", "300"))
 
 #: The seeds the long runs found (docs/reliability.md "Findings").
-FOUND = "83523,97222,100834,105191,121843,291100,242852,293762,303342,479022,531948,728438,776480"
+FOUND = (
+    "83523,97222,100834,105191,121843,291100,242852,293762,303342,479022,"
+    "531948,728438,776480,911652"
+)
 
 
 def _load_sim() -> ModuleType:

@@ -1004,14 +1004,19 @@ class RunLog:
         ``then`` is through — the open transaction is rolled back and the
         log's memory takes the disk's word (:meth:`_follow_disk`): the
         transaction landed whole or not at all, none stays open, and no seq
-        the disk holds is handed out again (SPEC "The log").
+        the disk holds is handed out again (SPEC "The log"). A commit that
+        lands in files no path names any more (:meth:`_files_moved`) is not
+        taken into the log's memory at all: :class:`WalRemovedError` is
+        raised (or what interrupted it), and no seq of it is returned or read.
 
         Raises:
+            WalRemovedError: it committed into files no path names any more.
             WalWriteError: SQLite failed; the transaction is rolled back.
             BaseException: what interrupted it, raised again once the log is whole.
         """
         conn = self._conn
         hook = self._hook
+        moved: WalRemovedError | None = None
         try:
             if single and hook is None:
                 result = work(conn)
@@ -1023,13 +1028,21 @@ class RunLog:
                 conn.execute("COMMIT")
                 if hook is not None:
                     hook.after_commit(label)
-            if then is not None:
+            # Committed, but into a file no path names any more: the log's memory
+            # does not take it, so no seq of it is returned or written to the
+            # engine (simulator seed 911652: a group given up as never committed
+            # went out all the same), and nothing more is written (SPEC "The log").
+            moved = self._files_moved()
+            if moved is None and then is not None:
                 then(result)
         except BaseException as exc:
-            self._after_failed_commit(exc, what)
-            # It may have landed before the exception (a signal's, after the COMMIT):
-            # into a file no path names any more, the run fails all the same.
-            self._files_moved()
+            self._roll_back_open()
+            if moved is None:
+                # It may have landed before the exception (a signal's, after the
+                # COMMIT): into a file no path names any more, it is not taken either.
+                moved = self._files_moved()
+            if moved is None:
+                self._after_failed_commit(exc, what)
             if isinstance(exc, sqlite3.Error):
                 said = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
                 raise WalWriteError(
@@ -1038,11 +1051,8 @@ class RunLog:
                     path=str(self._path),
                 ) from None
             raise
-        error = self._files_moved()
-        if error is not None:
-            # Committed, but into a file no path names any more: nothing of it
-            # is returned, and nothing more is written (SPEC "The log").
-            raise error
+        if moved is not None:
+            raise moved
         return result
 
     def _files_moved(self) -> WalRemovedError | None:
@@ -1082,12 +1092,16 @@ class RunLog:
             path=str(self._path),
         )
 
-    def _after_failed_commit(self, exc: BaseException, what: str | Callable[[], str]) -> None:
-        """Roll back what is still open, then follow the disk; say so when the commit landed."""
+    def _roll_back_open(self) -> None:
+        """Roll back the transaction still open, if any (SQLite's error is moot here)."""
         conn = self._conn
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+
+    def _after_failed_commit(self, exc: BaseException, what: str | Callable[[], str]) -> None:
+        """Roll back what is still open, then follow the disk; say so when the commit landed."""
+        self._roll_back_open()
         old = self._state
         if not self._follow_disk():
             return
