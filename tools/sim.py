@@ -1483,7 +1483,8 @@ class World:
             self.exact_takeover = False
             self.older_from = rp.random() * 20_000.0
             self.older_until = self.older_from + 500.0 + rp.random() * 20_000.0
-        self.marker_at: dict[int, Any] = {}  # seq -> the marker of an applied progress row
+        # seq -> (marker, digests, point seq, writer, rows it starts with: 1 for a carrier)
+        self.marker_at: dict[int, Any] = {}
         self.applied_writer: list[str] = []  # the writer id of each applied row
         self.applied_data: list[bytes] = []  # and its message (the point's rows, by content)
         # (More often under the runner: a new log must not scan before its first answer.)
