@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import sqlite3
@@ -167,6 +168,49 @@ def _every_server_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             + " (await server.stop(None) / await engine.stop(), in a finally)",
             pytrace=False,
         )
+
+
+class _Lines(logging.Handler):
+    """Every record walchannel's loggers let through, kept to be read at teardown."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def _every_log_line_whole() -> Iterator[None]:
+    """Fail the test in which walchannel logs a line that does not format or says ``None``.
+
+    logging reports a line whose arguments do not fit its template on
+    stderr ("--- Logging error ---") and drops the line: the operator never
+    reads it. A ``None`` where a client's line names something (a run id, an
+    address, a cause) names nothing. Either is a walchannel defect; the test that
+    drove it names where. Only the records the loggers' levels let through
+    are read: a test's ``caplog.set_level`` widens what is checked.
+    """
+    lines = _Lines()
+    product = logging.getLogger("walchannel")
+    product.addHandler(lines)
+    try:
+        yield
+    finally:
+        product.removeHandler(lines)
+    for record in lines.records:
+        where = f"{record.pathname}:{record.lineno} ({record.levelname})"
+        try:
+            record.getMessage()
+        except Exception as exc:
+            pytest.fail(f"walchannel logged a line that does not format, at {where}: {exc!r}")
+        args = record.args if isinstance(record.args, tuple) else ()
+        # The local engine shows a value that may be absent ("stop=None"):
+        # only the client's lines name things.
+        client = not record.name.startswith("walchannel.testing")
+        if client and (record.msg is None or None in args):
+            pytest.fail(f"walchannel logged a line that says None, at {where}: {record.msg!r}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -238,11 +238,14 @@ def _record_run(entry: dict[str, Any]) -> None:
 def _tests_hash() -> str:
     """A hash of the test command's files: the selection, conftest, the simulator and its seeds.
 
-    mutmut re-tests a mutant when its own function changes, not when the tests
-    do (a new test only joins the survivors' re-test, ``--retest``): results
-    from older tests are flagged.
+    mutmut re-tests a mutant when its own function changes, and every mutant
+    when the list changes, but not when a listed test file does (a new test
+    only joins the survivors' re-test, ``--retest``): results from older
+    tests are flagged. An entry may be one test (``file::name``): its file
+    is hashed.
     """
-    paths = [ROOT / p for p in _config()["pytest_add_cli_args_test_selection"]]
+    selection = _config()["pytest_add_cli_args_test_selection"]
+    paths = [ROOT / p.split("::")[0] for p in selection]
     paths += [ROOT / "tests" / "conftest.py", ROOT / "tools" / "sim.py", SIM_CORPUS]
     digest = hashlib.sha256()
     for path in sorted(paths):
