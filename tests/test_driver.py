@@ -351,6 +351,26 @@ def test_ack_covering_done_is_stored_at_once_and_completes() -> None:
     assert d.is_acked(6) and not d.is_acked(7)  # every logged row, no seq past them
 
 
+def test_an_ack_of_done_the_log_could_not_store_leaves_done_unacked_to_waiters() -> None:
+    # Seed 1023789: the disk was full when the ack covering Done came; the
+    # tombstone could not be stored, yet wait_acked() said True and the runner
+    # exited 0 (DONE) over a log still holding an unacked Done. SPEC "Shutdown
+    # order": the Done counts as acked once the tombstone is stored.
+    d = driver(high=5)
+    log = log_of(d)
+    log.state = log.state.append(["finding", "done"])
+    assert d.done_seq == 7
+    d._ack(7, 0)
+    assert d._ack_to_store(0) == 7  # handed to the log, whose commit then fails
+    assert not d.completed
+    assert d.is_acked(6)  # a row before Done: acked when the engine acks it
+    assert not d.is_acked(7)  # the Done: only with its tombstone
+    plan = log.state.ack(7)
+    assert plan is not None and plan.completed
+    log.state = plan.state
+    assert d.is_acked(7)
+
+
 # -- the handshake answer ---------------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ SEEDS = int(os.environ.get("MUTATION_SEEDS", "300"))
 #: The seeds the long runs found (docs/reliability.md "Findings").
 FOUND = (
     "83523,97222,100834,105191,121843,291100,242852,293762,303342,479022,"
-    "531948,728438,776480,911652"
+    "531948,728438,776480,911652,1023789,1041755"
 )
 
 

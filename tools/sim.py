@@ -3847,6 +3847,10 @@ class World:
         if not proc.alive:
             return seqs
         grouped = self.group_commit is not None
+        if grouped and not contents and not seqs:
+            # Counted before the detached return: a marker sent alone after the
+            # files were removed takes its progress row's seq all the same (seed 1041755).
+            proc.marker_only += 1
         if proc.detached:
             if seqs and not grouped:
                 # SPEC "The log": committed only into a file no path names: never returned.
@@ -3866,8 +3870,6 @@ class World:
         rows = st.rows
         if len(seqs) != len(contents):
             self.violation(f"a send of {len(contents)} rows returned {len(seqs)} seqs: {seqs}")
-        if grouped and not contents and not seqs:
-            proc.marker_only += 1
         for seq, c in zip(seqs, contents, strict=False):
             proc.handed[seq] = c
             held = rows.get(seq)

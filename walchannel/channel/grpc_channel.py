@@ -900,7 +900,8 @@ class GrpcEngineChannel:
             timeout_ms: bound (None: until acked or closed).
 
         Returns:
-            True when acked, False on timeout or close.
+            True when acked (the ``Done``: once its tombstone is stored, SPEC
+            "Shutdown order"), False on timeout or close.
 
         Raises:
             TypeError: ``seq`` is not an int.

@@ -884,11 +884,17 @@ class Driver:
         followed through any verification shift (SPEC "Dial"). On a
         tombstone every row logged was delivered, also when the engine's
         "run completed" stood in for the ``Done``'s lost ack: it applied
-        the ``Done``, so every row before it (SPEC "Completion").
+        the ``Done``, so every row before it (SPEC "Completion"). The
+        ``Done`` itself counts only with its tombstone stored (SPEC
+        "Shutdown order"), as for ``send_done``: an ack of it the disk
+        refused leaves it to a resume or ``flush``.
         """
         seq = self.translate(handed_out)
-        if self.completed and seq < self._log.state.next_seq:
+        state = self._log.state
+        if state.completed and seq < state.next_seq:
             return True
+        if state.done_seq is not None and seq >= state.done_seq:
+            return False
         return self._acked >= seq
 
     # -- acks ------------------------------------------------------------------------------
