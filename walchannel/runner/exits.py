@@ -56,8 +56,9 @@ class ExitCode(enum.IntEnum):
     #: An item's scan failed past its retries under ``on_scan_error="exit"``:
     #: no ``Done``; a restart scans the item again.
     SCAN_EXIT = 13
-    #: ``Done`` logged but not acked within ``drain_timeout_s``: it stays in
-    #: the log for the next start or ``walchannel flush``.
+    #: ``Done`` logged but its ack not stored (the tombstone) within
+    #: ``drain_timeout_s``: it stays in the log for the next start or
+    #: ``walchannel flush``.
     DONE_NOT_ACKED = 14
     #: No engine answered this new log's handshake within ``first_answer_s``
     #: (nothing scanned; the dials were not all refused).

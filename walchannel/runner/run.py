@@ -962,7 +962,8 @@ class _Run:
             return await self.grace.drain(channel)
         if not acked:
             logger.error(
-                "run %s: Done (status %r) is logged but no engine acked it within %.0f s;"
+                "run %s: Done (status %r) is logged, but no ack of it was stored within"
+                " %.0f s (no engine acked it, or the log could not store the ack);"
                 " the next start or `walchannel flush` delivers it (exit %d, %s)",
                 self.run_id,
                 status,
