@@ -4629,7 +4629,16 @@ class World:
         # Under group commit the newest row may be a marker's progress row still in
         # the pending group, which no send returned: the checker cannot see it.
         hidden = seq is None and self.keeps_resume and ch.config.group_commit is not None
-        if pos is not None and (ok or not final) and not hidden:
+        if pos is not None and (ok or not final) and not hidden and c == DONE:
+            # The Done counts as acked once its tombstone is stored, not at its ack
+            # (SPEC "Shutdown order"): an ack the disk refused wakes no one.
+            done_at = self.tombstone_at
+            if done_at is not None and self.now - max(t0, done_at) > WAKE_SLACK_MS:
+                self.violation(
+                    f"{what} returned {ok} {self.now - max(t0, done_at):.0f} ms after the "
+                    "tombstone was stored: its waiter was not woken"
+                )
+        elif pos is not None and (ok or not final) and not hidden:
             i = bisect.bisect_left(proc.ack_t, t0)
             for t, v in zip(proc.ack_t[i:], proc.ack_v[i:], strict=True):
                 if v >= pos:
