@@ -35,6 +35,7 @@ from walchannel.core.checkpoints import (
 from walchannel.core.driver import (
     ACK_STORE_AFTER_MS,
     ACK_STORE_EVERY,
+    ACK_STORE_RETRY_MAX_MS,
     MAX_KEEPALIVE_MS,
     STABLE_STREAM_MS,
     AckKind,
@@ -1956,6 +1957,64 @@ def test_a_stored_ack_asks_the_reclaim_and_a_stored_done_wakes_everyone() -> Non
     log.state = log.state.ack(6).state
     # Nothing unacked, and the last checkpoint long ago: give the disk back now.
     assert list(d.handle(ev.AckStored(6, 20_000.0))) == [act.DONE_ACKED, act.CHECKPOINT]
+
+
+def test_a_failed_ack_store_is_tried_again_on_a_doubling_timer_until_it_is_stored() -> None:
+    # Seed 642715: the disk was full when the ack covering Done came; the
+    # store failed and nothing tried it again until a later ack opened a new
+    # window, and after Done no ack comes: flush waited on the tombstone for
+    # ever. Any failed store (a Done's or a row's) is tried again by the timer.
+    d = streaming(high=5)
+    log = log_of(d)
+    log.state = log.state.append(["done"])
+    d.handle(ev.Writing(6))
+    d.handle(ev.Written(6))
+    assert list(d.handle(ev.AckReceived(6, 0.0))) == [act.ACK_MOVED, act.StoreAck(6)]
+    now, delay = 0.0, ACK_STORE_AFTER_MS
+    for _ in range(8):  # the disk stays full: the pause doubles up to its cap
+        assert list(d.handle(ev.AckStoreFailed(6, now))) == [act.ArmAckTimer(delay)]
+        assert not d.is_acked(6)  # the Done waits on its tombstone
+        now += delay
+        assert list(d.handle(ev.AckTimerFired(now))) == [act.StoreAck(6)]
+        delay = min(2 * delay, ACK_STORE_RETRY_MAX_MS)
+    assert delay == ACK_STORE_RETRY_MAX_MS
+    log.state = log.state.ack(6).state
+    assert act.DONE_ACKED in d.handle(ev.AckStored(6, now))
+    assert d.is_acked(6)
+
+
+def test_a_failed_store_of_a_rows_ack_is_tried_again_and_success_restarts_the_window() -> None:
+    d = streaming(high=10)
+    assert list(d.handle(ev.AckReceived(3, 0.0))) == [
+        act.ACK_MOVED,
+        act.ArmAckTimer(ACK_STORE_AFTER_MS),
+    ]
+    assert list(d.handle(ev.AckTimerFired(ACK_STORE_AFTER_MS))) == [act.StoreAck(3)]
+    assert list(d.handle(ev.AckStoreFailed(3, 100.0))) == [act.ArmAckTimer(ACK_STORE_AFTER_MS)]
+    d.handle(ev.AckReceived(4, 150.0))  # a later ack joins the retry, not a window of its own
+    assert list(d.handle(ev.AckTimerFired(200.0))) == [act.StoreAck(4)]
+    assert list(d.handle(ev.AckStoreFailed(4, 200.0))) == [act.ArmAckTimer(2 * ACK_STORE_AFTER_MS)]
+    assert list(d.handle(ev.AckTimerFired(400.0))) == [act.StoreAck(4)]
+    log_of(d).state = log_of(d).state.ack(4).state
+    d.handle(ev.AckStored(4, 400.0))
+    # Stored: the next unstored ack waits the usual window again.
+    assert list(d.handle(ev.AckReceived(5, 500.0))) == [
+        act.ACK_MOVED,
+        act.ArmAckTimer(ACK_STORE_AFTER_MS),
+    ]
+
+
+def test_a_store_reported_failed_that_the_log_holds_after_all_counts_as_stored() -> None:
+    # An exception that reached the store after its commit (a signal
+    # handler's refused call): the log holds the ack; the Done is acked.
+    d = streaming(high=5)
+    log = log_of(d)
+    log.state = log.state.append(["done"])
+    d.handle(ev.Writing(6))
+    d.handle(ev.Written(6))
+    d.handle(ev.AckReceived(6, 0.0))
+    log.state = log.state.ack(6).state
+    assert act.DONE_ACKED in d.handle(ev.AckStoreFailed(6, 0.0))
 
 
 def test_flushing_acks_stores_whatever_is_received_and_not_stored() -> None:

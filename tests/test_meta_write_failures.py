@@ -10,13 +10,14 @@ was, and nothing of the run is lost.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import log_on_connection, new_run
+from conftest import eventually, log_on_connection, new_run
 from walchannel import GrpcEngineChannel, RunCompletedError
 from walchannel.channel.seams import open_channel
 from walchannel.log import RunLog
@@ -74,3 +75,48 @@ async def test_a_tombstone_the_disk_will_not_store_is_said_and_run_completed_sti
     assert "cannot mark the log completed" in caplog.text
     with RunLog.open(config.wal_dir, run_id, correlation_id=config.correlation_id) as again:
         assert not again.completed and list(again.unacked()) == []  # nothing to lose
+
+
+# -- an ack the disk will not store is tried again, with no later ack to prompt it -------------
+
+
+@pytest.mark.asyncio
+async def test_an_ack_the_disk_will_not_store_is_stored_once_the_disk_has_room(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    conn, log = log_on_connection(config, FullOn)
+    async with open_channel(config, log=log) as ch:
+        await ch.handshake("1", "ack-full", "1")
+        conn.needle = "last_acked_seq"
+        ch.send_finding({"n": 1})
+        await eventually(lambda: "cannot store ack 1" in caplog.text, what="the refused store")
+        conn.needle = None
+        # No message follows, so no ack: only the retry can store it.
+        await eventually(lambda: log.state.last_acked == 1, what="the ack stored on a retry")
+        assert list(log.unacked()) == []
+    assert local_engine.accepted(run_id) == [1]
+
+
+@pytest.mark.asyncio
+async def test_the_dones_ack_the_disk_will_not_store_is_stored_and_send_done_says_true(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Seed 642715: after the Done no ack comes; a failed store of its ack was
+    # never tried again and send_done (or flush) waited out its timeout.
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    conn, log = log_on_connection(config, FullOn)
+    async with open_channel(config, log=log) as ch:
+        await ch.handshake("1", "ack-full", "1")
+        ch.send_finding({"n": 1})
+        # Stored first: no coalescing timer stays armed to store the Done's ack by chance.
+        await eventually(lambda: log.state.last_acked == 1, what="the finding's ack stored")
+        conn.needle = "last_acked_seq"
+        done = asyncio.ensure_future(ch.send_done("completed", 1, [], ""))
+        await eventually(lambda: "cannot store ack 2" in caplog.text, what="the refused store")
+        assert not done.done()  # the Done waits on its tombstone
+        conn.needle = None
+        assert await done
+        assert log.completed

@@ -944,7 +944,10 @@ class ConnectionLoop:
         self._waiters.ack_moved(acked)
 
     def _do_store_ack(self, action: act.StoreAck) -> None:
-        """Store the ack the driver says is due (``RunLog.ack``); answer ``AckStored``."""
+        """Store the ack the driver says is due (``RunLog.ack``).
+
+        Answers ``AckStored``, or ``AckStoreFailed`` (the driver arms the retry).
+        """
         if not self._log.writable:
             return
         try:
@@ -954,12 +957,15 @@ class ConnectionLoop:
         except ReentrantCallError:
             # A signal handler's refused call, let go: it reaches the call the
             # handler interrupted (close(), a send), as any signal's exception.
+            # The driver hears of it first, or no store would be tried again.
+            self.feed(ev.AckStoreFailed(action.seq, self._clock.monotonic_ms()))
             raise
         except WalchannelError as exc:
             # Not stored: the rows stay and are re-sent after a crash (harmless).
             # The error names the run, the ack and the file already.
-            logger.error("%s; the acked rows stay until the next ack is stored", exc)
+            logger.error("%s; the acked rows stay until a later try stores it", exc)
             self._reporter.note(raw_message(exc))
+            self.feed(ev.AckStoreFailed(action.seq, self._clock.monotonic_ms()))
             return
         self.feed(ev.AckStored(action.seq, self._clock.monotonic_ms()))
 

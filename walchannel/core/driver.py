@@ -87,6 +87,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACK_STORE_AFTER_MS",
     "ACK_STORE_EVERY",
+    "ACK_STORE_RETRY_MAX_MS",
     "MAX_KEEPALIVE_MS",
     "STABLE_STREAM_MS",
     "AckKind",
@@ -106,6 +107,8 @@ __all__ = [
 ACK_STORE_EVERY: Final = 256
 #: ... or this long after the first unstored one (ms), whichever comes first.
 ACK_STORE_AFTER_MS: Final = 100.0
+#: A failed store is tried again after ACK_STORE_AFTER_MS, doubling per failure up to this (ms).
+ACK_STORE_RETRY_MAX_MS: Final = 5_000.0
 #: A stream up this long resets the backoff attempt counter (ms).
 STABLE_STREAM_MS: Final = 30_000.0
 #: Cap of the keepalive after GOAWAY too_many_pings doublings (ms).
@@ -357,6 +360,7 @@ class Driver:
             ev.AckTimerFired: self._on_ack_timer_fired,
             ev.AcksFlushed: self._on_acks_flushed,
             ev.AckStored: self._on_ack_stored,
+            ev.AckStoreFailed: self._on_ack_store_failed,
             ev.CheckpointTimerFired: self._on_checkpoint_timer_fired,
             ev.Checkpointed: self._on_checkpointed,
             ev.Ended: self._on_ended,
@@ -405,6 +409,8 @@ class Driver:
         self._write_pos = 0
         self._pending = 0
         self._pending_since_ms: float | None = None
+        # The coalescing window (ms), and the next one should a store fail again.
+        self._ack_window_ms = self._ack_retry_ms = ACK_STORE_AFTER_MS
         self._provisional: tuple[int, int, int] | None = None
         self._verifying: tuple[int, int] | None = None
         self._hold_at: int | None = None
@@ -956,6 +962,7 @@ class Driver:
         Acks are stored every :data:`ACK_STORE_EVERY` acks or
         :data:`ACK_STORE_AFTER_MS` after the first unstored one; an ack
         covering ``Done`` is stored at once; ``force`` (close, limits) too.
+        After a failed store the window is the retry's pause (``AckStoreFailed``).
         SPEC "The log".
         """
         state = self._log.state
@@ -968,11 +975,11 @@ class Driver:
             or (state.done_seq is not None and acked >= state.done_seq)
             or (
                 self._pending_since_ms is not None
-                and now_ms - self._pending_since_ms >= ACK_STORE_AFTER_MS
+                and now_ms - self._pending_since_ms >= self._ack_window_ms
             )
         ):
             # Handed out to store: the coalescing window starts again (a store
-            # that fails is tried again at the next window's end).
+            # that fails opens the retry's window: AckStoreFailed).
             self._clear_pending()
             return acked
         return None
@@ -981,11 +988,12 @@ class Driver:
         """In how many ms a coalesced ack must be stored at the latest; None: no timer to arm.
 
         Asked when :meth:`_ack_to_store` said "not yet": the ack is stored
-        :data:`ACK_STORE_AFTER_MS` after the first unstored one, by a timer armed once.
+        :data:`ACK_STORE_AFTER_MS` after the first unstored one (or the retry's
+        pause after a failed store), by a timer armed once.
         """
         if self._pending_since_ms is None or timer_armed:
             return None
-        return ACK_STORE_AFTER_MS
+        return self._ack_window_ms
 
     def _clear_pending(self) -> None:
         self._pending = 0
@@ -1503,11 +1511,26 @@ class Driver:
         return _NOTHING if store is None else (act.StoreAck(store),)
 
     def _on_ack_stored(self, event: ev.AckStored) -> Sequence[Action]:
+        self._ack_window_ms = self._ack_retry_ms = ACK_STORE_AFTER_MS
         reclaim = self._rows_deleted(event.now_ms)
         if not self._log.state.completed:
             return reclaim
         self._done_delivered = True  # the stored ack covered this log's Done
         return (act.DONE_ACKED, *reclaim)
+
+    def _on_ack_store_failed(self, event: ev.AckStoreFailed) -> Sequence[Action]:
+        if self._log.state.last_acked >= event.seq:
+            # Stored after all (an exception that reached the call after its commit).
+            return self._on_ack_stored(ev.AckStored(event.seq, event.now_ms))
+        # Nothing else would try again: after the Done no ack comes, and its
+        # waiters wait on the tombstone (seed 642715). The pause doubles so a
+        # full disk is not asked, and logged about, ten times a second.
+        self._ack_window_ms = self._ack_retry_ms
+        self._ack_retry_ms = min(2 * self._ack_retry_ms, ACK_STORE_RETRY_MAX_MS)
+        self._pending_since_ms = event.now_ms
+        out: list[Action] = []
+        self._arm_ack_timer(out)
+        return out
 
     # -- when rows were committed (the oldest unacked row's age) ----------------------------
 

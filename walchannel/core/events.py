@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AckReceived",
+    "AckStoreFailed",
     "AckStored",
     "AckTimerFired",
     "AcksFlushed",
@@ -190,6 +191,14 @@ class AckStored:
 
 
 @dataclass(frozen=True, slots=True)
+class AckStoreFailed:
+    """``RunLog.ack(seq)`` raised (a full disk, an I/O error, an exception inside the call)."""
+
+    seq: int
+    now_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointTimerFired:
     """The disk reclaim's timer fired."""
 
@@ -342,6 +351,7 @@ Event = (
     | AckTimerFired
     | AcksFlushed
     | AckStored
+    | AckStoreFailed
     | CheckpointTimerFired
     | Checkpointed
     | Ended
