@@ -189,16 +189,20 @@ def _every_log_line_whole() -> Iterator[None]:
     stderr ("--- Logging error ---") and drops the line: the operator never
     reads it. A ``None`` where a client's line names something (a run id, an
     address, a cause) names nothing. Either is a walchannel defect; the test that
-    drove it names where. Only the records the loggers' levels let through
-    are read: a test's ``caplog.set_level`` widens what is checked.
+    drove it names where. Every level is checked, DEBUG too: walchannel's
+    loggers are opened to DEBUG for the test (a test's ``caplog.set_level``
+    narrows what is checked, and ``caplog`` sees those lines as well).
     """
     lines = _Lines()
     product = logging.getLogger("walchannel")
+    level = product.level
+    product.setLevel(logging.DEBUG)
     product.addHandler(lines)
     try:
         yield
     finally:
         product.removeHandler(lines)
+        product.setLevel(level)
     for record in lines.records:
         where = f"{record.pathname}:{record.lineno} ({record.levelname})"
         try:
