@@ -83,6 +83,12 @@ async def streaming_then_frozen(ch: GrpcEngineChannel, proxy: FaultProxy) -> int
     return ch.log.high_water
 
 
+def loop_running(run_id: str) -> bool:
+    """The run's connection loop (the task ``walchannel-<run id>``) is still running."""
+    name = f"walchannel-{run_id}"
+    return any(t.get_name() == name and not t.done() for t in asyncio.all_tasks())
+
+
 def assert_log_released_and_whole(config: GrpcChannelConfig, high: int) -> None:
     """Another owner can open the log at once, and it holds every row not acked."""
     with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
@@ -115,9 +121,33 @@ async def test_a_cancelled_close_releases_the_log_at_once_and_raises(
     assert ch.state is ChannelState.CLOSED
     assert ch.log.closed
     assert_log_released_and_whole(config, high)
+    # The loop is cancelled too, not left to wait out the frozen stream (60 s).
+    await eventually(lambda: not loop_running(config.run_id), PROMPT_S, "the loop's end")
     with pytest.raises(ChannelClosedError):
         await asyncio.wait_for(approval, PROMPT_S)
     await ch.close()  # idempotent: nothing left to do
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_close_while_the_loop_dials_ends_the_loop_at_once(
+    local_engine: LocalEngine, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    # No stream to end: the loop waits in a dial the frozen link never
+    # answers (connect_timeout_ms is 60 s); the cancelled close cancels it.
+    config = frozen_config(local_engine, proxy, tmp_path)
+    proxy.set_mode("freeze")
+    ch = GrpcEngineChannel(config)
+    handshake = asyncio.create_task(ch.handshake("1", "cancel", "1"))
+    await eventually(lambda: loop_running(config.run_id), what="the loop dialing")
+    closing = asyncio.create_task(ch.close())
+    await eventually(lambda: driver_of(ch).closed, what="close() under way")
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await eventually(lambda: not loop_running(config.run_id), PROMPT_S, "the loop's end")
+    with pytest.raises(ChannelClosedError):
+        await asyncio.wait_for(handshake, PROMPT_S)
+    assert ch.state is ChannelState.CLOSED
 
 
 @pytest.mark.asyncio
@@ -134,6 +164,7 @@ async def test_asyncio_timeout_around_close_raises_and_releases_the_log(
     assert time.monotonic() - t0 < 0.5 + PROMPT_S
     assert ch.state is ChannelState.CLOSED
     assert_log_released_and_whole(config, high)
+    await eventually(lambda: not loop_running(config.run_id), PROMPT_S, "the loop's end")
 
 
 # -- send_done -----------------------------------------------------------------------------
