@@ -499,6 +499,42 @@ async def test_stop_approval_and_budget_round_trips(
 
 
 @pytest.mark.asyncio
+async def test_a_discovery_that_never_answers_ends_at_connect_timeout_and_the_address_stays(
+    local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An HTTP endpoint that takes the connection and never answers: the
+    # re-discovery after a drop gives up at connect_timeout_ms (0.3 s), says
+    # so, and the channel dials the engine it had (SPEC "Reconnect").
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # kept open, never answered
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, http_addr=url, connect_timeout_ms=300
+    )
+    try:
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "silent-discovery", "1")
+            await local_engine.end_streams(run_id, None)
+            await eventually(lambda: bool(held), what="the re-discovery's request")
+            assert await ch.wait_acked(ch.send_finding(finding(1)), timeout_ms=10_000)
+            assert ch.stats().reconnects >= 1
+            said = f"run {run_id}: discovery timed out, keeping {local_engine.grpc_addr}"
+            assert said in caplog.text
+            assert ch.stats().last_error == f"discovery: no answer from {url} within 0.3 s"
+        assert local_engine.accepted(run_id) == [1]
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.asyncio
 async def test_pending_approval_fails_on_close(engine_channel: GrpcEngineChannel) -> None:
     ch = engine_channel
     await ch.handshake("1", "h", "1")
