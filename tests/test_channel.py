@@ -8,7 +8,9 @@ import shutil
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -1036,6 +1038,13 @@ async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path:
             seen = beats()
             await eventually(lambda: beats() >= seen + 2, timeout=30, what="beats after a row")
             assert ch.stats().reconnects == 0
+        # Each names the run at seq 0 and says when it was sent (RFC 3339 UTC:
+        # SPEC "Wire contract").
+        received = [m for s in engine.streams for m in s.received]
+        for m in (m for m in received if m.WhichOneof("body") == "heartbeat"):
+            assert (m.run_id, m.correlation_id, m.seq) == ("beats", config.correlation_id, 0)
+            at = datetime.fromisoformat(m.heartbeat.ts)
+            assert at.utcoffset() == timedelta(0) and abs(at.timestamp() - time.time()) < 600
     finally:
         await engine.stop()
 
