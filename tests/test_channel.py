@@ -1050,6 +1050,40 @@ async def test_an_idle_stream_sends_a_heartbeat_every_keepalive_period(tmp_path:
 
 
 @pytest.mark.asyncio
+async def test_replay_unacked_resends_the_rows_above_the_ack_and_says_how_many(
+    tmp_path: Path,
+) -> None:
+    async def script(stream: RogueStream) -> None:
+        await answer_handshakes(stream)
+        while (msg := await stream.read()) is not None:
+            if msg.seq == 1:
+                stream.ack(1)  # the rest stay unacked
+
+    engine = RogueEngine(script)
+    await engine.start()
+    config = engine.channel_config(tmp_path / "wal", "replay", "tok")
+
+    def seqs() -> list[int]:
+        return [m.seq for s in engine.streams for m in s.received if m.seq]
+
+    try:
+        async with GrpcEngineChannel(config) as ch:
+            await ch.handshake("1", "h", "1")
+            assert await ch.wait_acked(ch.send_finding(finding(1)), timeout_ms=10_000)
+            for i in (2, 3, 4):
+                ch.send_finding(finding(i))
+            await eventually(lambda: seqs() == [1, 2, 3, 4], what="the rows written")
+            assert ch.replay_unacked() == 3
+            await eventually(lambda: seqs() == [1, 2, 3, 4, 2, 3, 4], what="the three again")
+            assert ch.stats().replayed == 3 and ch.stats().reconnects == 0
+            await engine.stop()
+            await eventually(lambda: ch.state is not ChannelState.STREAMING, what="the drop")
+            assert ch.replay_unacked() == 3  # no live stream: what the next dial re-sends
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.asyncio
 async def test_an_ack_below_a_waiters_target_does_not_wake_it(tmp_path: Path) -> None:
     # A cumulative ack costs O(1): wait_acked(N) is woken by the ack that
     # reaches N (or a change of state), not once per ack below it.
