@@ -181,9 +181,17 @@ class _Lines(logging.Handler):
         self.records.append(record)
 
 
+#: The loggers of a run's stream: each line begins ``run <run_id>:`` (docs/operations.md,
+#: "A run's story in the log"), so one grep finds one run in a process of many.
+_RUN_FIRST = frozenset(f"walchannel.channel.{m}" for m in ("connection", "stream", "refused_rows"))
+
+
 @pytest.fixture(autouse=True)
 def _every_log_line_whole() -> Iterator[None]:
     """Fail the test in which walchannel logs a line that does not format or says ``None``.
+
+    Also a line of a run's stream (:data:`_RUN_FIRST`) that does not begin
+    with ``run <id>:``.
 
     logging reports a line whose arguments do not fit its template on
     stderr ("--- Logging error ---") and drops the line: the operator never
@@ -215,6 +223,8 @@ def _every_log_line_whole() -> Iterator[None]:
         client = not record.name.startswith("walchannel.testing")
         if client and (record.msg is None or None in args):
             pytest.fail(f"walchannel logged a line that says None, at {where}: {record.msg!r}")
+        if record.name in _RUN_FIRST and not record.getMessage().startswith("run "):
+            pytest.fail(f"a line of a run's stream does not begin 'run <id>:', at {where}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
