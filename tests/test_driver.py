@@ -1959,16 +1959,23 @@ def test_a_stored_ack_asks_the_reclaim_and_a_stored_done_wakes_everyone() -> Non
     assert list(d.handle(ev.AckStored(6, 20_000.0))) == [act.DONE_ACKED, act.CHECKPOINT]
 
 
-def test_a_failed_ack_store_is_tried_again_on_a_doubling_timer_until_it_is_stored() -> None:
-    # Seed 642715: the disk was full when the ack covering Done came; the
-    # store failed and nothing tried it again until a later ack opened a new
-    # window, and after Done no ack comes: flush waited on the tombstone for
-    # ever. Any failed store (a Done's or a row's) is tried again by the timer.
+def done_written() -> Driver:
+    """A streaming driver whose log holds rows 1-5 and a ``Done`` at seq 6, written."""
     d = streaming(high=5)
     log = log_of(d)
     log.state = log.state.append(["done"])
     d.handle(ev.Writing(6))
     d.handle(ev.Written(6))
+    return d
+
+
+def test_a_failed_ack_store_is_tried_again_on_a_doubling_timer_until_it_is_stored() -> None:
+    # Seed 642715: the disk was full when the ack covering Done came; the
+    # store failed and nothing tried it again until a later ack opened a new
+    # window, and after Done no ack comes: flush waited on the tombstone for
+    # ever. Any failed store (a Done's or a row's) is tried again by the timer.
+    d = done_written()
+    log = log_of(d)
     assert list(d.handle(ev.AckReceived(6, 0.0))) == [act.ACK_MOVED, act.StoreAck(6)]
     now, delay = 0.0, ACK_STORE_AFTER_MS
     for _ in range(8):  # the disk stays full: the pause doubles up to its cap
@@ -2007,11 +2014,8 @@ def test_a_failed_store_of_a_rows_ack_is_tried_again_and_success_restarts_the_wi
 def test_a_store_reported_failed_that_the_log_holds_after_all_counts_as_stored() -> None:
     # An exception that reached the store after its commit (a signal
     # handler's refused call): the log holds the ack; the Done is acked.
-    d = streaming(high=5)
+    d = done_written()
     log = log_of(d)
-    log.state = log.state.append(["done"])
-    d.handle(ev.Writing(6))
-    d.handle(ev.Written(6))
     d.handle(ev.AckReceived(6, 0.0))
     log.state = log.state.ack(6).state
     assert act.DONE_ACKED in d.handle(ev.AckStoreFailed(6, 0.0))

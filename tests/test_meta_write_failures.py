@@ -20,6 +20,7 @@ import pytest
 from conftest import eventually, log_on_connection, new_run
 from walchannel import GrpcEngineChannel, RunCompletedError
 from walchannel.channel.seams import open_channel
+from walchannel.config import GrpcChannelConfig
 from walchannel.log import RunLog
 from walchannel.testing.engine import LocalEngine
 from walchannel.testing.plugin import local_channel_config
@@ -80,13 +81,21 @@ async def test_a_tombstone_the_disk_will_not_store_is_said_and_run_completed_sti
 # -- an ack the disk will not store is tried again, with no later ack to prompt it -------------
 
 
+def on_full_connection(
+    local_engine: LocalEngine, tmp_path: Path
+) -> tuple[str, GrpcChannelConfig, FullOn, RunLog]:
+    """A new run's config, and its log on a :class:`FullOn` connection (no fault armed yet)."""
+    run_id, token = new_run(local_engine)
+    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
+    conn, log = log_on_connection(config, FullOn)
+    return run_id, config, conn, log
+
+
 @pytest.mark.asyncio
 async def test_an_ack_the_disk_will_not_store_is_stored_once_the_disk_has_room(
     local_engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run_id, token = new_run(local_engine)
-    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
-    conn, log = log_on_connection(config, FullOn)
+    run_id, config, conn, log = on_full_connection(local_engine, tmp_path)
     async with open_channel(config, log=log) as ch:
         await ch.handshake("1", "ack-full", "1")
         conn.needle = "last_acked_seq"
@@ -105,9 +114,7 @@ async def test_the_dones_ack_the_disk_will_not_store_is_stored_and_send_done_say
 ) -> None:
     # Seed 642715: after the Done no ack comes; a failed store of its ack was
     # never tried again and send_done (or flush) waited out its timeout.
-    run_id, token = new_run(local_engine)
-    config = local_channel_config(local_engine, tmp_path / "wal", run_id, token)
-    conn, log = log_on_connection(config, FullOn)
+    run_id, config, conn, log = on_full_connection(local_engine, tmp_path)
     async with open_channel(config, log=log) as ch:
         await ch.handshake("1", "ack-full", "1")
         ch.send_finding({"n": 1})
@@ -120,3 +127,4 @@ async def test_the_dones_ack_the_disk_will_not_store_is_stored_and_send_done_say
         conn.needle = None
         assert await done
         assert log.completed
+    assert local_engine.accepted(run_id) == [1, 2]  # the Done applied once
