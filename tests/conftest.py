@@ -214,7 +214,7 @@ def _every_log_line_whole() -> Iterator[None]:
     for record in lines.records:
         where = f"{record.pathname}:{record.lineno} ({record.levelname})"
         try:
-            record.getMessage()
+            text = record.getMessage()
         except Exception as exc:
             pytest.fail(f"walchannel logged a line that does not format, at {where}: {exc!r}")
         args = record.args if isinstance(record.args, tuple) else ()
@@ -223,7 +223,7 @@ def _every_log_line_whole() -> Iterator[None]:
         client = not record.name.startswith("walchannel.testing")
         if client and (record.msg is None or None in args):
             pytest.fail(f"walchannel logged a line that says None, at {where}: {record.msg!r}")
-        if record.name in _RUN_FIRST and not record.getMessage().startswith("run "):
+        if record.name in _RUN_FIRST and not text.startswith("run "):
             pytest.fail(f"a line of a run's stream does not begin 'run <id>:', at {where}")
 
 
