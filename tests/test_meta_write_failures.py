@@ -6,6 +6,10 @@ into a tombstone when the engine says the run is completed. Each refused
 (SQLite's "database or disk is full") is logged at WARNING, never raised
 into the connection loop; what the write would have recorded is left as it
 was, and nothing of the run is lost.
+
+An ack the disk will not store is tried again with no later ack to prompt
+it; while it is not stored, its rows stay in the log, so an engine that
+lost rows it acked is sent them again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import eventually, log_on_connection, new_run
+from helpers.rogue import RogueEngine, RogueStream, answer_handshakes
 from walchannel import GrpcEngineChannel, RunCompletedError
 from walchannel.channel.seams import open_channel
 from walchannel.config import GrpcChannelConfig
@@ -128,3 +133,51 @@ async def test_the_dones_ack_the_disk_will_not_store_is_stored_and_send_done_say
         assert await done
         assert log.completed
     assert local_engine.accepted(run_id) == [1, 2]  # the Done applied once
+
+
+# -- an engine that lost rows it acked before the log stored the ack ---------------------------
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_lost_acked_rows_the_log_still_holds_is_sent_them_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The handshake answer is below acks the engine gave that the log never
+    # stored (the disk refused them): those rows are still in the log, so the
+    # channel says so and writes them again (the driver's Answer.FORGOT).
+    held: list[int] = []  # the engine's store: the seqs it applied, in order
+
+    async def engine(stream: RogueStream) -> None:
+        await answer_handshakes(stream, len(held))
+        while (msg := await stream.read()) is not None:
+            if msg.seq == len(held) + 1:
+                held.append(msg.seq)
+            stream.ack(len(held))  # a heartbeat's answer too
+
+    rogue = RogueEngine(engine)
+    await rogue.start()
+    try:
+        config = rogue.channel_config(tmp_path / "wal", "forgot-run")
+        conn, log = log_on_connection(config, FullOn)
+        async with open_channel(config, log=log) as ch:
+            await ch.handshake("1", "forgot", "1")
+            conn.needle = "last_acked_seq"  # after the answer's verification, which stores one
+            for n in range(1, 6):
+                ch.send_finding({"n": n})
+            await eventually(lambda: ch.last_acked_seq == 5, what="ack 5 received")
+            await eventually(lambda: "cannot store ack 5" in caplog.text, what="its store refused")
+            del held[2:]  # the engine loses rows 3..5, which it acked, and restarts
+            for stream in rogue.streams:
+                stream.end()
+            said = (
+                "run forgot-run: the engine answered Ack(2) below acks it gave (5); "
+                "re-sending from 3"
+            )
+            await eventually(lambda: said in caplog.text, what="the warning")
+            await eventually(lambda: held == [1, 2, 3, 4, 5], what="rows 3..5 applied again")
+            conn.needle = None
+            await eventually(lambda: log.state.last_acked == 5, what="the ack stored")
+            assert list(log.unacked()) == []
+            assert ch.stats().protocol_errors == 0  # an engine may lose what it acked
+    finally:
+        await rogue.stop()
