@@ -9,7 +9,10 @@ was, and nothing of the run is lost.
 
 An ack the disk will not store is tried again with no later ack to prompt
 it; while it is not stored, its rows stay in the log, so an engine that
-lost rows it acked is sent them again.
+lost rows it acked is sent them again. And when the engine applied the
+run's ``Done`` but its ack was lost with the stream, the engine's "run
+completed" makes the log a tombstone, or, when the disk refuses that, the
+``Done`` stays in the log and the run fails with ``RunCompletedError``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from conftest import eventually, log_on_connection, new_run
@@ -181,3 +185,86 @@ async def test_an_engine_that_lost_acked_rows_the_log_still_holds_is_sent_them_a
             assert ch.stats().protocol_errors == 0  # an engine may lose what it acked
     finally:
         await rogue.stop()
+
+
+# -- the engine applied this run's Done and the ack was lost with the stream -------------------
+
+
+class DoneAckLost:
+    """An engine that applies the ``Done``, loses its ack with the stream, then says so.
+
+    The next stream is refused FAILED_PRECONDITION "run completed" (naming
+    no writer): the engine's word that it applied the ``Done``.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.done_applied = False
+        self.rogue = RogueEngine(self.script)
+
+    async def script(self, stream: RogueStream) -> None:
+        if self.done_applied:
+            await stream.read()  # the handshake
+            await stream.abort(grpc.StatusCode.FAILED_PRECONDITION, "run completed")
+        await answer_handshakes(stream, self.held)
+        while (msg := await stream.read()) is not None:
+            if msg.seq == self.held + 1:
+                self.held = msg.seq
+            if msg.WhichOneof("body") == "done":
+                self.done_applied = True
+                stream.end()  # the Done's ack goes with the stream
+                return
+            stream.ack(self.held)
+
+
+async def done_after_a_lost_ack(
+    tmp_path: Path, needle: str | None
+) -> tuple[DoneAckLost, GrpcChannelConfig, bool | BaseException]:
+    """Log a finding and the ``Done`` to :class:`DoneAckLost`, with ``needle``'s UPDATEs refused.
+
+    Returns the engine, the run's config, and what ``send_done`` returned or raised.
+    """
+    engine = DoneAckLost()
+    await engine.rogue.start()
+    try:
+        config = engine.rogue.channel_config(tmp_path / "wal", "done-lost")
+        conn, log = log_on_connection(config, FullOn)
+        async with open_channel(config, log=log) as ch:
+            await ch.handshake("1", "done-lost", "1")
+            conn.needle = needle
+            ch.send_finding({"n": 1})
+            outcome: bool | BaseException
+            try:
+                outcome = await ch.send_done("completed", 1, [], "")
+            except RunCompletedError as exc:
+                outcome = exc
+            conn.needle = None
+        return engine, config, outcome
+    finally:
+        await engine.rogue.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_done_whose_ack_was_lost_makes_the_log_a_tombstone_on_the_engines_word(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, config, outcome = await done_after_a_lost_ack(tmp_path, None)
+    assert engine.done_applied and engine.held == 2
+    assert outcome is True
+    with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
+        assert log.completed and list(log.unacked()) == []
+    said = "run done-lost: the engine applied this run's Done; the log is now a tombstone"
+    assert said in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_tombstone_the_disk_will_not_store_after_a_lost_done_ack_keeps_the_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, config, outcome = await done_after_a_lost_ack(tmp_path, "completed_at")
+    assert engine.done_applied
+    assert isinstance(outcome, RunCompletedError)
+    assert "run done-lost: cannot mark the log completed" in caplog.text
+    with RunLog.open(config.wal_dir, config.run_id, correlation_id=config.correlation_id) as log:
+        assert not log.completed
+        assert [row.seq for row in log.unacked()] == [2]  # the Done stays: nothing is lost
