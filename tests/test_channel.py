@@ -1152,3 +1152,26 @@ async def test_a_lost_log_with_rows_sent_before_its_handshake_follows_the_engine
     assert names == [f"old-{i}" for i in range(10)] + [f"new-{i}" for i in range(20)]
     assert local_engine.accepted(run_id) == list(range(1, 31))
     assert local_engine.duplicates(run_id) == 0 and local_engine.gaps(run_id) == []
+
+
+@pytest.mark.asyncio
+async def test_the_hard_deadline_passing_mid_stream_ends_the_stream_and_says_so(
+    local_engine: LocalEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import walchannel.core.driver
+
+    monkeypatch.setattr(walchannel.core.driver, "DEADLINE_LOOK_S", 0.1)
+    run_id, token = new_run(local_engine)
+    deadline = datetime.now().astimezone() + timedelta(seconds=2)
+    config = local_channel_config(
+        local_engine, tmp_path / "wal", run_id, token, hard_deadline=deadline
+    )
+    async with GrpcEngineChannel(config) as ch:
+        await ch.handshake("1", "h", "1")
+        # No call asks: the deadline's timer finds it passed.
+        await eventually(lambda: ch.state is ChannelState.EXPIRED, what="EXPIRED")
+        assert ch.stats().last_error == "hard_deadline passed"
+        assert f"run {run_id}: hard_deadline passed; the channel stops" in caplog.text
