@@ -185,13 +185,17 @@ class _Lines(logging.Handler):
 #: "A run's story in the log"), so one grep finds one run in a process of many.
 _RUN_FIRST = frozenset(f"walchannel.channel.{m}" for m in ("connection", "stream", "refused_rows"))
 
+#: What a template logged with no arguments leaves in its line.
+_UNFILLED = ("%s", "%d", "%r")
+
 
 @pytest.fixture(autouse=True)
 def _every_log_line_whole() -> Iterator[None]:
     """Fail the test in which walchannel logs a line that does not format or says ``None``.
 
     Also a line of a run's stream (:data:`_RUN_FIRST`) that does not begin
-    with ``run <id>:``.
+    with ``run <id>:``, and a line whose template was never filled (logged
+    with no arguments, logging leaves ``%s`` as it is).
 
     logging reports a line whose arguments do not fit its template on
     stderr ("--- Logging error ---") and drops the line: the operator never
@@ -225,6 +229,8 @@ def _every_log_line_whole() -> Iterator[None]:
             pytest.fail(f"walchannel logged a line that says None, at {where}: {record.msg!r}")
         if record.name in _RUN_FIRST and not text.startswith("run "):
             pytest.fail(f"a line of a run's stream does not begin 'run <id>:', at {where}")
+        if client and not args and any(f in text for f in _UNFILLED):
+            pytest.fail(f"walchannel logged a template it never filled, at {where}: {text!r}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

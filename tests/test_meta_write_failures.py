@@ -136,6 +136,7 @@ async def test_the_dones_ack_the_disk_will_not_store_is_stored_and_send_done_say
         conn.needle = None
         assert await done
         assert log.completed
+        assert f"run {run_id}: Done acked; the log is now a tombstone" in caplog.text
     assert local_engine.accepted(run_id) == [1, 2]  # the Done applied once
 
 
