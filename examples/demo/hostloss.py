@@ -383,9 +383,7 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
 
-    print(
-        f"demo --host-loss: bandit over {tree} ({len(files)} files); work dir {workdir}"
-    )
+    print(f"demo --host-loss: bandit over {tree} ({len(files)} files); work dir {workdir}")
     with (workdir / "processes.log").open("w") as plog:
         report = workdir / "independent-bandit.json"
         audit_proc = start_audit_scan(files, report, plog)
