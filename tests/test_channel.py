@@ -1165,7 +1165,7 @@ async def test_the_hard_deadline_passing_mid_stream_ends_the_stream_and_says_so(
 
     monkeypatch.setattr(walchannel.core.driver, "DEADLINE_LOOK_S", 0.1)
     run_id, token = new_run(local_engine)
-    deadline = datetime.now().astimezone() + timedelta(seconds=2)
+    deadline = datetime.now().astimezone() + timedelta(seconds=3)  # the handshake first
     config = local_channel_config(
         local_engine, tmp_path / "wal", run_id, token, hard_deadline=deadline
     )
