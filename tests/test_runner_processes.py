@@ -28,6 +28,10 @@ from walchannel.testing.engine import LocalEngine
 
 HELPERS = Path(__file__).parent / "helpers"
 BOUND_S = 60.0
+#: The pace of a harness the test signals or stops after a few items: 30 s
+#: or more from those items to its end, so it cannot end before the signal
+#: however late the test reads its scans (a busy box: seen 6 s late).
+SIGNALLED_PACE_S = "0.1"
 
 
 def manifest_for(
@@ -118,8 +122,10 @@ async def test_a_harness_killed_three_times_applies_every_finding_once(
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
     wal = tmp_path / "wal"
-    items = 120
-    env = {"RUNNER_ITEMS": str(items), "RUNNER_PACE_S": "0.03"}
+    items = 300
+    # Slow enough that no process can end before its kill, however late the
+    # test sees its scans (a busy box); the last one runs at full speed.
+    env = {"RUNNER_ITEMS": str(items), "RUNNER_PACE_S": "0.3"}
     for kill_after in (15, 25, 30):  # scans of each process: it resumes after the last
         harness = await start(manifest, wal, "--concurrency", "3", **env)
 
@@ -130,7 +136,7 @@ async def test_a_harness_killed_three_times_applies_every_finding_once(
         assert harness.proc.returncode is None, "it ended before the kill"
         harness.kill()
         assert await harness.wait() == -signal.SIGKILL
-    harness = await start(manifest, wal, "--concurrency", "3", **env)
+    harness = await start(manifest, wal, "--concurrency", "3", **{**env, "RUNNER_PACE_S": "0"})
     assert await harness.wait() == ExitCode.DONE, harness.err.decode()[-2000:]
     audit(local_engine, run_id, items)
     done = local_engine.done(run_id)
@@ -147,7 +153,7 @@ async def test_sigterm_finishes_the_item_in_hand_drains_and_exits_143(
 ) -> None:
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
-    env = {"RUNNER_ITEMS": "400", "RUNNER_PACE_S": "0.02"}
+    env = {"RUNNER_ITEMS": "400", "RUNNER_PACE_S": SIGNALLED_PACE_S}
     harness = await start(manifest, tmp_path / "wal", **env)
     await eventually(lambda: len(harness.scanned) >= 10, timeout=BOUND_S, what="10 items")
     harness.proc.send_signal(signal.SIGTERM)
@@ -170,7 +176,7 @@ async def test_ctrl_c_exits_130_and_the_next_start_resumes(
 ) -> None:
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
-    env = {"RUNNER_ITEMS": "300", "RUNNER_PACE_S": "0.02"}
+    env = {"RUNNER_ITEMS": "300", "RUNNER_PACE_S": SIGNALLED_PACE_S}
     harness = await start(manifest, tmp_path / "wal", **env)
     await eventually(lambda: len(harness.scanned) >= 10, timeout=BOUND_S, what="10 items")
     harness.proc.send_signal(signal.SIGINT)
@@ -207,7 +213,9 @@ async def test_the_engines_stop_ends_the_run_with_exit_8(
 ) -> None:
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
-    harness = await start(manifest, tmp_path / "wal", RUNNER_ITEMS="400", RUNNER_PACE_S="0.02")
+    harness = await start(
+        manifest, tmp_path / "wal", RUNNER_ITEMS="400", RUNNER_PACE_S=SIGNALLED_PACE_S
+    )
     await eventually(lambda: len(harness.scanned) >= 5, timeout=BOUND_S, what="5 items")
     assert await local_engine.send_stop(run_id, "the operator cancelled it")
     assert await harness.wait() == ExitCode.STOPPED, harness.err.decode()[-2000:]
@@ -339,7 +347,7 @@ async def test_a_second_harness_on_the_same_log_exits_5_and_the_first_goes_on(
 ) -> None:
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
-    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": "0.03"}
+    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": "0.25"}  # the first goes on 15 s
     first = await start(manifest, tmp_path / "wal", **env)
     await scanned_some(first, 3)
     second = await start(manifest, tmp_path / "wal", **env)
@@ -358,7 +366,8 @@ async def test_a_new_log_on_a_run_another_log_wrote_scans_nothing(
     # engine holds the run's rows from another log.
     run_id, token = new_run(local_engine)
     manifest = manifest_for(tmp_path / "m.json", local_engine, run_id, token)
-    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": "0.02"}
+    pace = "0.5" if first_ends == "killed mid-scan" else "0.02"  # killed: 30 s to go
+    env = {"RUNNER_ITEMS": "60", "RUNNER_PACE_S": pace}
     first = await start(manifest, tmp_path / "wal-a", **env)
     if first_ends == "completed":
         assert await first.wait() == ExitCode.DONE
@@ -423,7 +432,7 @@ async def test_an_engine_that_lost_acked_rows_ends_the_run_7(tmp_path: Path) -> 
     from walchannel.testing.engine import LocalEngine as Engine
 
     run_id, token = "run-behind", "tok-behind-1"
-    env = {"RUNNER_ITEMS": "200", "RUNNER_PACE_S": "0.01"}
+    env = {"RUNNER_ITEMS": "200", "RUNNER_PACE_S": "0.1"}  # 20 s: killed before its end
     async with Engine(tmp_path / "store-a.sqlite3") as engine:
         engine.register_run(run_id, token)
         manifest = manifest_for(tmp_path / "m.json", engine, run_id, token)
@@ -459,8 +468,8 @@ async def test_an_engine_gone_after_the_first_answer_leaves_the_rows_in_the_log(
             "1",
             "--grace",
             "5",
-            RUNNER_ITEMS="40",
-            RUNNER_PACE_S="0.02",
+            RUNNER_ITEMS="100",
+            RUNNER_PACE_S="0.1",  # 10 s: signalled before its end
         )
         await scanned_some(harness, 5)
         await engine.kill()
@@ -471,7 +480,7 @@ async def test_an_engine_gone_after_the_first_answer_leaves_the_rows_in_the_log(
             await ended(harness, ExitCode.ROWS_LEFT)
         else:
             await ended(harness, ExitCode.DONE_NOT_ACKED)
-            assert len(harness.scanned) == 40
+            assert len(harness.scanned) == 100
 
 
 @pytest.mark.asyncio
