@@ -298,11 +298,65 @@ def test_the_seeds_the_issue_60_million_found_hold(capsys: pytest.CaptureFixture
     # tombstone's store (of the checker, following the fix). 642715 (same tree):
     # the disk refused the Done's ack; nothing tried the store again, as no ack
     # follows a Done, and flush waited for ever (of the product: a failed store
-    # arms the ack timer).
-    seeds = "776480,728438,911652,1023789,1041755,551526,556453,642715"
+    # arms the ack timer). 1439882 (on 0e72db6): a request_approval timed out
+    # after its decision "reached the channel" behind undecodable bytes that
+    # ended the stream: the channel never read it (of the checker, which now
+    # notes what the channel learnt when it reads it).
+    seeds = "776480,728438,911652,1023789,1041755,551526,556453,642715,1439882"
     argv = ["--seed-list", seeds, "--durability", "both"]
     argv += ["--group-commit", "share"]
     assert sim.main([*argv, "--quiet"]) == 0, capsys.readouterr().out[-3000:]
+
+
+def _read_behind(first: str, second: tuple[Any, ...]) -> tuple[Any, float]:
+    """The client's process and the time once it read ``first`` then ``second``.
+
+    Both reach the transport during one stall and are delivered together, as
+    in seed 1439882. After undecodable bytes the client reads no further: the
+    stream ends (SPEC "Down messages"), so ``second`` is never read.
+    """
+    w = sim.World(7)
+    w.done_seq = 9
+    proc = sim.Proc(w, "harness")
+    s = sim.Link(1, proc, None, 10_000.0)
+    s.answered = True  # the handshake's answer was read: these are data acks
+    call = sim.SimCall(w, s)
+    s.stalled_until = 50.0
+    garbage = ("garbage", b"\x00\xff\xff\xff")
+    w.send_down(s, garbage if first == "garbage" else second)
+    w.send_down(s, second if first == "garbage" else garbage)
+
+    async def client() -> float:
+        await call.read()
+        if first == "garbage":
+            call.cancel()  # the channel's protocol error ends the stream
+        else:
+            await call.read()
+        return w.now
+
+    return proc, w.loop.run_until_complete(client())
+
+
+@pytest.mark.parametrize(
+    ("what", "note"),
+    [
+        (("decision", ("ap-1", True, "ok")), lambda p: p.decisions_seen.get("ap-1")),
+        (("ack", 9), lambda p: p.done_acked_at),
+    ],
+    ids=["decision", "ack covering Done"],
+)
+def test_a_down_message_behind_undecodable_bytes_never_reached_the_channel(
+    what: tuple[Any, ...], note: Any
+) -> None:
+    # Seed 1439882 (the million, of the checker): a decision queued behind
+    # undecodable bytes was counted as the channel's at delivery, so its
+    # request's timeout was called a missed wake-up. What the channel learnt
+    # (a decision; an ack covering Done, whose send_done False is judged
+    # alike) is noted when it reads the message, dated from its arrival.
+    proc, _ = _read_behind("garbage", what)
+    assert note(proc) is None
+    proc, read_at = _read_behind(what[0], what)
+    assert note(proc) == read_at == 50.0  # the stall's end, when it reached the transport
 
 
 def test_the_simulator_executes_every_line_of_the_channel_but_the_allowed() -> None:

@@ -649,9 +649,12 @@ class Proc:
         self.links: list[Link] = []
         self.channel: GrpcEngineChannel | None = None
         self.stops = 0  # on_stop callbacks fired
-        self.stops_delivered = 0  # Stop messages delivered to its streams
-        self.decisions_seen: dict[str, float] = {}  # request id -> when it was delivered
-        self.done_acked_at: float | None = None  # an ack covering Done reached it
+        # Request id -> when its decision reached the transport, once the channel read it.
+        self.decisions_seen: dict[str, float] = {}
+        self.done_arrived_at: float | None = None  # the first ack covering Done reached it
+        # ... and the channel has read one (the first's arrival: a later ack read
+        # after a disk-full spell does not make the wait look shorter).
+        self.done_acked_at: float | None = None
         self.padded = False  # it asked for an approval too big for the engine
         self.client_closed = False  # its own discovery client was closed (a harness bug)
         self.budgets = 0
@@ -941,8 +944,11 @@ class Link:
         self.answer_h: int | None = None  # its value (a true answer)
         # The engine ended it "expected seq N" below the stored cursor S: (N, S).
         self.contradiction: tuple[int, int] | None = None
-        # Down messages the checker reads as the client reads them: (message, what, value).
-        self.marks: deque[tuple[Any, str, Any]] = deque()
+        # Down messages the checker follows, (message, what, value, when it reached
+        # the client's transport): a note of what the channel learnt is taken only
+        # when it reads the message (one behind an undecodable message never is: its
+        # stream ends first).
+        self.marks: deque[tuple[Any, str, Any, float]] = deque()
         # The client's side: what its reads and writes wait on.
         self.inbox: deque[Any] = deque()
         self.end: StreamEnded | None = None
@@ -2122,10 +2128,23 @@ class World:
         # only one past the range is impossible here.
         return I64_MAX + 1 + r2.randrange(1_000)
 
-    def read_mark(self, s: Link, mark: tuple[Any, str, Any]) -> Any:
-        """The client reads a down message the checker follows: an ack, an answer, a lie."""
-        msg, what, value = mark
+    def read_mark(self, s: Link, mark: tuple[Any, str, Any, float]) -> Any:
+        """The client reads a down message the checker follows: an ack, an answer, a lie.
+
+        What the channel learnt from it (a decision, an ack covering Done) is
+        dated from when it reached the transport: the channel's own delay in
+        reading it counts against the channel's liveness. A message never read
+        (behind undecodable bytes, its stream ended first) taught it nothing.
+        """
+        msg, what, value, reached = mark
         proc = s.proc
+        done_seq = self.done_seq
+        covers_done = done_seq is not None and what in ("ack", "answer") and value >= done_seq
+        if covers_done and proc.done_acked_at is None:
+            proc.done_acked_at = proc.done_arrived_at
+        if what == "decision":
+            proc.decisions_seen.setdefault(value, reached)
+            return msg
         if what == "ack":
             proc.ack_t.append(self.now)
             proc.ack_v.append(value)
@@ -2902,9 +2921,9 @@ class World:
             if (
                 self.done_seq is not None
                 and msg[1] >= self.done_seq
-                and s.proc.done_acked_at is None
+                and s.proc.done_arrived_at is None
             ):
-                s.proc.done_acked_at = self.now
+                s.proc.done_arrived_at = self.now
             if s.first_written is not None and msg[1] >= s.first_written:
                 s.productive = True  # the checker's note: progress on this stream
             if s.up_at is None:
@@ -2921,7 +2940,7 @@ class World:
             else:
                 down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
             s.answered = True
-            s.marks.append((down, mark, msg[1]))
+            s.marks.append((down, mark, msg[1], self.now))
             if s.proc.role == "harness" and msg[1] > self.acked_sent:
                 self.acked_sent = msg[1]
             if self.forget_armed and not answer and s.proc is self.proc:
@@ -2933,17 +2952,15 @@ class World:
             if msg[1] == "answer":
                 s.answered = True
             down = _Lie()
-            s.marks.append((down, "lie", msg[1]))
+            s.marks.append((down, "lie", msg[1], self.now))
         elif what == "ahead":
             s.answered = True
             down = self.answer_ack(msg[1])
-            s.marks.append((down, "ahead", msg[1]))
+            s.marks.append((down, "ahead", msg[1], self.now))
         elif what == "stop":
-            s.proc.stops_delivered += 1
             down = self.cut_text(pb.DownMessage(stop=pb.Stop(reason=msg[1] + self.cut_place)))
         elif what == "decision":
             rid, approved, reason = msg[1]
-            s.proc.decisions_seen.setdefault(rid, self.now)
             # Only the reason is cut: a mangled id would name another request.
             down = self.cut_text(
                 pb.DownMessage(
@@ -2952,6 +2969,7 @@ class World:
                     )
                 )
             )
+            s.marks.append((down, "decision", rid, self.now))
         elif what == "budget":
             down = self.cut_text(
                 pb.DownMessage(budget_update=pb.BudgetUpdate(message=msg[1] + self.cut_place))
@@ -2960,7 +2978,7 @@ class World:
             down = msg[1]
             self.stats["undecodable"] += 1
             self.tr("the engine sends #%d %d bytes that are no DownMessage", s.sid, len(down))
-            s.marks.append((down, "garbage", len(down)))
+            s.marks.append((down, "garbage", len(down), self.now))
         else:
             down = pb.DownMessage()  # a body this client does not know
         reader, s.reader = s.reader, None
