@@ -537,6 +537,22 @@ async def test_a_discovery_that_never_answers_ends_at_connect_timeout_and_the_ad
 
 
 @pytest.mark.asyncio
+async def test_close_half_closes_a_live_stream_and_the_engine_ends_it(
+    engine_channel: GrpcEngineChannel, local_engine: LocalEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SPEC "Shutdown order": close() half-closes a live stream and waits for
+    # the engine to end it; a cancel would tell the engine the client broke off.
+    ch = engine_channel
+    await ch.handshake("1", "h", "1")
+    ch.send_finding(finding(0))
+    await eventually(lambda: ch.unacked_count == 0, what="the ack")
+    await ch.close()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("walchannel.testing")]
+    assert any(line.endswith(": client half-closed") for line in said), said  # the engine's
+    assert not any("stream input failed" in line for line in said), said
+
+
+@pytest.mark.asyncio
 async def test_pending_approval_fails_on_close(engine_channel: GrpcEngineChannel) -> None:
     ch = engine_channel
     await ch.handshake("1", "h", "1")
