@@ -944,11 +944,10 @@ class Link:
         self.answer_h: int | None = None  # its value (a true answer)
         # The engine ended it "expected seq N" below the stored cursor S: (N, S).
         self.contradiction: tuple[int, int] | None = None
-        # Down messages the checker follows, (message, what, value, when it reached
-        # the client's transport): a note of what the channel learnt is taken only
-        # when it reads the message (one behind an undecodable message never is: its
-        # stream ends first).
-        self.marks: deque[tuple[Any, str, Any, float]] = deque()
+        # Down messages the checker follows, (message, what, value): a note of what
+        # the channel learnt is taken only when it reads the message (one behind an
+        # undecodable message never is: its stream ends first).
+        self.marks: deque[tuple[Any, str, Any]] = deque()
         # The client's side: what its reads and writes wait on.
         self.inbox: deque[Any] = deque()
         self.end: StreamEnded | None = None
@@ -2128,7 +2127,7 @@ class World:
         # only one past the range is impossible here.
         return I64_MAX + 1 + r2.randrange(1_000)
 
-    def read_mark(self, s: Link, mark: tuple[Any, str, Any, float]) -> Any:
+    def read_mark(self, s: Link, mark: tuple[Any, str, Any]) -> Any:
         """The client reads a down message the checker follows: an ack, an answer, a lie.
 
         What the channel learnt from it (a decision, an ack covering Done) is
@@ -2136,14 +2135,15 @@ class World:
         reading it counts against the channel's liveness. A message never read
         (behind undecodable bytes, its stream ended first) taught it nothing.
         """
-        msg, what, value, reached = mark
+        msg, what, value = mark
         proc = s.proc
         done_seq = self.done_seq
         covers_done = done_seq is not None and what in ("ack", "answer") and value >= done_seq
         if covers_done and proc.done_acked_at is None:
             proc.done_acked_at = proc.done_arrived_at
         if what == "decision":
-            proc.decisions_seen.setdefault(value, reached)
+            rid, reached = value
+            proc.decisions_seen.setdefault(rid, reached)
             return msg
         if what == "ack":
             proc.ack_t.append(self.now)
@@ -2940,7 +2940,7 @@ class World:
             else:
                 down = pb.DownMessage(ack=pb.Ack(seq=msg[1]))
             s.answered = True
-            s.marks.append((down, mark, msg[1], self.now))
+            s.marks.append((down, mark, msg[1]))
             if s.proc.role == "harness" and msg[1] > self.acked_sent:
                 self.acked_sent = msg[1]
             if self.forget_armed and not answer and s.proc is self.proc:
@@ -2952,11 +2952,11 @@ class World:
             if msg[1] == "answer":
                 s.answered = True
             down = _Lie()
-            s.marks.append((down, "lie", msg[1], self.now))
+            s.marks.append((down, "lie", msg[1]))
         elif what == "ahead":
             s.answered = True
             down = self.answer_ack(msg[1])
-            s.marks.append((down, "ahead", msg[1], self.now))
+            s.marks.append((down, "ahead", msg[1]))
         elif what == "stop":
             down = self.cut_text(pb.DownMessage(stop=pb.Stop(reason=msg[1] + self.cut_place)))
         elif what == "decision":
@@ -2969,7 +2969,7 @@ class World:
                     )
                 )
             )
-            s.marks.append((down, "decision", rid, self.now))
+            s.marks.append((down, "decision", (rid, self.now)))
         elif what == "budget":
             down = self.cut_text(
                 pb.DownMessage(budget_update=pb.BudgetUpdate(message=msg[1] + self.cut_place))
@@ -2978,7 +2978,7 @@ class World:
             down = msg[1]
             self.stats["undecodable"] += 1
             self.tr("the engine sends #%d %d bytes that are no DownMessage", s.sid, len(down))
-            s.marks.append((down, "garbage", len(down), self.now))
+            s.marks.append((down, "garbage", len(down)))
         else:
             down = pb.DownMessage()  # a body this client does not know
         reader, s.reader = s.reader, None
